@@ -1,0 +1,122 @@
+"""Length-prefixed frames over any anyio byte stream (shared by the sidecar and the client)."""
+
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream
+
+from . import protocol
+
+__all__ = ["FrameReader", "FrameTooLarge", "FramingError", "FrameWriter", "TruncatedFrame"]
+
+
+class FramingError(Exception):
+    """The byte stream no longer splits into frames; the connection cannot continue."""
+
+    code = "internal"
+
+
+class FrameTooLarge(FramingError):
+    code = "frame_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class TruncatedFrame(FramingError):
+    code = "truncated_frame"
+
+    def __init__(self, received: int, expected: Union[int, None], reason: str) -> None:
+        want = "a 4-byte length prefix" if expected is None else f"{expected} bytes"
+        super().__init__(f"stream {reason} after {received} bytes of a frame that needs {want}")
+        self.received = received
+        self.expected = expected
+
+
+class FrameReader:
+    """Reads frames from ``stream``.
+
+    A frame that has started must be complete within ``frame_timeout`` seconds; a
+    stream that stalls inside a frame raises :class:`TruncatedFrame` instead of
+    waiting forever (and of eating the next frame as the stalled one's tail).
+    Between frames the reader waits as long as it takes.
+    """
+
+    def __init__(
+        self,
+        stream: ByteReceiveStream,
+        *,
+        max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
+        frame_timeout: Union[float, None] = None,
+    ) -> None:
+        self._stream = stream
+        self.max_frame_size = max_frame_size
+        self._timeout = math.inf if frame_timeout is None else frame_timeout
+        self._buffer: bytes = b""
+        self._pos = 0
+
+    async def _more(self, deadline: float, received: int, expected: Union[int, None], want: int) -> bytes:
+        with anyio.move_on_after(deadline - anyio.current_time()) as scope:
+            try:
+                return await self._stream.receive(max(want, 65536))
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise TruncatedFrame(received, expected, "ended") from None
+        assert scope.cancel_called
+        raise TruncatedFrame(received, expected, f"stalled for {self._timeout:g} s")
+
+    async def receive(self) -> Union[memoryview, None]:
+        """The next frame's body, or None at a clean end of stream between frames."""
+        view = memoryview(self._buffer)[self._pos :]
+        if not view:
+            try:
+                view = memoryview(await self._stream.receive())
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return None
+        deadline = anyio.current_time() + self._timeout
+        if len(view) < protocol.HEADER:
+            head = bytes(view)
+            while len(head) < protocol.HEADER:
+                head += await self._more(deadline, len(head), None, protocol.HEADER - len(head))
+            view = memoryview(head)
+        size = int.from_bytes(view[: protocol.HEADER], "big")
+        if size > self.max_frame_size:
+            self._buffer, self._pos = b"", 0
+            raise FrameTooLarge(size, self.max_frame_size)
+        end = protocol.HEADER + size
+        if len(view) >= end:
+            # The whole frame is buffered: hand out a view, no copy.
+            self._buffer, self._pos = view.obj, len(view.obj) - (len(view) - end)  # type: ignore[assignment]
+            return view[protocol.HEADER : end]
+        body = bytearray(size)
+        filled = len(view) - protocol.HEADER
+        body[:filled] = view[protocol.HEADER :]
+        self._buffer, self._pos = b"", 0
+        while filled < size:
+            chunk = await self._more(deadline, protocol.HEADER + filled, size, size - filled)
+            take = min(len(chunk), size - filled)
+            body[filled : filled + take] = memoryview(chunk)[:take]
+            filled += take
+            if take < len(chunk):
+                self._buffer, self._pos = chunk, take
+        return memoryview(body)
+
+
+class FrameWriter:
+    """Writes frames to ``stream``.  One writer per stream: callers serialise sends."""
+
+    def __init__(self, stream: ByteSendStream) -> None:
+        self._stream = stream
+
+    async def send(self, message: Union[protocol.Request, protocol.Reply]) -> None:
+        await self._stream.send(protocol.frame(message))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self._stream.send(data)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -1,0 +1,168 @@
+"""``python -m indextts_sidecar``: parse arguments, protect the pipes, send ``ready``, serve.
+
+The order matters.  fd 1 moves out of reach before anything can print; ``ready`` is
+written straight to the pipe before anyio or any engine dependency is imported, so a
+parent learns within tens of milliseconds that the process is alive, speaks protocol v1
+and which engine it will load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Union
+
+import msgspec
+
+from . import protocol
+from ._version import __version__
+
+log = logging.getLogger("indextts_sidecar")
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m indextts_sidecar",
+        description="Serve a TTS engine over protocol v1 on stdin/stdout (see docs/protocol.md).",
+    )
+    parser.add_argument("--engine", default="espeak", help="engine name (default: espeak); see --list-engines")
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option; VALUE is read as JSON when it parses, else as a string (repeatable)",
+    )
+    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for the engine before 'busy' (default 64)")
+    parser.add_argument(
+        "--max-frame-size",
+        type=int,
+        default=protocol.DEFAULT_MAX_FRAME_SIZE,
+        help=f"largest frame accepted or sent, in bytes (default {protocol.DEFAULT_MAX_FRAME_SIZE})",
+    )
+    parser.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a started frame may take to arrive in full before framing counts as lost (default 10)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
+    parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
+    return parser
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"engine option {pair!r} is not KEY=VALUE")
+        try:
+            options[key.replace("-", "_")] = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            options[key.replace("-", "_")] = raw
+    return options
+
+
+def _startup_error(write_fd: int, code: str, message: str, field: Union[str, None]) -> int:
+    """Report a failure to start: one ``error`` frame (no id), the same text on stderr, exit 2."""
+    sys.stderr.write(f"indextts_sidecar: {message}\n")
+    sys.stderr.flush()
+    detail = {"field": field} if field else {}
+    try:
+        os.write(write_fd, protocol.frame(protocol.Error(code=code, message=message, detail=detail)))
+    except OSError:
+        pass
+    return EXIT_USAGE
+
+
+def main(argv: Union[list[str], None] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list_engines:
+        from .engines import engine_names
+
+        print("\n".join(engine_names()))
+        return 0
+    from ._stdio import take_over_stdio
+
+    read_fd, write_fd = take_over_stdio()
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
+    if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
+        return _startup_error(
+            write_fd, "invalid_option", f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}", "--max-frame-size"
+        )
+    from .engines import engine_class
+
+    try:
+        cls = engine_class(args.engine)
+    except LookupError as exc:
+        return _startup_error(write_fd, "unknown_engine", str(exc), "--engine")
+    try:
+        options = msgspec.convert(parse_options(args.option), cls.Options, strict=False)
+    except (ValueError, msgspec.ValidationError) as exc:
+        return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
+    engine = cls(options)
+    ready = protocol.Ready(
+        protocol=protocol.PROTOCOL_VERSION,
+        version=__version__,
+        engine=cls.name or args.engine,
+        pid=os.getpid(),
+        max_frame_size=args.max_frame_size,
+        sample_rate=engine.sample_rate,
+        capabilities=list(cls.capabilities),
+        options=msgspec.to_builtins(options),
+    )
+    os.write(write_fd, protocol.frame(ready))
+
+    import anyio
+
+    from ._server import Server
+    from ._stdio import FdReceiveStream, FdSendStream
+
+    async def serve() -> int:
+        server = Server(
+            engine,
+            max_queue=args.max_queue,
+            max_frame_size=args.max_frame_size,
+            frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, server)
+            code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd))
+            tg.cancel_scope.cancel()
+        return code
+
+    code: int = anyio.run(serve)
+    sys.stderr.flush()
+    if engine_thread_busy():
+        # An engine stuck in native code must not hold the exit hostage.
+        os._exit(code)
+    return code
+
+
+def engine_thread_busy() -> bool:
+    import threading
+
+    return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
+
+
+async def _stop_on_signal(server: Any) -> None:
+    import signal
+
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received signal %d; stopping", signum)
+            server.stop()

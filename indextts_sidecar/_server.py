@@ -1,0 +1,521 @@
+"""The sidecar server: reader, dispatcher, one engine worker, one writer.
+
+The event loop never runs engine code.  The reader decodes frames and answers
+``ping`` and ``cancel`` at once; ``synthesize``, ``load`` and ``unload`` go through a
+bounded FIFO to the worker, which runs them one at a time on a dedicated engine thread.
+Every frame leaves through one writer task, so frames never interleave on the pipe;
+audio frames hold one of a few slots until written, which bounds the memory audio can
+take when the parent reads slowly, while control frames never wait for a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import resource
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any, Callable, TypeVar, Union
+
+import anyio
+import msgspec
+from anyio import from_thread
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.lowlevel import current_token
+
+from . import protocol
+from ._framing import FrameReader, FramingError, FrameWriter
+from .engines import Cancelled, Engine, EngineError, SynthesisRequest
+from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
+
+__all__ = ["EngineThread", "Server"]
+
+log = logging.getLogger("indextts_sidecar")
+T = TypeVar("T")
+
+#: Exit codes, documented in docs/protocol.md.
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FRAMING = 3
+
+_AUDIO_SLOTS = 4
+_AUDIO_FRAME_BYTES = 256 * 1024
+
+
+class EngineThread:
+    """One long-lived thread that runs every engine call, one at a time.
+
+    Engines wrap libraries that are not thread-safe and that keep per-thread state
+    (CUDA streams, caches); a thread pool would move them between threads.
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[Union[Callable[[], None], None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name="indextts-engine", daemon=True)
+        self.busy = False
+
+    def _main(self) -> None:
+        while (call := self._calls.get()) is not None:
+            self.busy = True
+            try:
+                call()
+            finally:
+                self.busy = False
+
+    def close(self) -> None:
+        """Let the thread end after its current call."""
+        self._calls.put(None)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread and return its result.
+
+        If the caller is cancelled, ``fn`` keeps running: engines stop cooperatively,
+        through the cancellation check they are given.
+        """
+        if not self._thread.is_alive():
+            self._thread.start()
+        token = current_token()
+        done = anyio.Event()
+        outcome: list[Any] = []
+
+        def call() -> None:
+            try:
+                outcome.append((True, fn()))
+            except BaseException as exc:  # delivered to the awaiting task
+                outcome.append((False, exc))
+            try:
+                from_thread.run_sync(done.set, token=token)
+            except Exception:  # the event loop has ended: nobody is waiting
+                pass
+
+        self._calls.put(call)
+        await done.wait()
+        ok, value = outcome[0]
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
+
+
+class _Job:
+    __slots__ = ("cancel", "enqueued", "finished", "id", "kind", "request", "started")
+
+    def __init__(self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None) -> None:
+        self.id = request_id
+        self.kind = kind
+        self.request = request
+        self.cancel = threading.Event()
+        self.enqueued = time.monotonic()
+        self.started = 0.0
+        self.finished = False
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+class Server:
+    """Serves one connection: any pair of anyio byte streams carrying protocol v1."""
+
+    def __init__(
+        self,
+        engine: Engine[Any, Any],
+        *,
+        max_queue: int = 64,
+        max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
+        frame_timeout: Union[float, None] = 10.0,
+        shutdown_grace: float = 0.5,
+    ) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.max_frame_size = max_frame_size
+        self.frame_timeout = frame_timeout
+        self.shutdown_grace = shutdown_grace
+        self.engine_thread = EngineThread()
+        self._started = time.monotonic()
+        self._inflight: dict[int, _Job] = {}
+        self._queue: dict[int, _Job] = {}
+        self._queue_changed = anyio.Event()
+        self._active: Union[_Job, None] = None
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._out_send, self._out_receive = anyio.create_memory_object_stream[tuple[bytes, bool]](math.inf)
+        self._audio_slots = anyio.Semaphore(_AUDIO_SLOTS)
+        self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
+        self._stopping = False
+        self._read_scope = anyio.CancelScope()
+        self._writer_done = anyio.Event()
+
+    # ------------------------------------------------------------ output
+
+    def _send(self, message: protocol.Reply) -> None:
+        """Queue a control frame; never blocks, never waits behind audio."""
+        try:
+            self._out_send.send_nowait((protocol.frame(message), False))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def _finish(self, job: _Job, message: protocol.Reply) -> None:
+        """Send ``job``'s terminal frame, unless it already has one."""
+        if job.finished:
+            return
+        job.finished = True
+        self._inflight.pop(job.id, None)
+        self._send(message)
+
+    async def _send_audio(self, job: _Job, message: protocol.Audio) -> None:
+        await self._audio_slots.acquire()
+        try:
+            self._out_send.send_nowait((protocol.frame(message), True))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._audio_slots.release()
+
+    async def _writer(self, writer: FrameWriter, stop: anyio.CancelScope) -> None:
+        try:
+            await self._write_all(writer)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.info("parent closed the reply stream; stopping")
+            stop.cancel()
+        finally:
+            self._writer_done.set()
+
+    async def _write_all(self, writer: FrameWriter) -> None:
+        async with self._out_receive:
+            async for data, is_audio in self._out_receive:
+                try:
+                    await writer.send_raw(data)
+                finally:
+                    if is_audio:
+                        self._audio_slots.release()
+
+    # ------------------------------------------------------------- serve
+
+    def stop(self) -> None:
+        """End serving as if the input had ended (used for SIGTERM); safe to call twice."""
+        self._read_scope.cancel()
+
+    async def serve(self, receive: ByteReceiveStream, send: ByteSendStream, ready: Union[protocol.Ready, None] = None) -> int:
+        """Serve until shutdown, end of input or framing loss; return the exit code."""
+        writer = FrameWriter(send)
+        reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
+        code = EXIT_OK
+        if ready is not None:
+            self._send(ready)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer, writer, self._read_scope)
+                tg.start_soon(self._worker)
+                try:
+                    with self._read_scope:
+                        code = await self._read_loop(reader)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._stop_jobs()
+                        self._out_send.close()
+                        # The writer flushes what is queued, then ends.
+                        with anyio.move_on_after(self.shutdown_grace):
+                            await self._writer_done.wait()
+                        tg.cancel_scope.cancel()
+        finally:
+            self.engine_thread.close()
+            with anyio.CancelScope(shield=True):
+                await writer.aclose()
+                await receive.aclose()
+        return code
+
+    async def _stop_jobs(self) -> None:
+        """End every request with a terminal frame; give the running one a grace period."""
+        self._stopping = True
+        for job in list(self._queue.values()):
+            self._queue.pop(job.id, None)
+            self._finish(job, _shutting_down(job))
+        active = self._active
+        if active is not None:
+            active.cancel.set()
+            with anyio.move_on_after(self.shutdown_grace):
+                await self._idle.wait()
+        for job in list(self._inflight.values()):
+            self._finish(job, _shutting_down(job))
+
+    async def _read_loop(self, reader: FrameReader) -> int:
+        while True:
+            try:
+                body = await reader.receive()
+            except FramingError as exc:
+                log.error("framing lost: %s", exc)
+                self._send(Error(code=exc.code, message=f"{exc}; closing the connection", detail={"fatal": True}))
+                return EXIT_FRAMING
+            if body is None:
+                log.info("end of input: the parent closed the request stream")
+                return EXIT_OK
+            try:
+                message = protocol.decode_request(body)
+            except msgspec.MsgspecError as exc:
+                error = protocol.describe_invalid(body, exc)
+                if error.id is not None and error.id in self._inflight:
+                    error.id = None  # never a second terminal frame for a live id
+                self._send(error)
+                continue
+            if isinstance(message, Shutdown):
+                await self._stop_jobs()
+                self._send(Ok(id=message.id, info={"exit_code": EXIT_OK}))
+                return EXIT_OK
+            self._dispatch(message)
+
+    # ----------------------------------------------------------- dispatch
+
+    def _dispatch(self, message: protocol.Request) -> None:
+        if isinstance(message, Ping):
+            self._send(self._pong(message.id))
+            return
+        if isinstance(message, Cancel):
+            found = self._cancel(message.target)
+            self._send(Ok(id=message.id, info={"found": found}))
+            return
+        if message.id in self._inflight:
+            self._send(
+                Error(
+                    code="duplicate_id",
+                    message=f"request id {message.id} is already in flight",
+                    detail={"field": "$.id"},
+                )
+            )
+            return
+        job: _Job
+        if isinstance(message, Synthesize):
+            try:
+                job = _Job(message.id, "synthesize", self._synthesis_request(message))
+            except EngineError as exc:
+                self._send(_error_for(message.id, exc))
+                return
+        elif isinstance(message, (Load, Unload)):
+            job = _Job(message.id, message.__struct_config__.tag)  # type: ignore[arg-type]
+        else:  # pragma: no cover - the union is exhausted above
+            raise AssertionError(message)
+        if len(self._queue) >= self.max_queue:
+            self._send(
+                Error(
+                    code="busy",
+                    id=message.id,
+                    retryable=True,
+                    message=f"the request queue is full ({self.max_queue} waiting); retry later",
+                    detail={"queue_depth": len(self._queue)},
+                )
+            )
+            return
+        self._inflight[job.id] = job
+        self._queue[job.id] = job
+        self._queue_changed.set()
+
+    def _synthesis_request(self, message: Synthesize) -> SynthesisRequest[Any]:
+        engine = self.engine
+        try:
+            options = msgspec.convert(message.options, engine.RequestOptions)
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            code = "unknown_option" if "unknown field" in text else "invalid_option"
+            raise EngineError(f"options: {text}", code=code, field=protocol.field_of(exc, "$.options")) from None
+        if message.sample_rate is not None and message.sample_rate <= 0:
+            raise EngineError("sample_rate must be positive", code="invalid_option", field="$.sample_rate")
+        if message.sample_rate is not None and message.sample_rate != engine.sample_rate:
+            raise EngineError(
+                f"this sidecar does not resample: the engine's rate is {engine.sample_rate} Hz",
+                code="invalid_option",
+                field="$.sample_rate",
+            )
+        request = SynthesisRequest(
+            id=message.id, text=message.text, voice=message.voice, emotion=message.emotion, options=options
+        )
+        engine.check(request)
+        return request
+
+    def _cancel(self, target: int) -> bool:
+        job = self._queue.pop(target, None)
+        if job is not None:
+            self._finish(job, Error(code="cancelled", id=target, message="cancelled while queued"))
+            return True
+        active = self._active
+        if active is not None and active.id == target and not active.finished:
+            active.cancel.set()
+            return True
+        return False
+
+    def _pong(self, request_id: int) -> Pong:
+        memory = {"rss": _rss()}
+        try:
+            memory.update(self.engine.memory())
+        except Exception as exc:  # a broken memory report must not break health checks
+            log.warning("engine memory report failed: %s", exc)
+        active = self._active
+        return Pong(
+            id=request_id,
+            loaded=self.engine.loaded,
+            queue_depth=len(self._queue),
+            active=None if active is None else active.id,
+            memory=memory,
+            uptime=round(time.monotonic() - self._started, 3),
+            dropped_options=list(self.engine.dropped_options),
+        )
+
+    # ------------------------------------------------------------- worker
+
+    async def _next_job(self) -> _Job:
+        while not self._queue:
+            self._queue_changed = anyio.Event()
+            await self._queue_changed.wait()
+        job_id = next(iter(self._queue))
+        return self._queue.pop(job_id)
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self._next_job()
+            self._active = job
+            self._idle = anyio.Event()
+            job.started = time.monotonic()
+            token = current_token()
+            try:
+                terminal = await self.engine_thread.run(lambda: self._execute(job, token))
+            except Exception as exc:  # a bug here must still end the request
+                log.exception("internal error running request %d", job.id)
+                terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
+            finally:
+                self._active = None
+                self._idle.set()
+            self._finish(job, terminal)
+
+    def _progress_fn(self, job: _Job, token: Any) -> Callable[..., None]:
+        def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
+            if fraction is not None:
+                fraction = min(1.0, max(0.0, float(fraction)))
+            try:
+                from_thread.run_sync(self._broadcast_progress, job, stage, fraction, message, token=token)
+            except Exception:  # the event loop has ended
+                pass
+
+        return progress
+
+    def _broadcast_progress(self, job: _Job, stage: str, fraction: Union[float, None], message: str) -> None:
+        if job.finished:
+            return
+        self._send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+        if stage == "load":
+            # Every request queued behind this one is waiting on the same load.
+            for waiting in self._queue.values():
+                if waiting.kind == "synthesize":
+                    self._send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
+
+    def _execute(self, job: _Job, token: Any) -> protocol.Reply:
+        """Runs on the engine thread; returns the job's terminal message."""
+        engine = self.engine
+        progress = self._progress_fn(job, token)
+        cancelled = job.cancel.is_set
+        timings: dict[str, float] = {"queued": job.started - job.enqueued}
+        try:
+            if job.kind == "unload":
+                engine.unload()
+                return Ok(id=job.id, info={"loaded": engine.loaded})
+            if not engine.loaded:
+                began = time.monotonic()
+                try:
+                    engine.load(progress, cancelled)
+                except (Cancelled, EngineError):
+                    raise
+                except Exception as exc:
+                    log.error("engine load failed: %s", exc, exc_info=True)
+                    raise _LoadFailed(exc) from exc
+                timings["load"] = time.monotonic() - began
+            if job.kind == "load":
+                return Ok(id=job.id, info={"loaded": True, "sample_rate": engine.sample_rate, **timings})
+            assert job.request is not None
+            return self._run_synthesis(job, job.request, progress, token, timings)
+        except Cancelled:
+            return _cancelled(job)
+        except EngineError as exc:
+            return _error_for(job.id, exc)
+        except _LoadFailed as exc:
+            cause = exc.__cause__
+            return Error(
+                code="load_failed",
+                id=job.id,
+                retryable=True,
+                message=f"the model failed to load: {type(cause).__name__}: {cause}",
+                detail={"traceback": "".join(traceback.format_exception(cause)) if cause else ""},
+            )
+        except Exception as exc:
+            log.error("engine failed on request %d", job.id, exc_info=True)
+            return Error(
+                code="engine_error",
+                id=job.id,
+                message=f"{type(exc).__name__}: {exc}",
+                detail={"traceback": traceback.format_exc()},
+            )
+
+    def _run_synthesis(
+        self,
+        job: _Job,
+        request: SynthesisRequest[Any],
+        progress: Callable[..., None],
+        token: Any,
+        timings: dict[str, float],
+    ) -> protocol.Reply:
+        engine = self.engine
+        rate = engine.sample_rate
+        if rate is None:
+            raise EngineError("the engine reported no sample rate after loading", code="internal")
+        began = time.monotonic()
+        samples = 0
+        seq = 0
+        chunks: Iterator[Any] = iter(engine.synthesize(request, progress, job.cancel.is_set))
+        try:
+            for chunk in chunks:
+                if job.cancel.is_set():
+                    return _cancelled(job)
+                view = memoryview(chunk).cast("B")
+                if len(view) % 2:
+                    raise EngineError(f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal")
+                if seq == 0 and len(view):
+                    timings["first_audio"] = time.monotonic() - job.enqueued
+                step = self._audio_frame_bytes
+                for start in range(0, len(view), step):
+                    piece = view[start : start + step]
+                    message = protocol.Audio(id=job.id, seq=seq, sample_rate=rate, pcm=piece)
+                    from_thread.run(self._send_audio, job, message, token=token)
+                    seq += 1
+                    samples += len(piece) // 2
+            if job.cancel.is_set():
+                return _cancelled(job)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        timings["synthesis"] = time.monotonic() - began
+        timings["total"] = time.monotonic() - job.enqueued
+        return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings)
+
+
+class _LoadFailed(Exception):
+    pass
+
+
+def _shutting_down(job: _Job) -> Error:
+    return Error(code="shutting_down", id=job.id, message="the sidecar is shutting down")
+
+
+def _cancelled(job: _Job) -> Error:
+    return Error(code="cancelled", id=job.id, message="cancelled while running")
+
+
+def _error_for(request_id: int, exc: EngineError) -> Error:
+    detail: dict[str, Any] = {}
+    if exc.field is not None:
+        detail["field"] = exc.field
+    return Error(code=exc.code, id=request_id, message=str(exc), retryable=exc.retryable, detail=detail)

@@ -1,0 +1,211 @@
+"""The engine interface, and engines found by name.
+
+An engine turns text into int16 mono PCM.  The sidecar calls every method except
+:meth:`Engine.check` and :meth:`Engine.memory` on its one engine worker thread, one call
+at a time, so an engine needs no locking and may wrap a library that is not
+thread-safe.  Engines import their heavy dependencies inside :meth:`Engine.load`, never
+at module level: the sidecar imports the engine's module before it sends ``ready``.
+
+Built-in engines are ``fake``, ``espeak``, ``indextts2``, ``indextts2.5`` and
+``indextts``.  Third-party engines register an :class:`Engine` subclass in the entry
+point group ``indextts_sidecar.engines``::
+
+    [project.entry-points."indextts_sidecar.engines"]
+    myengine = "mypackage.engine:MyEngine"
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, Union
+
+import msgspec
+
+from ..protocol import Emotion
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Cancelled",
+    "Chunk",
+    "Engine",
+    "EngineError",
+    "LoadError",
+    "NoOptions",
+    "ProgressFn",
+    "RequestError",
+    "SynthesisRequest",
+    "engine_class",
+    "engine_names",
+    "heartbeat",
+]
+
+ENTRY_POINT_GROUP = "indextts_sidecar.engines"
+
+#: Built-in engines: name -> "module:Class", imported only when chosen.
+_BUILTIN = {
+    "fake": "indextts_sidecar.engines.fake:FakeEngine",
+    "espeak": "indextts_sidecar.engines.espeak:EspeakEngine",
+    "indextts": "indextts_sidecar.engines.indextts:IndexTTSAuto",
+    "indextts2": "indextts_sidecar.engines.indextts:IndexTTS2Engine",
+    "indextts2.5": "indextts_sidecar.engines.indextts:IndexTTS25Engine",
+}
+
+#: Little-endian int16 mono samples: bytes, bytearray, memoryview or an int16 array.
+Chunk = Any
+
+
+class ProgressFn(Protocol):
+    def __call__(self, stage: str, fraction: Union[float, None] = None, message: str = "") -> None: ...
+
+
+class EngineError(Exception):
+    """An error an engine reports for one request; ``code`` is the wire error code."""
+
+    code: str = "engine_error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, field: Union[str, None] = None, code: Union[str, None] = None) -> None:
+        super().__init__(message)
+        self.field = field
+        if code is not None:
+            self.code = code
+
+
+class RequestError(EngineError):
+    """The request cannot be served as given (a missing file, a value out of range)."""
+
+    code = "invalid_input"
+
+
+class LoadError(EngineError):
+    """The model failed to load; the next request tries again."""
+
+    code = "load_failed"
+    retryable = True
+
+
+class Cancelled(Exception):
+    """Raised by an engine that noticed cancellation inside a long step."""
+
+
+class NoOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """Options struct for an engine that takes none."""
+
+
+OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
+RequestOptionsT = TypeVar("RequestOptionsT", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True)
+class SynthesisRequest(Generic[RequestOptionsT]):
+    """One ``synthesize`` request as an engine sees it, with options already validated."""
+
+    id: int
+    text: str
+    voice: Union[str, None]
+    emotion: Union[Emotion, None]
+    options: RequestOptionsT
+
+
+class Engine(Generic[OptionsT, RequestOptionsT]):
+    """Base class of engines.  Subclasses set the class attributes and override the methods."""
+
+    #: Name the engine is found by.
+    name: ClassVar[str] = ""
+    #: The native rate when known without loading, else None until :meth:`load`.
+    native_sample_rate: ClassVar[Union[int, None]] = None
+    #: Free-form feature names advertised in ``ready`` (``streaming``, ``voice_clone``...).
+    capabilities: ClassVar[tuple[str, ...]] = ()
+    #: Engine (command-line) options; unknown fields are rejected.
+    Options: ClassVar[type[msgspec.Struct]] = NoOptions
+    #: Per-request ``options``; unknown fields are rejected, naming the field.
+    RequestOptions: ClassVar[type[msgspec.Struct]] = NoOptions
+
+    def __init__(self, options: OptionsT) -> None:
+        self.options = options
+        #: Engine options accepted on the command line but not by the installed library.
+        self.dropped_options: list[str] = []
+        self.sample_rate: Union[int, None] = self.native_sample_rate
+
+    @property
+    def loaded(self) -> bool:
+        raise NotImplementedError
+
+    def check(self, request: SynthesisRequest[RequestOptionsT]) -> None:
+        """Cheap validation on the event loop thread before queueing; raise :class:`RequestError`."""
+
+    def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
+        """Load the model, reporting progress; set :attr:`sample_rate`.  Raise on failure."""
+        raise NotImplementedError
+
+    def synthesize(
+        self,
+        request: SynthesisRequest[RequestOptionsT],
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        """Yield int16 chunks at :attr:`sample_rate`; the sidecar stops at a chunk boundary on cancel."""
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        """Drop the model and free its memory."""
+
+    def memory(self) -> dict[str, int]:
+        """Engine memory in bytes, e.g. ``cuda_allocated``; called from the event loop thread."""
+        return {}
+
+
+class heartbeat:
+    """Report ``stage`` every ``interval`` seconds while a long blocking step runs.
+
+    Keeps a parent's idle deadline alive through steps that are slow but healthy, such
+    as constructing a model.  Used as ``with heartbeat(progress, "load", 0.5, "constructing"):``.
+    """
+
+    def __init__(self, progress: ProgressFn, stage: str, fraction: Union[float, None], message: str, interval: float = 2.0) -> None:
+        self._args = (progress, stage, fraction, message, interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="indextts-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        progress, stage, fraction, message, interval = self._args
+        while not self._stop.wait(interval):
+            progress(stage, fraction, message)
+
+    def __enter__(self) -> heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def engine_names() -> list[str]:
+    """Names of the built-in engines and of those registered through entry points."""
+    from importlib.metadata import entry_points
+
+    names = set(_BUILTIN)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def engine_class(name: str) -> type[Engine[Any, Any]]:
+    """The engine class registered as ``name``; raises ``LookupError`` naming the known engines."""
+    target = _BUILTIN.get(name)
+    if target is None:
+        from importlib.metadata import entry_points
+
+        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not matches:
+            raise LookupError(f"unknown engine {name!r}; known engines: {', '.join(engine_names())}")
+        loaded = matches[0].load()
+    else:
+        module_name, _, attr = target.partition(":")
+        loaded = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(loaded, type) and issubclass(loaded, Engine)):
+        raise LookupError(f"engine {name!r} does not name an Engine subclass: {loaded!r}")
+    return loaded

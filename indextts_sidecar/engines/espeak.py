@@ -1,0 +1,258 @@
+"""Real (robotic) speech from the espeak-ng C library, driven through ctypes.
+
+Small, CPU-only and fast to load, so it serves as the engine for end-to-end tests and
+for hosts without a GPU.  The library and its data come from the ``espeakng-loader``
+wheel, imported in :meth:`EspeakEngine.load` so that importing this module costs only
+the standard library and msgspec.
+
+espeak-ng keeps its state in process globals (one voice, one set of parameters, one
+callback), so one engine instance owns the library; the sidecar's single engine thread
+makes that safe without locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+import msgspec
+
+from . import (
+    Chunk,
+    Engine,
+    EngineError,
+    LoadError,
+    ProgressFn,
+    RequestError,
+    SynthesisRequest,
+)
+
+__all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences"]
+
+log = logging.getLogger(__name__)
+
+# Constants from espeak-ng's speak_lib.h.
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+# Without this flag a failed espeak_Initialize calls exit(1) and takes the sidecar down.
+_INITIALIZE_DONT_EXIT = 0x8000
+_CHARS_UTF8 = 1
+# Keeps the sentence-final pause, which espeak otherwise drops at the end of each call;
+# we call once per sentence, so without it sentences would run together.
+_ENDPAUSE = 0x1000
+_POS_CHARACTER = 1
+_RATE = 1
+_PITCH = 3
+_EE_OK = 0
+_EE_NOT_FOUND = 2
+#: Audio per callback: also how quickly a cancel interrupts a sentence.
+_BUFFER_MS = 100
+
+RATE_RANGE = (80, 450)
+PITCH_RANGE = (0, 100)
+
+# After sentence punctuation followed by space (so "3.14" stays whole), or at newlines.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?;])\s+|\s*\n\s*")
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut into sentences, punctuation kept, blank pieces dropped."""
+    return [s for s in (p.strip() for p in _SENTENCE_BREAK.split(text)) if s]
+
+
+def _check_range(field: str, value: int, bounds: tuple[int, int]) -> None:
+    low, high = bounds
+    if not low <= value <= high:
+        raise ValueError(f"`{field}` must be in {low}..{high}, got {value}")
+
+
+class EspeakOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Engine options: defaults for every request."""
+
+    #: espeak-ng voice or language name ("en", "en-us", "de", "fr", "en+f3"...).
+    voice: str = "en"
+    #: Speaking rate in words per minute.
+    rate: int = 175
+    #: Base pitch, 0..100.
+    pitch: int = 50
+
+    def __post_init__(self) -> None:
+        # Runs on plain construction as well as on msgspec.convert, unlike Meta bounds.
+        _check_range("rate", self.rate, RATE_RANGE)
+        _check_range("pitch", self.pitch, PITCH_RANGE)
+
+
+class EspeakRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Per-request overrides of the engine options; None keeps the engine's value."""
+
+    # Optional/Annotated rather than ``X | None``: msgspec evaluates these at runtime.
+    rate: Annotated[int, msgspec.Meta(ge=RATE_RANGE[0], le=RATE_RANGE[1])] | None = None
+    pitch: Annotated[int, msgspec.Meta(ge=PITCH_RANGE[0], le=PITCH_RANGE[1])] | None = None
+
+
+class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
+    """espeak-ng speech, streamed one sentence at a time."""
+
+    name = "espeak"
+    native_sample_rate = 22050
+    capabilities = ("streaming", "voices")
+    Options = EspeakOptions
+    RequestOptions = EspeakRequestOptions
+
+    def __init__(self, options: EspeakOptions) -> None:
+        super().__init__(options)
+        self._lib: Any = None
+        # The CFUNCTYPE object must outlive every call into the library: if it were
+        # collected, espeak would call into freed memory.
+        self._callback: Any = None
+        self._samples: list[bytes] = []
+        self._cancelled: Callable[[], bool] = lambda: False
+        self._callback_error: BaseException | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._lib is not None
+
+    def check(self, request: SynthesisRequest[EspeakRequestOptions]) -> None:
+        if not request.text.strip():
+            raise RequestError("text is empty", field="text")
+        if request.voice is not None and (not request.voice.strip() or "\0" in request.voice):
+            raise RequestError(f"invalid espeak-ng voice name {request.voice!r}", field="voice")
+
+    def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
+        if self._lib is not None:
+            progress("load", 1.0, "ready")
+            return
+        progress("load", 0.0, "loading libespeak-ng")
+        import ctypes
+        import os
+
+        try:
+            import espeakng_loader  # type: ignore[import-untyped]
+
+            lib_path = espeakng_loader.get_library_path()
+            data_path = espeakng_loader.get_data_path()
+        except (ImportError, RuntimeError) as exc:
+            raise LoadError(f"espeak-ng is not installed (pip install espeakng-loader): {exc}") from exc
+        # espeak falls back to a compiled-in path when ours lacks data, then fails with
+        # only a stderr message: check first so the error says what is wrong.
+        if not os.path.isfile(os.path.join(data_path, "phontab")):
+            raise LoadError(f"espeak-ng data is missing or incomplete at {data_path}")
+        try:
+            lib = ctypes.CDLL(lib_path)
+        except OSError as exc:
+            raise LoadError(f"cannot load libespeak-ng from {lib_path}: {exc}") from exc
+
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetVoiceByName.restype = ctypes.c_int
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_SetParameter.restype = ctypes.c_int
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_char_p,  # text
+            ctypes.c_size_t,  # size in bytes, terminator included
+            ctypes.c_uint,  # position
+            ctypes.c_int,  # position type
+            ctypes.c_uint,  # end position (0: none)
+            ctypes.c_uint,  # flags
+            ctypes.c_void_p,  # unique identifier out (unused)
+            ctypes.c_void_p,  # user data
+        ]
+        lib.espeak_Synth.restype = ctypes.c_int
+        lib.espeak_Terminate.argtypes = []
+        lib.espeak_Terminate.restype = ctypes.c_int
+        # Events are unused, so void* spares declaring the espeak_EVENT struct.
+        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+        lib.espeak_SetSynthCallback.argtypes = [callback_type]
+        lib.espeak_SetSynthCallback.restype = None
+
+        # Either the data directory or its parent works; pass the directory itself.
+        rate = lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, _BUFFER_MS, os.fsencode(data_path), _INITIALIZE_DONT_EXIT
+        )
+        if rate <= 0:  # with DONT_EXIT a failure returns 0, older builds a negative code
+            raise LoadError(f"espeak_Initialize failed ({rate}) with data at {data_path}")
+
+        def on_audio(wav: int | None, numsamples: int, events: int | None) -> int:
+            # An exception cannot cross the C frame: keep it, abort, re-raise after Synth.
+            try:
+                if wav and numsamples > 0:
+                    self._samples.append(ctypes.string_at(wav, numsamples * 2))
+                return 1 if self._cancelled() else 0
+            except BaseException as exc:
+                self._callback_error = exc
+                return 1
+
+        self._callback = callback_type(on_audio)
+        lib.espeak_SetSynthCallback(self._callback)
+        self._lib = lib
+        self.sample_rate = rate
+        if rate != self.native_sample_rate:
+            # Harmless (we report what the library returned) but worth knowing.
+            log.warning("espeak-ng runs at %d Hz, not the expected %d Hz", rate, self.native_sample_rate)
+        progress("load", 1.0, "ready")
+
+    def synthesize(
+        self,
+        request: SynthesisRequest[EspeakRequestOptions],
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        lib = self._lib
+        if lib is None:
+            raise EngineError("espeak engine is not loaded")
+        opts = request.options
+        voice = request.voice if request.voice is not None else self.options.voice
+        # Voice first: the parameters below are set for the voice now current, and are
+        # set on every request because espeak keeps them between calls.
+        status = lib.espeak_SetVoiceByName(voice.encode("utf-8"))
+        if status == _EE_NOT_FOUND:
+            raise RequestError(
+                f"unknown espeak-ng voice {voice!r}; use a language or voice name such as 'en', 'en-us', 'de' or 'fr'",
+                field="voice",
+            )
+        if status != _EE_OK:
+            raise EngineError(f"espeak_SetVoiceByName({voice!r}) failed ({status})")
+        lib.espeak_SetParameter(_RATE, opts.rate if opts.rate is not None else self.options.rate, 0)
+        lib.espeak_SetParameter(_PITCH, opts.pitch if opts.pitch is not None else self.options.pitch, 0)
+
+        # espeak reads to the first NUL, so one inside the text would cut it short.
+        sentences = split_sentences(request.text.replace("\0", " "))
+        self._cancelled = cancelled
+        try:
+            for done, sentence in enumerate(sentences, 1):
+                text = sentence.encode("utf-8")
+                self._samples = []
+                self._callback_error = None
+                status = lib.espeak_Synth(
+                    text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None
+                )
+                if self._callback_error is not None:
+                    raise self._callback_error
+                if status != _EE_OK:
+                    raise EngineError(f"espeak_Synth failed ({status})")
+                if cancelled():
+                    return  # a sentence cut short by the callback is dropped, not sent
+                audio = b"".join(self._samples)
+                if sys.byteorder == "big":  # espeak writes native-endian samples
+                    import array
+
+                    samples = array.array("h", audio)
+                    samples.byteswap()
+                    audio = samples.tobytes()
+                if audio:
+                    yield audio
+                progress("synthesize", done / len(sentences))
+        finally:
+            self._samples = []
+            self._cancelled = lambda: False
+
+    def unload(self) -> None:
+        if self._lib is None:
+            return
+        self._lib.espeak_Terminate()
+        self._lib = None
+        self._callback = None

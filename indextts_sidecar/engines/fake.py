@@ -1,0 +1,209 @@
+"""A deterministic engine with fault injection, for this project's tests and yours.
+
+The audio is a function of the text alone: each character becomes ``seconds_per_char``
+of a sine tone whose pitch depends on the character (amplitude 8000, never silence).
+:func:`render` computes the exact samples a request produces, so a test can compare
+what it received byte for byte.
+
+Per-request ``options`` inject faults at chunk boundaries: see :class:`FakeRequestOptions`.
+Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Union
+
+import msgspec
+
+from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["FakeEngine", "FakeOptions", "FakeRequestOptions", "render", "render_bytes"]
+
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+_AMPLITUDE = 8000
+
+
+class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Engine options of ``fake``."""
+
+    sample_rate: Annotated[int, msgspec.Meta(ge=1000, le=192000)] = 24000
+    #: Seconds the model takes to load, reported as 10 progress steps.
+    load_delay: _NonNegative = 0.0
+    #: The first N loads fail with a ``load_failed`` error.
+    load_failures: _Count = 0
+    #: Audio per character of text.
+    seconds_per_char: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.06
+    #: Seconds of audio per chunk.
+    chunk_seconds: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+
+
+class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Per-request options of ``fake``.  ``*_at`` count chunks from 0."""
+
+    #: Total audio length, overriding the text-derived one.
+    seconds: Union[_NonNegative, None] = None
+    #: Seconds of audio per chunk, overriding the engine option.
+    chunk_seconds: Union[Annotated[float, msgspec.Meta(gt=0)], None] = None
+    #: Wall-clock seconds spent before each chunk (simulated compute).
+    delay: _NonNegative = 0.0
+    #: Raise an ``engine_error`` before chunk N, with ``fail_message``.
+    fail_at: Union[_Count, None] = None
+    fail_message: str = "injected failure"
+    #: Exit the whole process with ``exit_code`` before chunk N (a crash).
+    crash_at: Union[_Count, None] = None
+    exit_code: Annotated[int, msgspec.Meta(ge=0, le=255)] = 70
+    #: Block before chunk N until the request is cancelled (a hang).
+    hang_at: Union[_Count, None] = None
+    #: Lines printed per request, half through ``print`` and half written to fd 1 directly.
+    print_lines: _Count = 0
+    #: Bytes written to stderr per request (a flood).
+    stderr_bytes: _Count = 0
+
+
+def _char_tone(char: str, sample_rate: int, length: int) -> np.ndarray:
+    import numpy as np
+
+    frequency = 180.0 + (ord(char) % 64) * 15.0
+    t = np.arange(length, dtype=np.float64) * (2.0 * math.pi * frequency / sample_rate)
+    # Offset the phase so no segment starts at zero: the result is never silent.
+    return (np.sin(t + 0.5) * _AMPLITUDE).astype("<i2")
+
+
+def render(text: str, sample_rate: int = 24000, *, seconds: Union[float, None] = None, seconds_per_char: float = 0.06) -> np.ndarray:
+    """The exact int16 samples the fake engine produces for ``text`` with these settings."""
+    import numpy as np
+
+    per_char = max(1, round(seconds_per_char * sample_rate))
+    chars = text or " "
+    total = round(seconds * sample_rate) if seconds is not None else per_char * len(chars)
+    tones: dict[str, np.ndarray] = {}
+    parts = []
+    produced = 0
+    index = 0
+    while produced < total:
+        char = chars[index % len(chars)]
+        tone = tones.get(char)
+        if tone is None:
+            tone = tones[char] = _char_tone(char, sample_rate, per_char)
+        take = min(per_char, total - produced)
+        parts.append(tone[:take])
+        produced += take
+        index += 1
+    if not parts:
+        return np.zeros(0, dtype="<i2")
+    return np.concatenate(parts)
+
+
+def render_bytes(text: str, sample_rate: int = 24000, **kwargs: Any) -> bytes:
+    """:func:`render` as little-endian int16 bytes, as they travel on the wire."""
+    return render(text, sample_rate, **kwargs).tobytes()
+
+
+class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
+    name = "fake"
+    capabilities = ("streaming", "fault_injection")
+    Options = FakeOptions
+    RequestOptions = FakeRequestOptions
+
+    def __init__(self, options: FakeOptions) -> None:
+        super().__init__(options)
+        self.sample_rate = options.sample_rate
+        self._loaded = False
+        self._loads = 0
+        self._cache: Union[tuple[tuple[str, float | None], np.ndarray], None] = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def check(self, request: SynthesisRequest[FakeRequestOptions]) -> None:
+        if request.voice is not None and request.voice.startswith("missing:"):
+            raise RequestError(f"voice {request.voice!r} does not exist", field="voice")
+
+    def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
+        self._loads += 1
+        steps = 10
+        for step in range(steps):
+            if cancelled():
+                raise Cancelled
+            progress("load", step / steps, f"loading step {step + 1} of {steps}")
+            if self.options.load_delay:
+                time.sleep(self.options.load_delay / steps)
+        if self._loads <= self.options.load_failures:
+            raise LoadError(f"injected load failure {self._loads} of {self.options.load_failures}")
+        import numpy  # noqa: F401  (the real import cost lands in the load, as with a real model)
+
+        progress("load", 1.0, "loaded")
+        self._loaded = True
+
+    def unload(self) -> None:
+        self._loaded = False
+        self._cache = None
+
+    def synthesize(
+        self,
+        request: SynthesisRequest[FakeRequestOptions],
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+    ) -> Iterator[Any]:
+        opts = request.options
+        for line in range(opts.print_lines):
+            if line % 2:
+                os.write(1, f"fake engine: raw fd 1 line {line} of request {request.id}\n".encode())
+            else:
+                print(f"fake engine: print() line {line} of request {request.id}", flush=True)
+        if opts.stderr_bytes:
+            _flood_stderr(opts.stderr_bytes)
+        key = (request.text, opts.seconds)
+        if self._cache is not None and self._cache[0] == key:
+            audio = self._cache[1]
+        else:
+            audio = render(request.text, self.options.sample_rate, seconds=opts.seconds, seconds_per_char=self.options.seconds_per_char)
+            self._cache = (key, audio)
+        chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
+        count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
+        for index in range(count):
+            if opts.delay:
+                _sleep_unless_cancelled(opts.delay, cancelled)
+            if index == opts.fail_at:
+                raise EngineError(opts.fail_message)
+            if index == opts.crash_at:
+                sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
+                sys.stderr.flush()
+                os._exit(opts.exit_code)
+            if index == opts.hang_at:
+                while not cancelled():
+                    time.sleep(0.005)
+                raise Cancelled
+            if cancelled():
+                raise Cancelled
+            progress("synthesize", (index + 1) / count)
+            yield audio[index * chunk : (index + 1) * chunk]
+
+
+def _sleep_unless_cancelled(seconds: float, cancelled: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + seconds
+    while not cancelled():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.005))
+    raise Cancelled
+
+
+def _flood_stderr(size: int) -> None:
+    line = b"fake engine: stderr flood " + b"x" * 100 + b"\n"
+    written = 0
+    while written < size:
+        piece = line[: size - written]
+        os.write(2, piece)
+        written += len(piece)

@@ -1,0 +1,148 @@
+"""The espeak engine, called directly in-process: real speech from libespeak-ng."""
+
+from __future__ import annotations
+
+import array
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from indextts_sidecar.engines import RequestError, SynthesisRequest
+from indextts_sidecar.engines.espeak import (
+    EspeakEngine,
+    EspeakOptions,
+    EspeakRequestOptions,
+    split_sentences,
+)
+
+pytest.importorskip("espeakng_loader")
+
+
+def _progress(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
+
+
+def _request(text: str, voice: str | None = None, **options: Any) -> SynthesisRequest[EspeakRequestOptions]:
+    return SynthesisRequest(id=1, text=text, voice=voice, emotion=None, options=msgspec.convert(options, EspeakRequestOptions))
+
+
+def _speak(engine: EspeakEngine, text: str, cancelled: Callable[[], bool] = _never, **kwargs: Any) -> list[bytes]:
+    return [bytes(c) for c in engine.synthesize(_request(text, **kwargs), _progress, cancelled)]
+
+
+def _samples(chunks: list[bytes]) -> array.array[int]:
+    samples = array.array("h", b"".join(chunks))
+    if sys.byteorder == "big":
+        samples.byteswap()
+    return samples
+
+
+# espeak-ng state is process-global, so every test shares one engine instance.
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EspeakEngine]:
+    eng = EspeakEngine(EspeakOptions())
+    eng.load(_progress, _never)
+    yield eng
+    eng.unload()
+
+
+def test_speech_has_energy_and_scales_with_text(engine: EspeakEngine) -> None:
+    short = _samples(_speak(engine, "Hello there"))
+    long = _samples(_speak(engine, "Hello there, " * 6))
+    rms = math.sqrt(sum(s * s for s in long) / len(long))
+    assert rms > 500, rms  # speech, not silence or dither
+    # 0.2..5 s for two words at 175 wpm at 22050 Hz.
+    assert 0.2 * 22050 < len(short) < 5 * 22050
+    assert 3 < len(long) / len(short) < 9  # six times the words: roughly six times the audio
+
+
+def test_rate_option_changes_duration(engine: EspeakEngine) -> None:
+    fast = _samples(_speak(engine, "The quick brown fox jumps over the lazy dog", rate=400))
+    slow = _samples(_speak(engine, "The quick brown fox jumps over the lazy dog", rate=100))
+    assert len(slow) > 2 * len(fast)
+
+
+def test_sentences_stream_as_separate_chunks(engine: EspeakEngine) -> None:
+    fractions: list[float] = []
+    request = _request("First sentence here. Second one follows!\nThird line")
+    chunks = list(engine.synthesize(request, lambda stage, f=None, m="": fractions.append(f), _never))
+    assert len(chunks) == 3 and all(len(c) > 0 and len(c) % 2 == 0 for c in chunks)
+    assert fractions == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_cancel_after_first_chunk_stops_early(engine: EspeakEngine) -> None:
+    flag = [False]
+    chunks = []
+    for chunk in engine.synthesize(_request("One. Two. Three. Four."), _progress, lambda: flag[0]):
+        chunks.append(chunk)
+        flag[0] = True
+    assert len(chunks) == 1
+    # An aborted synth leaves the library usable.
+    assert len(_speak(engine, "Still working. Yes.")) == 2
+
+
+def test_cancel_before_start_yields_nothing(engine: EspeakEngine) -> None:
+    assert _speak(engine, "Never spoken.", cancelled=lambda: True) == []
+
+
+def test_voices(engine: EspeakEngine) -> None:
+    for voice in ("en-us", "de", "fr"):
+        assert _speak(engine, "Bonjour", voice=voice)
+    with pytest.raises(RequestError) as info:
+        _speak(engine, "Hello", voice="no-such-voice")
+    assert info.value.field == "voice" and "unknown" in str(info.value)
+
+
+def test_check_rejects_empty_text(engine: EspeakEngine) -> None:
+    with pytest.raises(RequestError) as info:
+        engine.check(_request("  \n\t "))
+    assert info.value.field == "text"
+    engine.check(_request("fine"))
+
+
+def test_option_validation() -> None:
+    with pytest.raises(msgspec.ValidationError, match="rate"):
+        msgspec.convert({"rate": 10}, EspeakRequestOptions)
+    with pytest.raises(msgspec.ValidationError, match="pitch"):
+        msgspec.convert({"pitch": 101}, EspeakRequestOptions)
+    with pytest.raises(msgspec.ValidationError, match="speed"):
+        msgspec.convert({"speed": 1}, EspeakRequestOptions)
+    with pytest.raises(msgspec.ValidationError, match="rate"):
+        msgspec.convert({"rate": 1000}, EspeakOptions)
+    with pytest.raises(ValueError, match="pitch"):
+        EspeakOptions(pitch=-1)
+
+
+def test_load_unload_load(engine: EspeakEngine) -> None:
+    engine.unload()
+    assert not engine.loaded
+    engine.unload()  # idempotent
+    events: list[tuple[Any, ...]] = []
+    engine.load(lambda *a: events.append(a), _never)
+    assert engine.loaded
+    assert engine.sample_rate == EspeakEngine.native_sample_rate == 22050
+    assert events[0][:2] == ("load", 0.0) and events[-1][:2] == ("load", 1.0)
+    assert _speak(engine, "Back again.")
+
+
+def test_split_sentences() -> None:
+    assert split_sentences("Hi. Pi is 3.14; yes!\n\nWhat? ok") == ["Hi.", "Pi is 3.14;", "yes!", "What?", "ok"]
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, indextts_sidecar.engines.espeak; "
+        "heavy = {'espeakng_loader', 'ctypes'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
