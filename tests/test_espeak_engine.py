@@ -14,12 +14,7 @@ import msgspec
 import pytest
 
 from indextts_sidecar.engines import RequestError, SynthesisRequest
-from indextts_sidecar.engines.espeak import (
-    EspeakEngine,
-    EspeakOptions,
-    EspeakRequestOptions,
-    split_sentences,
-)
+from indextts_sidecar.engines.espeak import EspeakEngine, EspeakOptions, EspeakRequestOptions, split_sentences
 
 pytest.importorskip("espeakng_loader")
 
@@ -33,7 +28,9 @@ def _never() -> bool:
 
 
 def _request(text: str, voice: str | None = None, **options: Any) -> SynthesisRequest[EspeakRequestOptions]:
-    return SynthesisRequest(id=1, text=text, voice=voice, emotion=None, options=msgspec.convert(options, EspeakRequestOptions))
+    return SynthesisRequest(
+        id=1, text=text, voice=voice, emotion=None, options=msgspec.convert(options, EspeakRequestOptions)
+    )
 
 
 def _speak(engine: EspeakEngine, text: str, cancelled: Callable[[], bool] = _never, **kwargs: Any) -> list[bytes]:
@@ -76,7 +73,8 @@ def test_sentences_stream_as_separate_chunks(engine: EspeakEngine) -> None:
     fractions: list[float] = []
     request = _request("First sentence here. Second one follows!\nThird line")
     chunks = list(engine.synthesize(request, lambda stage, f=None, m="": fractions.append(f), _never))
-    assert len(chunks) == 3 and all(len(c) > 0 and len(c) % 2 == 0 for c in chunks)
+    assert len(chunks) == 3
+    assert all(len(c) > 0 and len(c) % 2 == 0 for c in chunks)
     assert fractions == pytest.approx([1 / 3, 2 / 3, 1.0])
 
 
@@ -100,7 +98,8 @@ def test_voices(engine: EspeakEngine) -> None:
         assert _speak(engine, "Bonjour", voice=voice)
     with pytest.raises(RequestError) as info:
         _speak(engine, "Hello", voice="no-such-voice")
-    assert info.value.field == "voice" and "unknown" in str(info.value)
+    assert info.value.field == "voice"
+    assert "unknown" in str(info.value)
 
 
 def test_check_rejects_empty_text(engine: EspeakEngine) -> None:
@@ -131,7 +130,8 @@ def test_load_unload_load(engine: EspeakEngine) -> None:
     engine.load(lambda *a: events.append(a), _never)
     assert engine.loaded
     assert engine.sample_rate == EspeakEngine.native_sample_rate == 22050
-    assert events[0][:2] == ("load", 0.0) and events[-1][:2] == ("load", 1.0)
+    assert events[0][:2] == ("load", 0.0)
+    assert events[-1][:2] == ("load", 1.0)
     assert _speak(engine, "Back again.")
 
 

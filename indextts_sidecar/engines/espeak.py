@@ -20,15 +20,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from . import (
-    Chunk,
-    Engine,
-    EngineError,
-    LoadError,
-    ProgressFn,
-    RequestError,
-    SynthesisRequest,
-)
+from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
 
 __all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences"]
 
@@ -87,7 +79,8 @@ class EspeakOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class EspeakRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Per-request overrides of the engine options; None keeps the engine's value."""
 
-    # Optional/Annotated rather than ``X | None``: msgspec evaluates these at runtime.
+    # msgspec evaluates these at runtime; ``Annotated[...] | None`` works from 3.10 on.
+    # Meta bounds make msgspec's error name the field ("... - at `$.rate`").
     rate: Annotated[int, msgspec.Meta(ge=RATE_RANGE[0], le=RATE_RANGE[1])] | None = None
     pitch: Annotated[int, msgspec.Meta(ge=PITCH_RANGE[0], le=PITCH_RANGE[1])] | None = None
 
@@ -182,7 +175,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
                 if wav and numsamples > 0:
                     self._samples.append(ctypes.string_at(wav, numsamples * 2))
                 return 1 if self._cancelled() else 0
-            except BaseException as exc:
+            except BaseException as exc:  # re-raised after espeak_Synth returns
                 self._callback_error = exc
                 return 1
 
