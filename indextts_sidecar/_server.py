@@ -102,13 +102,15 @@ class EngineThread:
 
 
 class _Job:
-    __slots__ = ("cancel", "enqueued", "finished", "id", "kind", "request", "started")
+    __slots__ = ("cancel", "cancel_code", "enqueued", "finished", "id", "kind", "request", "started")
 
     def __init__(self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None) -> None:
         self.id = request_id
         self.kind = kind
         self.request = request
         self.cancel = threading.Event()
+        #: The error code the job ends with once ``cancel`` is set.
+        self.cancel_code = "cancelled"
         self.enqueued = time.monotonic()
         self.started = 0.0
         self.finished = False
@@ -240,6 +242,7 @@ class Server:
             self._finish(job, _shutting_down(job))
         active = self._active
         if active is not None:
+            active.cancel_code = "shutting_down"
             active.cancel.set()
             with anyio.move_on_after(self.shutdown_grace):
                 await self._idle.wait()
@@ -511,6 +514,8 @@ def _shutting_down(job: _Job) -> Error:
 
 
 def _cancelled(job: _Job) -> Error:
+    if job.cancel_code == "shutting_down":
+        return _shutting_down(job)
     return Error(code="cancelled", id=job.id, message="cancelled while running")
 
 
