@@ -71,30 +71,30 @@ class FrameReader:
 
     async def receive(self) -> Union[memoryview, None]:
         """The next frame's body, or None at a clean end of stream between frames."""
-        view = memoryview(self._buffer)[self._pos :]
-        if not view:
+        data, pos = self._buffer, self._pos
+        if pos == len(data):
             try:
-                view = memoryview(await self._stream.receive())
+                data, pos = await self._stream.receive(), 0
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 return None
         deadline = anyio.current_time() + self._timeout
-        if len(view) < protocol.HEADER:
-            head = bytes(view)
-            while len(head) < protocol.HEADER:
-                head += await self._more(deadline, len(head), None, protocol.HEADER - len(head))
-            view = memoryview(head)
-        size = int.from_bytes(view[: protocol.HEADER], "big")
+        if len(data) - pos < protocol.HEADER:
+            data, pos = data[pos:], 0
+            while len(data) < protocol.HEADER:
+                data += await self._more(deadline, len(data), None, protocol.HEADER - len(data))
+        size = int.from_bytes(data[pos : pos + protocol.HEADER], "big")
         if size > self.max_frame_size:
             self._buffer, self._pos = b"", 0
             raise FrameTooLarge(size, self.max_frame_size)
-        end = protocol.HEADER + size
-        if len(view) >= end:
+        start = pos + protocol.HEADER
+        end = start + size
+        if len(data) >= end:
             # The whole frame is buffered: hand out a view, no copy.
-            self._buffer, self._pos = view.obj, len(view.obj) - (len(view) - end)  # type: ignore[assignment]
-            return view[protocol.HEADER : end]
+            self._buffer, self._pos = data, end
+            return memoryview(data)[start:end]
         body = bytearray(size)
-        filled = len(view) - protocol.HEADER
-        body[:filled] = view[protocol.HEADER :]
+        filled = len(data) - start
+        body[:filled] = memoryview(data)[start:]
         self._buffer, self._pos = b"", 0
         while filled < size:
             chunk = await self._more(deadline, protocol.HEADER + filled, size, size - filled)

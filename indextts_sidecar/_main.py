@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="engine option; VALUE is read as JSON when it parses, else as a string (repeatable)",
     )
-    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for the engine before 'busy' (default 64)")
+    parser.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting for the engine before 'busy' (default 64)"
+    )
     parser.add_argument(
         "--max-frame-size",
         type=int,
@@ -100,7 +102,10 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
-            write_fd, "invalid_option", f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}", "--max-frame-size"
+            write_fd,
+            "invalid_option",
+            f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}",
+            "--max-frame-size",
         )
     from .engines import engine_class
 

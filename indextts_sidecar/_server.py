@@ -10,6 +10,7 @@ take when the parent reads slowly, while control frames never wait for a slot.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -19,8 +20,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any, Callable, TypeVar, Union
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, Union
 
 import anyio
 import msgspec
@@ -29,7 +30,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.lowlevel import current_token
 
 from . import protocol
-from ._framing import FrameReader, FramingError, FrameWriter
+from ._framing import FrameReader, FrameWriter, FramingError
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
 from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
 
@@ -205,7 +206,9 @@ class Server:
         """End serving as if the input had ended (used for SIGTERM); safe to call twice."""
         self._read_scope.cancel()
 
-    async def serve(self, receive: ByteReceiveStream, send: ByteSendStream, ready: Union[protocol.Ready, None] = None) -> int:
+    async def serve(
+        self, receive: ByteReceiveStream, send: ByteSendStream, ready: Union[protocol.Ready, None] = None
+    ) -> int:
         """Serve until shutdown, end of input or framing loss; return the exit code."""
         writer = FrameWriter(send)
         reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
@@ -386,7 +389,7 @@ class Server:
             job.started = time.monotonic()
             token = current_token()
             try:
-                terminal = await self.engine_thread.run(lambda: self._execute(job, token))
+                terminal = await self.engine_thread.run(functools.partial(self._execute, job, token))
             except Exception as exc:  # a bug here must still end the request
                 log.exception("internal error running request %d", job.id)
                 terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
@@ -484,7 +487,9 @@ class Server:
                     return _cancelled(job)
                 view = memoryview(chunk).cast("B")
                 if len(view) % 2:
-                    raise EngineError(f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal")
+                    raise EngineError(
+                        f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
+                    )
                 if seq == 0 and len(view):
                     timings["first_audio"] = time.monotonic() - job.enqueued
                 step = self._audio_frame_bytes

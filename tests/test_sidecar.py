@@ -307,7 +307,9 @@ async def test_partial_frame_then_silence_does_not_hang() -> None:
             error = await peer.expect(Error)
             assert error.code == "truncated_frame" and "stalled" in error.message
             # The request in flight still gets its terminal frame before the exit.
-            assert await peer.until_terminal(1) == [Error(code="shutting_down", id=1, message="the sidecar is shutting down")]
+            assert await peer.until_terminal(1) == [
+                Error(code="shutting_down", id=1, message="the sidecar is shutting down")
+            ]
             assert await peer.process.wait() == 3
 
 
@@ -382,7 +384,9 @@ async def test_failed_load_fails_the_request_and_the_next_one_retries() -> None:
 async def test_crash_fault_exits_with_the_requested_code() -> None:
     with anyio.fail_after(10):
         async with sidecar("fake") as peer:
-            await peer.send(Synthesize(id=1, text="abc", options={"crash_at": 1, "chunk_seconds": 0.05, "exit_code": 42}))
+            await peer.send(
+                Synthesize(id=1, text="abc", options={"crash_at": 1, "chunk_seconds": 0.05, "exit_code": 42})
+            )
             frames = []
             while (reply := await peer.recv()) is not None:
                 frames.append(reply)
@@ -444,7 +448,9 @@ async def test_espeak_engine_speaks() -> None:
     with anyio.fail_after(30):
         async with sidecar("espeak") as peer:
             await peer.send(Synthesize(id=1, text="Hello."))
-            await peer.send(Synthesize(id=2, text="Hello there. This sentence is a good deal longer than the first one."))
+            await peer.send(
+                Synthesize(id=2, text="Hello there. This sentence is a good deal longer than the first one.")
+            )
             per_id = await peer.collect({1, 2})
             short, long = pcm_of(per_id[1]), pcm_of(per_id[2])
             import numpy as np

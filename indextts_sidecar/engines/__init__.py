@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from collections.abc import Iterator
-from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, Union
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 
 import msgspec
 
@@ -165,7 +165,9 @@ class heartbeat:
     as constructing a model.  Used as ``with heartbeat(progress, "load", 0.5, "constructing"):``.
     """
 
-    def __init__(self, progress: ProgressFn, stage: str, fraction: Union[float, None], message: str, interval: float = 2.0) -> None:
+    def __init__(
+        self, progress: ProgressFn, stage: str, fraction: Union[float, None], message: str, interval: float = 2.0
+    ) -> None:
         self._args = (progress, stage, fraction, message, interval)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="indextts-heartbeat", daemon=True)

@@ -15,8 +15,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Union
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
@@ -78,7 +78,9 @@ def _char_tone(char: str, sample_rate: int, length: int) -> np.ndarray:
     return (np.sin(t + 0.5) * _AMPLITUDE).astype("<i2")
 
 
-def render(text: str, sample_rate: int = 24000, *, seconds: Union[float, None] = None, seconds_per_char: float = 0.06) -> np.ndarray:
+def render(
+    text: str, sample_rate: int = 24000, *, seconds: Union[float, None] = None, seconds_per_char: float = 0.06
+) -> np.ndarray:
     """The exact int16 samples the fake engine produces for ``text`` with these settings."""
     import numpy as np
 
@@ -167,7 +169,12 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         if self._cache is not None and self._cache[0] == key:
             audio = self._cache[1]
         else:
-            audio = render(request.text, self.options.sample_rate, seconds=opts.seconds, seconds_per_char=self.options.seconds_per_char)
+            audio = render(
+                request.text,
+                self.options.sample_rate,
+                seconds=opts.seconds,
+                seconds_per_char=self.options.seconds_per_char,
+            )
             self._cache = (key, audio)
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
         count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
