@@ -31,6 +31,7 @@ from anyio.lowlevel import current_token
 
 from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
+from ._resample import LinearResampler
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
 from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
 
@@ -330,16 +331,19 @@ class Server:
             text = str(exc)
             code = "unknown_option" if "unknown field" in text else "invalid_option"
             raise EngineError(f"options: {text}", code=code, field=protocol.field_of(exc, "$.options")) from None
-        if message.sample_rate is not None and message.sample_rate <= 0:
-            raise EngineError("sample_rate must be positive", code="invalid_option", field="$.sample_rate")
-        if message.sample_rate is not None and message.sample_rate != engine.sample_rate:
+        if message.sample_rate is not None and not 1000 <= message.sample_rate <= 384000:
             raise EngineError(
-                f"this sidecar does not resample: the engine's rate is {engine.sample_rate} Hz",
+                f"sample_rate {message.sample_rate} is outside 1000..384000 Hz",
                 code="invalid_option",
                 field="$.sample_rate",
             )
         request = SynthesisRequest(
-            id=message.id, text=message.text, voice=message.voice, emotion=message.emotion, options=options
+            id=message.id,
+            text=message.text,
+            voice=message.voice,
+            emotion=message.emotion,
+            options=options,
+            sample_rate=message.sample_rate,
         )
         engine.check(request)
         return request
@@ -474,9 +478,11 @@ class Server:
         timings: dict[str, float],
     ) -> protocol.Reply:
         engine = self.engine
-        rate = engine.sample_rate
-        if rate is None:
+        native = engine.sample_rate
+        if native is None:
             raise EngineError("the engine reported no sample rate after loading", code="internal")
+        rate = request.sample_rate or native
+        resampler = LinearResampler(native, rate) if rate != native else None
         began = time.monotonic()
         samples = 0
         seq = 0
@@ -490,6 +496,8 @@ class Server:
                     raise EngineError(
                         f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
                     )
+                if resampler is not None:
+                    view = memoryview(resampler.feed(view)).cast("B")
                 if seq == 0 and len(view):
                     timings["first_audio"] = time.monotonic() - job.enqueued
                 step = self._audio_frame_bytes

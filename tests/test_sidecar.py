@@ -271,9 +271,29 @@ async def test_unknown_request_option_is_rejected_naming_it() -> None:
             await peer.send(Synthesize(id=2, text="a", options={"delay": -1}))
             error = await peer.expect(Error)
             assert (error.id, error.code, error.detail["field"]) == (2, "invalid_option", "$.options.delay")
-            await peer.send(Synthesize(id=3, text="a", sample_rate=8000))
+            await peer.send(Synthesize(id=3, text="a", sample_rate=10))
             error = await peer.expect(Error)
             assert (error.id, error.code, error.detail["field"]) == (3, "invalid_option", "$.sample_rate")
+
+
+async def test_a_requested_rate_is_produced_by_resampling_and_the_native_rate_is_untouched() -> None:
+    import numpy as np
+
+    with anyio.fail_after(10):
+        async with sidecar("fake", "-o", "chunk_seconds=0.07") as peer:
+            await peer.send(Synthesize(id=1, text="resample me", sample_rate=16000))
+            await peer.send(Synthesize(id=2, text="resample me", sample_rate=24000))
+            per_id = await peer.collect({1, 2})
+            native = np.frombuffer(render_bytes("resample me", 24000), "<i2")
+            assert pcm_of(per_id[2]) == native.tobytes()
+            converted = np.frombuffer(pcm_of(per_id[1]), "<i2")
+            done = per_id[1][-1]
+            assert isinstance(done, Done) and done.sample_rate == 16000 and done.samples == len(converted)
+            assert abs(len(converted) - len(native) * 2 / 3) <= 1
+            # Chunked conversion equals converting the whole signal at once.
+            positions = np.arange(len(converted)) * 1.5
+            whole = np.rint(np.interp(positions, np.arange(len(native)), native.astype(np.float64)))
+            assert np.array_equal(converted, whole.astype("<i2"))
 
 
 async def test_frame_over_the_limit_is_reported_then_the_sidecar_exits() -> None:

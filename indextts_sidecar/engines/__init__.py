@@ -108,6 +108,8 @@ class SynthesisRequest(Generic[RequestOptionsT]):
     voice: Union[str, None]
     emotion: Union[Emotion, None]
     options: RequestOptionsT
+    #: The rate the parent asked for; the sidecar resamples, engines produce their native rate.
+    sample_rate: Union[int, None] = None
 
 
 class Engine(Generic[OptionsT, RequestOptionsT]):
