@@ -9,32 +9,27 @@ parent that needs studio quality should take the native rate and resample itself
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 __all__ = ["LinearResampler"]
 
 
 class LinearResampler:
     def __init__(self, source_rate: int, target_rate: int) -> None:
-        import numpy as np
-
-        self._np = np
         self._step = source_rate / target_rate  # input samples per output sample
         self._position = 0.0  # of the next output sample, relative to self._pending[0]
         self._pending: np.ndarray = np.zeros(0, dtype=np.float64)
 
-    def feed(self, chunk: Any) -> np.ndarray:
+    def feed(self, chunk: Any) -> bytes:
         """Convert the next int16 chunk; returns the int16 samples that are now determined."""
-        np = self._np
         samples = np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2").astype(np.float64)
         x = np.concatenate((self._pending, samples))
         last = len(x) - 1
         if last < self._position:
             self._pending = x
-            return np.zeros(0, dtype="<i2")
+            return b""
         count = int((last - self._position) // self._step) + 1
         positions = self._position + np.arange(count) * self._step
         left = positions.astype(np.int64)
@@ -45,4 +40,4 @@ class LinearResampler:
         keep = min(int(following), last)
         self._pending = x[keep:]
         self._position = following - keep
-        return np.clip(np.rint(y), -32768, 32767).astype("<i2")
+        return np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()

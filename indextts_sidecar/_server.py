@@ -31,7 +31,6 @@ from anyio.lowlevel import current_token
 
 from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
-from ._resample import LinearResampler
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
 from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
 
@@ -482,7 +481,11 @@ class Server:
         if native is None:
             raise EngineError("the engine reported no sample rate after loading", code="internal")
         rate = request.sample_rate or native
-        resampler = LinearResampler(native, rate) if rate != native else None
+        resampler = None
+        if rate != native:
+            from ._resample import LinearResampler  # numpy, only when asked for
+
+            resampler = LinearResampler(native, rate)
         began = time.monotonic()
         samples = 0
         seq = 0
@@ -497,7 +500,7 @@ class Server:
                         f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
                     )
                 if resampler is not None:
-                    view = memoryview(resampler.feed(view)).cast("B")
+                    view = memoryview(resampler.feed(view))
                 if seq == 0 and len(view):
                     timings["first_audio"] = time.monotonic() - job.enqueued
                 step = self._audio_frame_bytes
