@@ -9,7 +9,6 @@ and which engine it will load.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any, Union
@@ -18,8 +17,6 @@ import msgspec
 
 from . import protocol
 from ._version import __version__
-
-log = logging.getLogger("indextts_sidecar")
 
 EXIT_USAGE = 2
 
@@ -92,14 +89,9 @@ def main(argv: Union[list[str], None] = None) -> int:
 
         print("\n".join(engine_names()))
         return 0
-    from ._stdio import take_over_stdio
+    from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-    )
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -130,6 +122,13 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     os.write(write_fd, protocol.frame(ready))
 
+    import logging
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
     import anyio
 
     from ._server import Server
@@ -163,11 +162,12 @@ def engine_thread_busy() -> bool:
 
 
 async def _stop_on_signal(server: Any) -> None:
+    import logging
     import signal
 
     import anyio
 
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            log.info("received signal %d; stopping", signum)
+            logging.getLogger("indextts_sidecar").info("received signal %d; stopping", signum)
             server.stop()

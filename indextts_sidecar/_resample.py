@@ -40,4 +40,5 @@ class LinearResampler:
         keep = min(int(following), last)
         self._pending = x[keep:]
         self._position = following - keep
-        return np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
+        converted: bytes = np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
+        return converted

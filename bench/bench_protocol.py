@@ -1,0 +1,327 @@
+"""Side-by-side benchmark: this project's client and sidecar, the seed's protocol, a raw pipe.
+
+    .venv/bin/python bench/bench_protocol.py [--repeat 15] [--json results.json]
+
+Everything runs in one process run on one machine, so the three columns are comparable.
+Medians (min-max) over ``--repeat`` runs after warm-up.  See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+
+from indextts_client import Client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+ENV = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+RATE = 24000
+DURATIONS = (1, 10, 60)
+
+
+def summary(samples: list[float], unit: float = 1e3) -> dict[str, float]:
+    values = sorted(s * unit for s in samples)
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
+
+
+def fmt(stats: dict[str, float], digits: int = 2) -> str:
+    return f"{stats['median']:.{digits}f} ({stats['min']:.{digits}f}-{stats['max']:.{digits}f})"
+
+
+# ----------------------------------------------------------------- the seed's protocol
+
+
+class SeedParent:
+    """A parent speaking the seed's protocol: JSON + base64 over blocking pipes."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_seed_protocol_server.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=ENV,
+        )
+        assert self.receive()["op"] == "ready"
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        body = json.dumps(obj).encode()
+        self.process.stdin.write(struct.pack("!I", len(body)) + body)
+        self.process.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        (size,) = struct.unpack("!I", self.process.stdout.read(4))
+        return json.loads(self.process.stdout.read(size))  # type: ignore[no-any-return]
+
+    def synthesize(self, seconds: float, model_seconds: float = 0.0) -> np.ndarray:
+        self.send({"op": "synthesize", "text": "benchmark", "seconds": seconds, "model_seconds": model_seconds})
+        reply = self.receive()
+        return np.frombuffer(base64.b64decode(reply["audio_pcm_b64"]), dtype="<i2")
+
+    def close(self) -> None:
+        self.send({"op": "shutdown"})
+        self.process.wait(10)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def seed_suite(repeat: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    starts = []
+    for _ in range(max(3, repeat // 3)):
+        began = time.perf_counter()
+        parent = SeedParent()
+        starts.append(time.perf_counter() - began)
+        parent.close()
+    results["spawn_to_ready_ms"] = summary(starts)
+    parent = SeedParent()
+    try:
+        for seconds in DURATIONS:
+            parent.synthesize(seconds)
+            times = []
+            for _ in range(repeat):
+                began = time.perf_counter()
+                audio = parent.synthesize(seconds)
+                times.append(time.perf_counter() - began)
+                assert len(audio) == seconds * RATE
+            results[f"warm_{seconds}s_ms"] = summary(times)
+        pings = []
+        for _ in range(repeat * 10):
+            began = time.perf_counter()
+            parent.send({"op": "ping"})
+            parent.receive()
+            pings.append(time.perf_counter() - began)
+        results["ping_idle_us"] = summary(pings, 1e6)
+        # The seed reads nothing while it synthesizes: a ping waits for the whole inference.
+        blocked = []
+        for _ in range(2):
+            parent.send({"op": "synthesize", "text": "x", "seconds": 0.1, "model_seconds": 2.0})
+            time.sleep(0.2)
+            began = time.perf_counter()
+            parent.send({"op": "ping"})
+            parent.receive()  # the audio
+            parent.receive()  # the pong
+            blocked.append(time.perf_counter() - began)
+        results["ping_during_2s_inference_ms"] = summary(blocked)
+        sequential = []
+        for _ in range(3):
+            began = time.perf_counter()
+            for _ in range(200):
+                parent.synthesize(0.0)
+            sequential.append(200 / (time.perf_counter() - began))
+        results["requests_per_s_sequential"] = summary(sequential, 1)
+    finally:
+        parent.close()
+    return results
+
+
+# ------------------------------------------------------------------- the raw-pipe floor
+
+
+def floor_suite(repeat: int) -> dict[str, Any]:
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "_raw_pipe_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=ENV,
+        bufsize=0,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+    assert stdout.read(1) == b"R"
+
+    def request(seconds: float) -> np.ndarray:
+        stdin.write(struct.pack("!I", int(seconds * 1000)))
+        (size,) = struct.unpack("!I", stdout.read(4))
+        out = np.empty(size // 2, dtype="<i2")
+        view = memoryview(out).cast("B")
+        got = 0
+        while got < size:
+            got += stdout.readinto(view[got:])  # type: ignore[operator]
+        return out
+
+    results: dict[str, Any] = {}
+    try:
+        for seconds in DURATIONS:
+            request(seconds)
+            times = []
+            for _ in range(repeat):
+                began = time.perf_counter()
+                audio = request(seconds)
+                times.append(time.perf_counter() - began)
+                assert len(audio) == seconds * RATE
+            results[f"warm_{seconds}s_ms"] = summary(times)
+        echo = []
+        for _ in range(repeat * 10):
+            began = time.perf_counter()
+            request(0)
+            echo.append(time.perf_counter() - began)
+        results["ping_idle_us"] = summary(echo, 1e6)
+    finally:
+        stdin.close()
+        process.wait(10)
+        stdout.close()
+    return results
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+def sidecar_ready_suite(repeat: int) -> dict[str, Any]:
+    """Spawn -> first frame read, with a plain subprocess parent (no client in the way)."""
+    results: dict[str, Any] = {}
+    for engine in ("fake", "espeak"):
+        times = []
+        for _ in range(repeat):
+            began = time.perf_counter()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "indextts_sidecar", "--engine", engine],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=ENV,
+            )
+            assert process.stdout is not None and process.stdin is not None
+            (size,) = struct.unpack("!I", process.stdout.read(4))
+            process.stdout.read(size)
+            times.append(time.perf_counter() - began)
+            process.stdin.close()
+            process.wait(10)
+            process.stdout.close()
+        results[f"sidecar_{engine}_spawn_to_ready_ms"] = summary(times)
+    bare = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare.append(time.perf_counter() - began)
+    results["python_c_pass_ms"] = summary(bare)
+    return results
+
+
+async def ours_suite(repeat: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    starts = []
+    for _ in range(max(3, repeat // 3)):
+        began = time.perf_counter()
+        async with Client(engine="fake", env=ENV) as client:
+            starts.append(time.perf_counter() - began)
+            assert client.info.engine == "fake"
+    results["spawn_to_ready_ms"] = summary(starts)
+    async with Client(engine="fake", env=ENV, engine_options={"chunk_seconds": 5.0}) as client:
+        await client.load()
+        for seconds in DURATIONS:
+            await client.synthesize("benchmark", seconds=seconds)
+            times = []
+            for _ in range(repeat):
+                began = time.perf_counter()
+                audio = await client.synthesize("benchmark", seconds=seconds)
+                times.append(time.perf_counter() - began)
+                assert len(audio.samples) == seconds * RATE
+            results[f"warm_{seconds}s_ms"] = summary(times)
+        pings = []
+        for _ in range(repeat * 10):
+            health = await client.ping()
+            pings.append(health.round_trip)
+        results["ping_idle_us"] = summary(pings, 1e6)
+        busy: list[float] = []
+        async with anyio.create_task_group() as tg:
+            started = anyio.Event()
+
+            async def long_inference() -> None:
+                # 2 s of compute in 40 chunks of 50 ms.
+                await client.synthesize(
+                    "x", seconds=2.0, chunk_seconds=0.05, delay=0.05, on_progress=lambda e: started.set()
+                )
+
+            tg.start_soon(long_inference)
+            await started.wait()
+            for _ in range(200):
+                health = await client.ping()
+                assert health.active is not None
+                busy.append(health.round_trip)
+        results["ping_during_2s_inference_us"] = summary(busy[:150], 1e6)
+        sequential = []
+        for _ in range(3):
+            began = time.perf_counter()
+            for _ in range(200):
+                await client.synthesize("", seconds=0.0)
+            sequential.append(200 / (time.perf_counter() - began))
+        results["requests_per_s_sequential"] = summary(sequential, 1)
+        concurrent = []
+        for _ in range(3):
+            began = time.perf_counter()
+
+            async def worker() -> None:
+                for _ in range(25):
+                    await client.synthesize("", seconds=0.0)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(16):
+                    tg.start_soon(worker)
+            concurrent.append(400 / (time.perf_counter() - began))
+        results["requests_per_s_16_concurrent"] = summary(concurrent, 1)
+    return results
+
+
+def table(ours: dict[str, Any], seed: dict[str, Any], floor: dict[str, Any]) -> str:
+    rows = [
+        ("spawn -> ready (ms)", "spawn_to_ready_ms", "spawn_to_ready_ms", None),
+        ("1 s audio, warm -> int16 array (ms)", "warm_1s_ms", "warm_1s_ms", "warm_1s_ms"),
+        ("10 s audio, warm (ms)", "warm_10s_ms", "warm_10s_ms", "warm_10s_ms"),
+        ("60 s audio, warm (ms)", "warm_60s_ms", "warm_60s_ms", "warm_60s_ms"),
+        ("ping round trip, idle (us)", "ping_idle_us", "ping_idle_us", "ping_idle_us"),
+        ("ping during a 2 s inference", "ping_during_2s_inference_us", "ping_during_2s_inference_ms", None),
+        ("requests/s, sequential, no compute", "requests_per_s_sequential", "requests_per_s_sequential", None),
+        ("requests/s, 16 concurrent, no compute", "requests_per_s_16_concurrent", None, None),
+    ]
+    lines = ["| metric | this project | seed protocol | raw pipe floor |", "|---|---|---|---|"]
+    for label, a, b, c in rows:
+        cells = []
+        for source, key in ((ours, a), (seed, b), (floor, c)):
+            if key is None or key not in source:
+                cells.append("—")
+            else:
+                unit = (
+                    " ms"
+                    if key.endswith("_ms") and "during" in key
+                    else (" us" if key.endswith("_us") and "during" in key else "")
+                )
+                cells.append(fmt(source[key]) + unit)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args()
+    floor = floor_suite(args.repeat)
+    seed = seed_suite(args.repeat)
+    ours = anyio.run(ours_suite, args.repeat)
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs\n")
+    print(table(ours, seed, floor))
+    ratio_seed = seed["warm_60s_ms"]["median"] / ours["warm_60s_ms"]["median"]
+    ratio_floor = ours["warm_60s_ms"]["median"] / floor["warm_60s_ms"]["median"]
+    print(f"\n60 s audio: {ratio_seed:.1f}x faster than the seed protocol, {ratio_floor:.2f}x the raw-pipe floor")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": ours, "seed": seed, "floor": floor}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
