@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
+    parser.add_argument(
+        "--doctor",
+        action="store_true",
+        help="print a JSON report on this venv (torch, GPUs, indextts, checkpoints) and exit; see docs/indextts.md",
+    )
+    parser.add_argument("--model-dir", help="checkpoint directory for --doctor to check")
     parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
     return parser
 
@@ -89,6 +95,10 @@ def main(argv: Union[list[str], None] = None) -> int:
 
         print("\n".join(engine_names()))
         return 0
+    if args.doctor:
+        from ._doctor import main as doctor_main
+
+        return doctor_main(args.model_dir)
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()

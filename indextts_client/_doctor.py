@@ -1,0 +1,181 @@
+"""``indextts-client doctor``: check an engine venv from the parent's side.
+
+:func:`run_doctor` runs ``PYTHON -m indextts_sidecar --doctor`` in the engine's venv and
+decodes its JSON report; :func:`render` prints it as a table; :func:`exit_code` says
+whether anything blocks synthesis.  A doctor that cannot run at all (no such interpreter,
+indextts-sidecar missing from that venv, a crash, a hang) still yields a report, with
+``ran`` false and the reason under ``problems``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Union
+
+import anyio
+import msgspec
+
+from indextts_sidecar._doctor import DoctorReport, Problem
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["DEFAULT_TIME_LIMIT", "DoctorReport", "Problem", "doctor_command", "exit_code", "render", "run_doctor"]
+
+#: Seconds the doctor may take: it imports torch and indextts, which is slow on a cold disk.
+DEFAULT_TIME_LIMIT = 180.0
+#: Exit codes of :func:`exit_code`.
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_NOT_RUN = 2
+
+_STDERR_TAIL = 2000
+
+
+def _not_run(what: str, fix: str) -> DoctorReport:
+    return DoctorReport(ran=False, problems=[Problem(what=what, fix=fix)])
+
+
+def _tail(data: Union[bytes, None]) -> str:
+    text = (data or b"").decode("utf-8", "replace").strip()
+    return text[-_STDERR_TAIL:]
+
+
+async def run_doctor(
+    python: str,
+    model_dir: Union[str, None],
+    *,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    env: Union[Mapping[str, str], None] = None,
+) -> DoctorReport:
+    """Run the doctor with the interpreter ``python`` and return its report.
+
+    ``env`` replaces the child's environment (default: this process's).  Never raises for
+    a doctor that fails: the report says what went wrong.
+    """
+    command = [python, "-m", "indextts_sidecar", "--doctor"]
+    if model_dir is not None:
+        command += ["--model-dir", model_dir]
+    try:
+        with anyio.fail_after(time_limit):
+            result = await anyio.run_process(
+                command, stdin=subprocess.DEVNULL, check=False, env=dict(env) if env is not None else None
+            )
+    except TimeoutError:
+        return _not_run(
+            f"the doctor did not finish within {time_limit:g} s",
+            "run `PYTHON -m indextts_sidecar --doctor` by hand to see where it hangs (a slow disk or a GPU driver)",
+        )
+    except OSError as exc:
+        return _not_run(
+            f"cannot run {python}: {exc}",
+            "pass --python the engine venv's interpreter, e.g. /path/to/engine-venv/bin/python",
+        )
+    stderr = _tail(result.stderr)
+    if result.returncode != 0:
+        if "No module named indextts_sidecar" in stderr:
+            fix = f"install indextts-sidecar into that venv: {python} -m pip install indextts-sidecar"
+        elif "unrecognized arguments: --doctor" in stderr:
+            fix = f"upgrade indextts-sidecar in that venv: {python} -m pip install -U indextts-sidecar"
+        else:
+            fix = "see the error above; run the command by hand for the full output"
+        return _not_run(f"the doctor exited with code {result.returncode}: {stderr or '(no stderr)'}", fix)
+    lines = [line for line in (result.stdout or b"").splitlines() if line.startswith(b"{")]
+    if not lines:
+        return _not_run(f"the doctor printed no report; stderr: {stderr or '(empty)'}", "report this as a bug")
+    try:
+        return msgspec.json.decode(lines[-1], type=DoctorReport)
+    except msgspec.MsgspecError as exc:
+        return _not_run(
+            f"the doctor's report does not decode: {exc}", "use the same indextts-sidecar version in both venvs"
+        )
+
+
+def exit_code(report: DoctorReport) -> int:
+    """0 when nothing blocks synthesis, 1 when something does, 2 when the doctor could not run."""
+    if not report.ran:
+        return EXIT_NOT_RUN
+    return EXIT_PROBLEMS if report.problems else EXIT_OK
+
+
+def render(report: DoctorReport, console: Console) -> None:
+    """Print ``report`` as a table, then its problems and warnings with what to do."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    ok, warn, bad = "[green]ok[/]", "[yellow]warning[/]", "[red]problem[/]"
+
+    if report.ran:
+        table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
+        table.add_column("check", style="bold")
+        table.add_column("status")
+        table.add_column("details", overflow="fold")
+        py = report.python
+        table.add_row("python", ok, escape(f"{py.implementation} {py.version} ({py.executable})"))
+        table.add_row("indextts-sidecar", ok, escape(str(report.packages.get("indextts_sidecar"))))
+        torch = report.torch
+        if torch.importable:
+            table.add_row(
+                "torch",
+                ok,
+                escape(f"{torch.version}" + (f" (CUDA {torch.cuda_version})" if torch.cuda_version else "")),
+            )
+        else:
+            table.add_row("torch", bad, escape(torch.error or "not importable"))
+        devices = [*torch.cuda_devices]
+        if torch.mps_available:
+            devices.append("Apple MPS")
+        if torch.xpu_available:
+            devices.append("Intel XPU")
+        if devices:
+            table.add_row("accelerator", ok, escape(", ".join(devices)))
+        elif torch.importable:
+            table.add_row("accelerator", warn, "none: CPU only")
+        else:
+            table.add_row("accelerator", "[dim]unknown[/]", "needs torch")
+        tf = report.transformers
+        tf_blocks = tf.status == "conflict" or (tf.status == "missing" and report.indextts.found)
+        tf_status = bad if tf_blocks else ok if tf.status == "ok" else warn
+        table.add_row(
+            "transformers", tf_status, escape(f"{tf.version or 'not installed'} ({tf.status}; upstream pins {tf.pin})")
+        )
+        tts = report.indextts
+        if tts.imports:
+            detail = f"{tts.label} {tts.version or ''} at {tts.location}; run it with --engine {tts.engine}"
+            table.add_row("indextts", ok, escape(detail))
+        elif tts.found:
+            table.add_row("indextts", bad, escape(tts.error or "does not import"))
+        else:
+            table.add_row("indextts", bad, "not installed")
+        ck = report.checkpoints
+        if not ck.checked:
+            table.add_row("checkpoints", warn, "not checked (pass --model-dir)")
+        elif not ck.exists:
+            table.add_row("checkpoints", bad, escape(f"{ck.model_dir} does not exist"))
+        elif ck.missing:
+            table.add_row("checkpoints", bad, escape(f"{ck.model_dir}: missing {', '.join(ck.missing)}"))
+        else:
+            extra = f"; optional, absent: {', '.join(ck.optional_missing)}" if ck.optional_missing else ""
+            table.add_row("checkpoints", ok, escape(f"{ck.model_dir}: all {len(ck.present)} present{extra}"))
+        console.print(table)
+    for problem in report.problems:
+        console.print(f"[red]problem:[/] {escape(problem.what)}\n    [bold]fix:[/] {escape(problem.fix)}")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning.what)}\n    [bold]fix:[/] {escape(warning.fix)}")
+    if not report.ran:
+        console.print("[red]the doctor could not run[/]")
+    elif report.problems:
+        count = len(report.problems)
+        console.print(f"[red]{count} problem{'s' if count > 1 else ''} block{'' if count > 1 else 's'} synthesis[/]")
+    else:
+        console.print("[green]ready to synthesize[/]")
+
+
+def doctor_command(python: str, model_dir: Union[str, None]) -> int:
+    """``indextts-client doctor --python PATH [--model-dir DIR]``: run, print, return the exit code."""
+    from rich.console import Console
+
+    report = anyio.run(lambda: run_doctor(python, model_dir))
+    render(report, Console())
+    return exit_code(report)

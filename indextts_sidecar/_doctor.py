@@ -1,0 +1,420 @@
+"""``python -m indextts_sidecar --doctor [--model-dir DIR]``: is this venv ready for IndexTTS?
+
+Run it with the engine venv's interpreter.  It prints one JSON object (a
+:class:`DoctorReport`) to the real stdout and exits 0; whatever the probed libraries
+print goes to stderr.  The report lists what it found and, under ``problems``, each thing
+that blocks synthesis with what to do about it; ``warnings`` hold the rest.
+``indextts_client._doctor`` runs it from the parent's venv and renders the report.
+
+Importing this module costs only the standard library and msgspec: the client decodes
+reports with the same structs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import sys
+from typing import Any, Union
+
+import msgspec
+
+__all__ = [
+    "DOCTOR_VERSION",
+    "TRANSFORMERS_PIN",
+    "CheckpointInfo",
+    "DoctorReport",
+    "IndexTTSInfo",
+    "Problem",
+    "PythonInfo",
+    "TorchInfo",
+    "TransformersInfo",
+    "build_report",
+    "main",
+]
+
+#: Version of the report's schema; fields are only ever added.
+DOCTOR_VERSION = 1
+#: The transformers version upstream IndexTTS pins.
+TRANSFORMERS_PIN = "4.52.1"
+_UPSTREAM_INSTALL = (
+    "git clone https://github.com/index-tts/index-tts && pip install -e ./index-tts in this venv "
+    "(upstream's pins: torch 2.8, transformers==4.52.1, Python < 3.12); see docs/indextts.md"
+)
+
+
+class Problem(msgspec.Struct, kw_only=True):
+    """Something wrong, and what to do about it."""
+
+    what: str
+    fix: str
+
+
+class PythonInfo(msgspec.Struct, kw_only=True):
+    version: str = ""
+    executable: str = ""
+    implementation: str = ""
+    platform: str = ""
+
+
+class TorchInfo(msgspec.Struct, kw_only=True):
+    importable: bool = False
+    version: Union[str, None] = None
+    error: Union[str, None] = None
+    cuda_available: bool = False
+    #: The CUDA version torch was built with.
+    cuda_version: Union[str, None] = None
+    cuda_devices: list[str] = msgspec.field(default_factory=list)
+    mps_available: bool = False
+    xpu_available: bool = False
+
+
+class IndexTTSInfo(msgspec.Struct, kw_only=True):
+    found: bool = False
+    #: Directory of the ``indextts`` package.
+    location: Union[str, None] = None
+    #: ``"2"``, ``"2.5"`` or ``"pypi"`` (the ``indextts2-inference`` repackaging of IndexTTS-2).
+    flavour: Union[str, None] = None
+    label: Union[str, None] = None
+    #: The engine name to run it with (``indextts2``, ``indextts2.5``).
+    engine: Union[str, None] = None
+    #: Model modules present: ``indextts.infer_v2``, ``indextts.infer_v2_5``.
+    modules: list[str] = msgspec.field(default_factory=list)
+    #: Whether the flavour's module imports (this is where version conflicts show).
+    imports: bool = False
+    error: Union[str, None] = None
+    #: The distribution that installed it (``indextts``, ``indextts2-inference``) and its version.
+    distribution: Union[str, None] = None
+    version: Union[str, None] = None
+
+
+class TransformersInfo(msgspec.Struct, kw_only=True):
+    version: Union[str, None] = None
+    pin: str = TRANSFORMERS_PIN
+    #: ``ok``, ``missing``, ``mismatch`` (another 4.x), ``conflict`` (>= 5 with upstream),
+    #: ``too_old`` (< 5 with the PyPI repackaging) or ``unknown`` (no indextts to judge by).
+    status: str = "missing"
+    note: str = ""
+
+
+class CheckpointInfo(msgspec.Struct, kw_only=True):
+    model_dir: Union[str, None] = None
+    checked: bool = False
+    exists: bool = False
+    present: list[str] = msgspec.field(default_factory=list)
+    missing: list[str] = msgspec.field(default_factory=list)
+    #: Entries this flavour does not need by default (``qwen0.6bemo4-merge/`` on 2.5, ``glossary.yaml``).
+    optional_missing: list[str] = msgspec.field(default_factory=list)
+    #: Whether ``<model_dir>/hf_cache`` (auxiliary models for offline use) exists.
+    hf_cache: bool = False
+
+
+class DoctorReport(msgspec.Struct, kw_only=True):
+    """Everything the doctor found.  ``ok`` is true when nothing blocks synthesis."""
+
+    doctor: int = DOCTOR_VERSION
+    ok: bool = False
+    #: False when the doctor could not run at all (set by the client, never by the sidecar).
+    ran: bool = True
+    python: PythonInfo = msgspec.field(default_factory=PythonInfo)
+    #: Versions by package name; None when not installed.
+    packages: dict[str, Union[str, None]] = msgspec.field(default_factory=dict)
+    torch: TorchInfo = msgspec.field(default_factory=TorchInfo)
+    indextts: IndexTTSInfo = msgspec.field(default_factory=IndexTTSInfo)
+    transformers: TransformersInfo = msgspec.field(default_factory=TransformersInfo)
+    checkpoints: CheckpointInfo = msgspec.field(default_factory=CheckpointInfo)
+    #: What blocks synthesis.
+    problems: list[Problem] = msgspec.field(default_factory=list)
+    #: What works but deserves attention.
+    warnings: list[Problem] = msgspec.field(default_factory=list)
+
+
+# ------------------------------------------------------------------ probes
+
+
+def _version(distribution: str) -> Union[str, None]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    digits = "".join(c for c in head if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _probe_python() -> PythonInfo:
+    return PythonInfo(
+        version=platform.python_version(),
+        executable=sys.executable,
+        implementation=platform.python_implementation(),
+        platform=platform.platform(),
+    )
+
+
+def _probe_torch() -> TorchInfo:
+    info = TorchInfo()
+    try:
+        torch: Any = importlib.import_module("torch")
+    except (Exception, SystemExit) as exc:  # a broken torch can raise anything, SystemExit included
+        info.error = _describe(exc)
+        return info
+    info.importable = True
+    info.version = str(getattr(torch, "__version__", None) or _version("torch"))
+    try:
+        info.cuda_available = bool(torch.cuda.is_available())
+        info.cuda_version = getattr(getattr(torch, "version", None), "cuda", None)
+        if info.cuda_available:
+            info.cuda_devices = [str(torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
+    except Exception as exc:
+        info.error = f"CUDA probe failed: {_describe(exc)}"
+    try:
+        mps = getattr(getattr(torch, "backends", None), "mps", None)
+        info.mps_available = bool(mps is not None and mps.is_available())
+        xpu = getattr(torch, "xpu", None)
+        info.xpu_available = bool(xpu is not None and xpu.is_available())
+    except Exception as exc:
+        info.error = f"MPS/XPU probe failed: {_describe(exc)}"
+    return info
+
+
+def _probe_indextts() -> IndexTTSInfo:
+    from .engines.indextts import PYPI_DISTRIBUTION, _hint, find_flavour
+
+    info = IndexTTSInfo()
+    try:
+        spec = importlib.util.find_spec("indextts")
+    except (ImportError, ValueError) as exc:
+        info.error = _describe(exc)
+        return info
+    if spec is None:
+        return info
+    info.found = True
+    try:
+        flavour = find_flavour(("2.5", "2"))
+        info.modules = [m for m in ("indextts.infer_v2", "indextts.infer_v2_5") if importlib.util.find_spec(m)]
+    except (Exception, SystemExit) as exc:  # the package's __init__ failed
+        info.error = f"importing the indextts package fails: {_describe(exc)}{_hint(exc)}"
+        return info
+    if flavour is None:
+        info.location = next(iter(spec.submodule_search_locations or []), None) or spec.origin
+        info.error = "the indextts package has neither indextts.infer_v2 nor indextts.infer_v2_5"
+        return info
+    info.location = flavour.location
+    info.flavour = flavour.kind
+    info.label = flavour.label
+    info.engine = flavour.engine
+    info.distribution = PYPI_DISTRIBUTION if flavour.kind == "pypi" else "indextts"
+    info.version = _version(info.distribution)
+    try:
+        importlib.import_module(flavour.module)
+    except (Exception, SystemExit) as exc:
+        info.error = f"importing {flavour.module} fails: {_describe(exc)}{_hint(exc)}"
+        return info
+    info.imports = True
+    return info
+
+
+def _judge_transformers(info: IndexTTSInfo) -> TransformersInfo:
+    version = _version("transformers")
+    result = TransformersInfo(version=version)
+    if version is None:
+        result.status = "missing"
+        return result
+    if info.flavour is None:
+        result.status = "unknown"
+        result.note = "no IndexTTS found to check the version against"
+    elif info.flavour == "pypi":
+        result.status = "ok" if _major(version) >= 5 else "too_old"
+        result.note = "indextts2-inference needs transformers>=5"
+    elif _major(version) >= 5:
+        result.status = "conflict"
+        result.note = f"upstream IndexTTS pins {TRANSFORMERS_PIN} and fails with transformers>=5 (OffloadedCache)"
+    elif version != TRANSFORMERS_PIN:
+        result.status = "mismatch"
+        result.note = f"upstream IndexTTS pins {TRANSFORMERS_PIN}"
+    else:
+        result.status = "ok"
+    return result
+
+
+def _probe_checkpoints(model_dir: Union[str, None], flavour: Union[str, None]) -> CheckpointInfo:
+    from .engines.indextts import CHECKPOINT_FILES, QWEN_EMO_DIR, missing_checkpoints
+
+    if model_dir is None:
+        return CheckpointInfo()
+    info = CheckpointInfo(model_dir=os.path.abspath(model_dir), checked=True, exists=os.path.isdir(model_dir))
+    # The Qwen emotion model is loaded by default on IndexTTS-2, not on 2.5.
+    needs_qwen = flavour != "2.5"
+    qwen = QWEN_EMO_DIR + "/"
+    info.missing = missing_checkpoints(model_dir, qwen_emo=needs_qwen)
+    required = [*CHECKPOINT_FILES, qwen] if needs_qwen else list(CHECKPOINT_FILES)
+    info.present = [entry for entry in required if entry not in info.missing]
+    for entry in ["glossary.yaml"] if needs_qwen else [qwen, "glossary.yaml"]:
+        found = os.path.exists(os.path.join(model_dir, entry))
+        (info.present if found else info.optional_missing).append(entry)
+    info.hf_cache = os.path.isdir(os.path.join(model_dir, "hf_cache"))
+    return info
+
+
+# ------------------------------------------------------------------ verdict
+
+
+def _judge(report: DoctorReport) -> None:
+    problems, warnings = report.problems, report.warnings
+    torch, tts, tf, ck = report.torch, report.indextts, report.transformers, report.checkpoints
+    if not torch.importable:
+        problems.append(
+            Problem(what=f"torch does not import: {torch.error}", fix=f"install upstream's pins: {_UPSTREAM_INSTALL}")
+        )
+    elif not (torch.cuda_available or torch.mps_available or torch.xpu_available):
+        warnings.append(
+            Problem(
+                what="no CUDA, MPS or XPU device: IndexTTS would run on the CPU, far slower than real time",
+                fix="install a CUDA build of torch matching the driver (see the index-tts README), or accept CPU speed",
+            )
+        )
+    elif torch.error:
+        warnings.append(Problem(what=torch.error, fix="check the torch installation and the GPU driver"))
+    if not tts.found:
+        problems.append(
+            Problem(
+                what="indextts is not installed in this interpreter",
+                fix=f"{_UPSTREAM_INSTALL}; or pip install indextts2-inference (IndexTTS-2 only, transformers>=5)",
+            )
+        )
+    elif not tts.imports:
+        fix = f"reinstall upstream's pinned dependencies in this venv: {_UPSTREAM_INSTALL}"
+        if tf.status == "conflict" or "OffloadedCache" in (tts.error or ""):
+            fix = f"pip install transformers=={TRANSFORMERS_PIN} in this venv"
+        problems.append(Problem(what=tts.error or "indextts does not import", fix=fix))
+    if tts.found and tf.status == "missing":
+        problems.append(
+            Problem(what="transformers is not installed", fix=f"pip install transformers=={TRANSFORMERS_PIN}")
+        )
+    elif tf.status == "conflict":
+        problems.append(
+            Problem(
+                what=f"transformers {tf.version} conflicts with upstream IndexTTS, which pins {TRANSFORMERS_PIN}",
+                fix=f"pip install transformers=={TRANSFORMERS_PIN} in this venv (keep transformers>=5 in the parent's "
+                "venv: that is what the two-venv layout is for)",
+            )
+        )
+    elif tf.status == "mismatch":
+        warnings.append(
+            Problem(
+                what=f"transformers {tf.version} is not upstream's pin {TRANSFORMERS_PIN}",
+                fix=f"pip install transformers=={TRANSFORMERS_PIN} unless you know this version works",
+            )
+        )
+    elif tf.status == "too_old":
+        warnings.append(
+            Problem(
+                what=f"transformers {tf.version} is older than indextts2-inference requires (>=5)",
+                fix="pip install 'transformers>=5'",
+            )
+        )
+    if tts.flavour in ("2", "2.5") and sys.version_info >= (3, 12):
+        warnings.append(
+            Problem(
+                what=f"Python {report.python.version}: upstream IndexTTS pins Python < 3.12",
+                fix="create the engine venv with Python 3.10 or 3.11",
+            )
+        )
+    if not ck.checked:
+        warnings.append(
+            Problem(what="checkpoints not checked", fix="pass --model-dir DIR (the engine's -o model_dir=DIR)")
+        )
+    else:
+        _judge_checkpoints(report)
+
+
+def _judge_checkpoints(report: DoctorReport) -> None:
+    from .engines.indextts import QWEN_EMO_DIR
+
+    ck = report.checkpoints
+    if report.indextts.flavour == "2.5":
+        download = f"download the IndexTTS-2.5 checkpoints into {ck.model_dir} (see the index-tts README)"
+    else:
+        download = f"hf download IndexTeam/IndexTTS-2 --local-dir {ck.model_dir}"
+    if not ck.exists:
+        report.problems.append(Problem(what=f"checkpoint directory {ck.model_dir} does not exist", fix=download))
+        return
+    if ck.missing:
+        fix = download
+        if ck.missing == [QWEN_EMO_DIR + "/"]:
+            fix += " (or run the engine with -o use_qwen_emo=false: emotion from text is then unavailable)"
+        report.problems.append(
+            Problem(what=f"checkpoint directory {ck.model_dir} lacks: {', '.join(ck.missing)}", fix=fix)
+        )
+    if QWEN_EMO_DIR + "/" in ck.optional_missing:
+        report.warnings.append(
+            Problem(
+                what=f"{QWEN_EMO_DIR}/ is missing: emotion from text (use_qwen_emo=true) will not work",
+                fix=download,
+            )
+        )
+    if not ck.hf_cache:
+        report.warnings.append(
+            Problem(
+                what=f"no {os.path.join(ck.model_dir or '', 'hf_cache')}: the first load downloads the auxiliary "
+                "models (w2v-bert-2.0, MaskGCT codec, campplus, BigVGAN)",
+                fix="let one load run online, or pre-fill hf_cache and set HF_HUB_OFFLINE=1 on offline machines",
+            )
+        )
+
+
+def build_report(model_dir: Union[str, None] = None) -> DoctorReport:
+    """Probe this interpreter.  Imports torch and indextts: run it where stdout may be written to."""
+    from ._version import __version__
+
+    report = DoctorReport(python=_probe_python())
+    report.packages = {
+        "indextts_sidecar": __version__,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "numpy": _version("numpy"),
+    }
+    report.torch = _probe_torch()
+    if report.torch.version:
+        report.packages["torch"] = report.torch.version
+    report.indextts = _probe_indextts()
+    report.packages["indextts"] = report.indextts.version
+    report.transformers = _judge_transformers(report.indextts)
+    report.checkpoints = _probe_checkpoints(model_dir, report.indextts.flavour)
+    _judge(report)
+    report.ok = not report.problems
+    return report
+
+
+def main(model_dir: Union[str, None] = None) -> int:
+    """Print the report as one JSON line on the real stdout; library output goes to stderr."""
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        try:
+            report = build_report(model_dir)
+        except Exception as exc:  # the doctor must always answer
+            report = DoctorReport(
+                problems=[Problem(what=f"the doctor itself failed: {_describe(exc)}", fix="report this as a bug")]
+            )
+        sys.stdout.flush()
+        data: Any = msgspec.json.encode(report) + b"\n"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(real_stdout, view) :]
+    finally:
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+    return 0

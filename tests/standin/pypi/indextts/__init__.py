@@ -1,0 +1,1 @@
+"""Stand-in for the ``indextts`` package of the PyPI repackaging ``indextts2-inference``."""

@@ -1,0 +1,302 @@
+"""The doctor: ``python -m indextts_sidecar --doctor`` and ``indextts_client._doctor``.
+
+The doctor runs under this interpreter with PYTHONPATH pointing at a stand-in flavour
+(tests/standin), the torch stub, and fake ``*.dist-info`` directories that make
+importlib.metadata report the transformers version a test wants.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Union
+
+import anyio
+import msgspec
+import pytest
+from rich.console import Console
+
+from indextts_client._doctor import DoctorReport, doctor_command, exit_code, render, run_doctor
+from indextts_sidecar.engines.indextts import CHECKPOINT_FILES
+
+STANDIN = Path(__file__).resolve().parent / "standin"
+ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
+
+
+def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = True) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in CHECKPOINT_FILES:
+        if name not in skip:
+            (root / name).write_bytes(b"stand-in")
+    if "qwen0.6bemo4-merge/" not in skip:
+        (root / "qwen0.6bemo4-merge").mkdir(exist_ok=True)
+    if hf_cache:
+        (root / "hf_cache").mkdir(exist_ok=True)
+    return root
+
+
+def fake_distribution(root: Path, name: str, version: str) -> Path:
+    """A directory on which importlib.metadata finds ``name`` at ``version``."""
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def doctor_env(
+    tmp_path: Path,
+    flavour: Union[str, None],
+    *,
+    torch: bool = True,
+    transformers: Union[str, None] = "4.52.1",
+    cuda: bool = True,
+) -> dict[str, str]:
+    paths = []
+    if flavour:
+        paths.append(str(STANDIN / flavour))
+    if torch:
+        paths.append(str(STANDIN / "torchstub"))
+    if transformers:
+        paths.append(str(fake_distribution(tmp_path / "site", "transformers", transformers)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INDEXTTS_STANDIN_")}
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    if cuda:
+        env["INDEXTTS_STANDIN_CUDA"] = "1"
+    return env
+
+
+def doctor(env: dict[str, str], model_dir: Union[Path, None] = None) -> dict[str, Any]:
+    """Run the sidecar's doctor; check it printed exactly one JSON line and exited 0."""
+    command = [sys.executable, "-m", "indextts_sidecar", "--doctor"]
+    if model_dir is not None:
+        command += ["--model-dir", str(model_dir)]
+    out = subprocess.run(command, capture_output=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr.decode()
+    lines = out.stdout.decode().splitlines()
+    assert len(lines) == 1, f"stdout must hold the report alone: {out.stdout!r}"
+    report: dict[str, Any] = json.loads(lines[0])
+    report["_stderr"] = out.stderr.decode()
+    return report
+
+
+def whats(items: list[dict[str, str]]) -> str:
+    return "\n".join(item["what"] for item in items)
+
+
+# ----------------------------------------------------------------- the sidecar side
+
+
+def test_no_indextts_and_no_torch(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, None, torch=False, transformers=None, cuda=False))
+    assert report["ok"] is False and report["doctor"] == 1
+    assert report["python"]["executable"] == sys.executable
+    assert report["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["packages"]["indextts_sidecar"] and report["packages"]["numpy"]
+    assert report["packages"]["torch"] is None and report["packages"]["indextts"] is None
+    assert report["torch"]["importable"] is False and "torch" in report["torch"]["error"]
+    assert report["indextts"]["found"] is False
+    problems = whats(report["problems"])
+    assert "torch does not import" in problems
+    assert "indextts is not installed" in problems
+    assert all(p["fix"] for p in report["problems"])
+    assert "checkpoints not checked" in whats(report["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("flavour", "transformers", "kind", "engine", "modules", "version"),
+    [
+        ("v2", "4.52.1", "2", "indextts2", ["indextts.infer_v2"], "2.0.0"),
+        ("v25", "4.52.1", "2.5", "indextts2.5", ["indextts.infer_v2", "indextts.infer_v2_5"], "2.5.0"),
+        ("pypi", "5.0.0", "pypi", "indextts2", ["indextts.infer_v2"], "2.1.1"),
+    ],
+)
+def test_a_ready_venv_for_each_flavour(
+    flavour: str, transformers: str, kind: str, engine: str, modules: list[str], version: str, tmp_path: Path
+) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt")
+    report = doctor(doctor_env(tmp_path, flavour, transformers=transformers), ckpt)
+    assert report["problems"] == [] and report["ok"] is True, report["problems"]
+    tts = report["indextts"]
+    assert (tts["found"], tts["imports"], tts["flavour"], tts["engine"]) == (True, True, kind, engine)
+    assert tts["modules"] == modules and tts["version"] == version
+    assert tts["distribution"] == ("indextts2-inference" if kind == "pypi" else "indextts")
+    assert report["packages"]["indextts"] == version
+    assert report["transformers"]["status"] == "ok" and report["transformers"]["version"] == transformers
+    assert report["torch"]["version"] == "2.8.0+standin" and report["torch"]["cuda_devices"] == ["Stand-in GPU 24GB"]
+    ck = report["checkpoints"]
+    assert ck["checked"] and ck["exists"] and ck["missing"] == [] and ck["hf_cache"] is True
+    assert ck["model_dir"] == str(ckpt)
+    # The stand-in prints when imported: that went to stderr, not into the report.
+    assert "stand-in indextts.infer_v2" in report["_stderr"]
+
+
+def test_transformers_5_conflicts_with_upstream(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, "v2", transformers="5.1.0"), make_checkpoints(tmp_path / "ckpt"))
+    assert report["ok"] is False and report["transformers"]["status"] == "conflict"
+    (problem,) = report["problems"]
+    assert "transformers 5.1.0 conflicts" in problem["what"] and "transformers==4.52.1" in problem["fix"]
+
+
+@pytest.mark.parametrize(
+    ("flavour", "transformers", "status"),
+    [("v25", "4.51.3", "mismatch"), ("pypi", "4.52.1", "too_old")],
+)
+def test_other_transformers_versions_warn(flavour: str, transformers: str, status: str, tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, flavour, transformers=transformers), make_checkpoints(tmp_path / "ckpt"))
+    assert report["ok"] is True and report["transformers"]["status"] == status
+    assert f"transformers {transformers}" in whats(report["warnings"])
+
+
+def test_transformers_missing_blocks(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, "v2", transformers=None), make_checkpoints(tmp_path / "ckpt"))
+    assert report["transformers"]["status"] == "missing"
+    assert "transformers is not installed" in whats(report["problems"])
+
+
+def test_missing_checkpoints_are_each_listed(tmp_path: Path) -> None:
+    partial = make_checkpoints(tmp_path / "ckpt", skip=("gpt.pth", "feat1.pt", "qwen0.6bemo4-merge/"), hf_cache=False)
+    report = doctor(doctor_env(tmp_path, "v2"), partial)
+    ck = report["checkpoints"]
+    assert ck["missing"] == ["gpt.pth", "feat1.pt", "qwen0.6bemo4-merge/"]
+    assert set(ck["present"]) == set(CHECKPOINT_FILES) - {"gpt.pth", "feat1.pt"}
+    (problem,) = report["problems"]
+    assert "lacks: gpt.pth, feat1.pt, qwen0.6bemo4-merge/" in problem["what"]
+    assert "hf download IndexTeam/IndexTTS-2" in problem["fix"]
+    assert "HF_HUB_OFFLINE=1" in "\n".join(w["fix"] for w in report["warnings"])
+
+
+def test_qwen_folder_is_optional_on_25(tmp_path: Path) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",))
+    report = doctor(doctor_env(tmp_path, "v25"), ckpt)
+    assert report["ok"] is True and report["checkpoints"]["missing"] == []
+    assert "qwen0.6bemo4-merge/" in report["checkpoints"]["optional_missing"]
+    assert "emotion from text" in whats(report["warnings"])
+
+
+def test_absent_checkpoint_directory(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, "v2"), tmp_path / "nowhere")
+    assert report["checkpoints"]["exists"] is False and report["checkpoints"]["missing"] == ALL_ENTRIES
+    assert "does not exist" in whats(report["problems"])
+
+
+def test_no_accelerator_is_a_warning(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, "v2", cuda=False), make_checkpoints(tmp_path / "ckpt"))
+    assert report["ok"] is True and report["torch"]["cuda_available"] is False
+    assert "no CUDA, MPS or XPU device" in whats(report["warnings"])
+
+
+def test_an_indextts_that_fails_to_import(tmp_path: Path) -> None:
+    broken = tmp_path / "broken" / "indextts"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    (broken / "infer_v2.py").write_text(
+        "raise ImportError(\"cannot import name 'OffloadedCache' from 'transformers.cache_utils'\")\n"
+    )
+    env = doctor_env(tmp_path, None, transformers="5.0.0")
+    env["PYTHONPATH"] = os.pathsep.join([str(broken.parent), env["PYTHONPATH"]])
+    report = doctor(env, make_checkpoints(tmp_path / "ckpt"))
+    tts = report["indextts"]
+    assert tts["found"] and tts["flavour"] == "2" and tts["imports"] is False
+    assert "OffloadedCache" in tts["error"] and "transformers==4.52.1" in tts["error"]
+    assert report["transformers"]["status"] == "conflict"
+    fixes = "\n".join(p["fix"] for p in report["problems"])
+    assert "pip install transformers==4.52.1" in fixes
+
+
+# ----------------------------------------------------------------- the client side
+
+
+def _rendered(report: DoctorReport) -> str:
+    buffer = io.StringIO()
+    render(report, Console(file=buffer, width=200, color_system=None))
+    return buffer.getvalue()
+
+
+@pytest.mark.anyio
+async def test_run_doctor_with_a_ready_venv(tmp_path: Path) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt")
+    with anyio.fail_after(60):
+        report = await run_doctor(sys.executable, str(ckpt), env=doctor_env(tmp_path, "v25"))
+    assert isinstance(report, DoctorReport) and report.ran and report.ok
+    assert report.indextts.flavour == "2.5" and report.checkpoints.missing == []
+    assert exit_code(report) == 0
+    text = _rendered(report)
+    for expected in ("IndexTTS-2.5", "--engine indextts2.5", "Stand-in GPU 24GB", "4.52.1", "ready to synthesize"):
+        assert expected in text, text
+
+
+@pytest.mark.anyio
+async def test_run_doctor_with_blocking_problems(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        report = await run_doctor(
+            sys.executable, str(tmp_path / "nowhere"), env=doctor_env(tmp_path, None, torch=False)
+        )
+    assert report.ran and not report.ok and exit_code(report) == 1
+    text = _rendered(report)
+    assert "indextts is not installed" in text and "does not exist" in text and "fix:" in text
+    assert f"{len(report.problems)} problems block synthesis" in text
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("body", "what", "fix"),
+    [
+        ("echo 'No module named indextts_sidecar' >&2; exit 1", "exited with code 1", "install indextts-sidecar"),
+        ("echo 'error: unrecognized arguments: --doctor' >&2; exit 2", "exited with code 2", "upgrade"),
+        ("echo 'not json'", "printed no report", "bug"),
+        ('echo \'{"doctor": "x"}\'', "does not decode", "same indextts-sidecar version"),
+    ],
+)
+async def test_run_doctor_when_the_doctor_fails(body: str, what: str, fix: str, tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        report = await run_doctor(_script(tmp_path, body), None)
+    assert not report.ran and exit_code(report) == 2
+    (problem,) = report.problems
+    assert what in problem.what and fix in problem.fix
+    assert "could not run" in _rendered(report)
+
+
+@pytest.mark.anyio
+async def test_run_doctor_without_an_interpreter(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        report = await run_doctor(str(tmp_path / "no-such-python"), None)
+    assert not report.ran and exit_code(report) == 2
+    assert "--python" in report.problems[0].fix
+
+
+@pytest.mark.anyio
+async def test_run_doctor_is_bounded_in_time(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        report = await run_doctor(_script(tmp_path, "exec sleep 600"), None, time_limit=0.5)
+    assert not report.ran and "did not finish within 0.5 s" in report.problems[0].what
+
+
+def test_doctor_command_prints_the_table_and_returns_the_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key, value in doctor_env(tmp_path, "v2").items():
+        monkeypatch.setenv(key, value)
+    ckpt = make_checkpoints(tmp_path / "ckpt")
+    assert doctor_command(sys.executable, str(ckpt)) == 0
+    out = capsys.readouterr().out
+    assert "indextts-sidecar doctor" in out and "IndexTTS-2" in out and "ready to synthesize" in out
+    assert doctor_command(sys.executable, str(tmp_path / "nowhere")) == 1
+
+
+def test_report_schema_round_trips() -> None:
+    report = DoctorReport(ok=True)
+    assert msgspec.json.decode(msgspec.json.encode(report), type=DoctorReport) == report
+    # Fields added by a newer sidecar are ignored by an older client.
+    assert msgspec.json.decode(b'{"ok": true, "new_field": 1}', type=DoctorReport).ok is True

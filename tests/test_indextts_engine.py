@@ -1,0 +1,881 @@
+"""The IndexTTS adapter called in-process against the stand-in packages in tests/standin.
+
+The wire-level tests, with a real sidecar child, are in test_indextts_sidecar.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from indextts_sidecar._main import parse_options
+from indextts_sidecar.engines import Cancelled, LoadError, RequestError, SynthesisRequest, engine_class
+from indextts_sidecar.engines import indextts as adapter
+from indextts_sidecar.engines.indextts import (
+    CHECKPOINT_FILES,
+    IndexTTS2Engine,
+    IndexTTS2Options,
+    IndexTTS2RequestOptions,
+    IndexTTS25Engine,
+    IndexTTS25Options,
+    IndexTTS25RequestOptions,
+    IndexTTSAuto,
+    IndexTTSAutoOptions,
+    find_flavour,
+    missing_checkpoints,
+    to_pcm16,
+)
+from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standin"
+ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+def make_checkpoints(root: Path, *, skip: tuple[str, ...] = ()) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in CHECKPOINT_FILES:
+        if name not in skip:
+            (root / name).write_bytes(b"stand-in")
+    if "qwen0.6bemo4-merge/" not in skip:
+        (root / "qwen0.6bemo4-merge").mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    return make_checkpoints(tmp_path / "checkpoints")
+
+
+@pytest.fixture
+def voice(tmp_path: Path) -> str:
+    path = tmp_path / "speaker.wav"
+    path.write_bytes(b"RIFF stand-in speaker")
+    return str(path)
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[dict[str, Any]]]:
+    """The stand-in's call log, as a function returning the entries so far."""
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("INDEXTTS_STANDIN_LOG", str(log))
+
+    def read() -> list[dict[str, Any]]:
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    return read
+
+
+def _forget_indextts() -> None:
+    for name in list(sys.modules):
+        if name == "indextts" or name.startswith("indextts."):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Put one stand-in flavour (v2, v25, pypi) on sys.path for this test only."""
+    _forget_indextts()
+
+    def use(flavour: str) -> None:
+        monkeypatch.syspath_prepend(str(STANDIN / flavour))
+        importlib.invalidate_caches()
+
+    yield use
+    _forget_indextts()
+
+
+def _progress(*args: Any) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
+
+
+def _engine(cls: type[Any], **options: Any) -> Any:
+    return cls(msgspec.convert(options, cls.Options))
+
+
+def _request(
+    cls: type[Any], voice: str | None, text: str = "one two three", emotion: Emotion | None = None, **options: Any
+) -> SynthesisRequest[Any]:
+    return SynthesisRequest(
+        id=1, text=text, voice=voice, emotion=emotion, options=msgspec.convert(options, cls.RequestOptions)
+    )
+
+
+def _infer_calls(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in entries if e["event"] == "infer"]
+
+
+# ----------------------------------------------------------------- import and registry
+
+
+def test_module_imports_only_stdlib_and_msgspec() -> None:
+    code = (
+        "import sys; import indextts_sidecar.engines.indextts; "
+        "heavy = {'numpy', 'torch', 'indextts', 'anyio', 'transformers'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_engines_are_registered_with_the_native_rate() -> None:
+    assert engine_class("indextts2") is IndexTTS2Engine
+    assert engine_class("indextts2.5") is IndexTTS25Engine
+    assert engine_class("indextts") is IndexTTSAuto
+    for cls in (IndexTTS2Engine, IndexTTS25Engine, IndexTTSAuto):
+        engine = _engine(cls)
+        assert engine.sample_rate == cls.native_sample_rate == 22050
+        assert not engine.loaded
+        assert "streaming" in cls.capabilities
+
+
+# ----------------------------------------------------------------- audio conversion
+
+
+def test_int16_round_trips_exactly_through_both_float_scales() -> None:
+    every = np.arange(-32768, 32768, dtype=np.int16)
+    pcm_scale = every.astype(np.float32).reshape(1, -1)  # upstream: (1, n) on PCM scale
+    unit_scale = every.astype(np.float32) / np.float32(32768)  # the PyPI repackaging: [-1, 1]
+    assert np.array_equal(to_pcm16(pcm_scale, unit_scale=False), every)
+    assert np.array_equal(to_pcm16(unit_scale, unit_scale=True), every)
+    assert np.array_equal(to_pcm16(every.astype(np.float64).reshape(-1, 1), unit_scale=False), every)
+    # The seed multiplied by 32767 and truncated: every sample came back 1 LSB closer to zero.
+    assert to_pcm16(np.array([1.0, -1.0, 0.5]), unit_scale=True).tolist() == [32767, -32768, 16384]
+
+
+def test_rounding_and_clipping() -> None:
+    raw = np.array([0.4, 0.6, -0.6, 1.5, 2.5, 40000.0, -40000.0, np.nan, np.inf, -np.inf], dtype=np.float32)
+    assert to_pcm16(raw, unit_scale=False).tolist() == [0, 1, -1, 2, 2, 32767, -32768, 0, 32767, -32768]
+    assert to_pcm16(np.array([2.0, -2.0]), unit_scale=True).tolist() == [32767, -32768]
+
+
+def test_conversion_accepts_tensors_and_int16() -> None:
+    class Tensor:
+        def __init__(self, array: np.ndarray, bf16: bool = False) -> None:
+            self.array, self.bf16 = array, bf16
+
+        def detach(self) -> Tensor:
+            return self
+
+        def cpu(self) -> Tensor:
+            return self
+
+        def float(self) -> Tensor:
+            return Tensor(self.array.astype(np.float32))
+
+        def numpy(self) -> np.ndarray:
+            if self.bf16:
+                raise TypeError("Got unsupported ScalarType BFloat16")
+            return self.array
+
+    samples = np.array([[100.0, -200.0, 300.0]])
+    assert to_pcm16(Tensor(samples), unit_scale=False).tolist() == [100, -200, 300]
+    assert to_pcm16(Tensor(samples, bf16=True), unit_scale=False).tolist() == [100, -200, 300]
+    native = np.array([[5], [-32768], [32767]], dtype=np.int16)  # the non-streaming (N, 1) return
+    out = to_pcm16(native, unit_scale=True)  # int16 is never rescaled
+    assert out.tolist() == [5, -32768, 32767] and out.dtype == np.dtype("<i2") and out.flags.c_contiguous
+    with pytest.raises(adapter.EngineError, match="not mono"):
+        to_pcm16(np.zeros((2, 10), dtype=np.float32), unit_scale=False)
+
+
+# ----------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"temperature": 0}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"num_beams": 0}, "num_beams"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"max_mel_tokens": 0}, "max_mel_tokens"),
+        ({"interval_silence": -1}, "interval_silence"),
+        ({"max_text_tokens_per_segment": 0}, "max_text_tokens_per_segment"),
+        ({"more_segment_before": -1}, "more_segment_before"),
+        ({"quick_streaming_tokens": -1}, "quick_streaming_tokens"),
+        ({"do_sample": "yes"}, "do_sample"),
+        ({"lang": "fr"}, "lang"),
+        ({"duration_factor": 0.49}, "duration_factor"),
+        ({"duration_factor": 2.01}, "duration_factor"),
+        ({"emo_vector": [0] * 8}, "emo_vector"),
+        ({"stream_return": False}, "stream_return"),
+    ],
+)
+def test_request_options_reject_bad_values_naming_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=field):
+        msgspec.convert(options, IndexTTS25RequestOptions)
+
+
+def test_length_penalty_must_be_finite() -> None:
+    with pytest.raises(msgspec.ValidationError, match="length_penalty"):
+        msgspec.convert({"length_penalty": float("nan")}, IndexTTS2RequestOptions)
+    assert msgspec.convert({"length_penalty": -1.5}, IndexTTS2RequestOptions).length_penalty == -1.5
+
+
+@pytest.mark.parametrize("name", ["lang", "duration_factor", "text_normalization"])
+def test_25_only_request_options_are_unknown_to_indextts2(name: str) -> None:
+    value = {"lang": "en", "duration_factor": 1.0, "text_normalization": False}[name]
+    with pytest.raises(msgspec.ValidationError, match=f"unknown field `{name}`"):
+        msgspec.convert({name: value}, IndexTTS2RequestOptions)
+    msgspec.convert({name: value}, IndexTTS25RequestOptions)
+
+
+def test_lang_is_case_insensitive() -> None:
+    for lang in ("zh", "EN", "Ja", "es", "AR", "zhen"):
+        assert msgspec.convert({"lang": lang}, IndexTTS25RequestOptions).lang == lang
+
+
+def test_engine_options_from_the_command_line() -> None:
+    parsed = parse_options(["model_dir=/m", "fp16=true", "device=cuda:1", "use-cuda-kernel=false"])
+    opts = msgspec.convert(parsed, IndexTTS2Options, strict=False)
+    assert (opts.model_dir, opts.fp16, opts.device, opts.use_cuda_kernel) == ("/m", True, "cuda:1", False)
+    with pytest.raises(msgspec.ValidationError, match="bf16"):
+        msgspec.convert({"bf16": True}, IndexTTS2Options, strict=False)
+    with pytest.raises(msgspec.ValidationError, match="fp16"):
+        msgspec.convert({"fp16": True}, IndexTTS25Options, strict=False)
+    with pytest.raises(msgspec.ValidationError, match="lang"):
+        msgspec.convert({"lang": "klingon"}, IndexTTS25Options, strict=False)
+    auto = msgspec.convert({"fp16": True, "bf16": True, "lang": "zh"}, IndexTTSAutoOptions, strict=False)
+    assert (auto.fp16, auto.bf16, auto.lang) == (True, True, "zh")
+    assert IndexTTS25Options().lang == "en"
+
+
+# ----------------------------------------------------------------- check()
+
+
+def _check_error(engine: Any, request: SynthesisRequest[Any]) -> str:
+    with pytest.raises(RequestError) as info:
+        engine.check(request)
+    assert info.value.code == "invalid_input"
+    return str(info.value.field)
+
+
+def test_check_rejects_bad_text_and_voice(tmp_path: Path, voice: str) -> None:
+    engine = _engine(IndexTTS2Engine)
+    cls = IndexTTS2Engine
+    assert _check_error(engine, _request(cls, voice, text=" \n ")) == "$.text"
+    assert _check_error(engine, _request(cls, None)) == "$.voice"
+    assert _check_error(engine, _request(cls, "")) == "$.voice"
+    assert _check_error(engine, _request(cls, str(tmp_path / "nope.wav"))) == "$.voice"
+    assert _check_error(engine, _request(cls, str(tmp_path))) == "$.voice"
+    engine.check(_request(cls, voice))
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads every file")
+def test_check_rejects_an_unreadable_voice(voice: str) -> None:
+    os.chmod(voice, 0)
+    try:
+        assert _check_error(_engine(IndexTTS2Engine), _request(IndexTTS2Engine, voice)) == "$.voice"
+    finally:
+        os.chmod(voice, 0o644)
+
+
+@pytest.mark.parametrize(
+    ("emotion", "field"),
+    [
+        (EmotionVector(happy=1.5), "$.emotion.happy"),
+        (EmotionVector(sad=-0.1), "$.emotion.sad"),
+        (EmotionVector(calm=float("nan")), "$.emotion.calm"),
+        (EmotionVector(happy=0.6, angry=0.5), "$.emotion"),
+        (EmotionVector(happy=0.2, alpha=float("inf")), "$.emotion.alpha"),
+        (EmotionAudio(path="/nonexistent/emotion.wav"), "$.emotion.path"),
+        (EmotionText(text="joy", alpha=float("nan")), "$.emotion.alpha"),
+    ],
+)
+def test_check_rejects_bad_emotions(emotion: Emotion, field: str, voice: str) -> None:
+    engine = _engine(IndexTTS2Engine)
+    assert _check_error(engine, _request(IndexTTS2Engine, voice, emotion=emotion)) == field
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.01])
+def test_emotion_audio_alpha_must_be_in_range(alpha: float, voice: str) -> None:
+    request = _request(IndexTTS2Engine, voice, emotion=EmotionAudio(path=voice, alpha=alpha))
+    assert _check_error(_engine(IndexTTS2Engine), request) == "$.emotion.alpha"
+
+
+def test_check_accepts_good_emotions(voice: str) -> None:
+    engine = _engine(IndexTTS2Engine)
+    for emotion in (
+        EmotionVector(happy=0.3, sad=0.3, calm=0.4),  # sums to exactly 1
+        EmotionVector(surprised=1.0, alpha=3.0),  # alpha is clamped, as upstream does
+        EmotionVector(),
+        EmotionAudio(path=voice, alpha=0.0),
+        EmotionText(text=None),
+    ):
+        engine.check(_request(IndexTTS2Engine, voice, emotion=emotion))
+
+
+def test_emotion_text_needs_the_qwen_model(voice: str) -> None:
+    text = EmotionText(text="furious")
+    # 2.5 runs without Qwen by default: refused before upstream's RuntimeError.
+    assert _check_error(_engine(IndexTTS25Engine), _request(IndexTTS25Engine, voice, emotion=text)) == "$.emotion"
+    _engine(IndexTTS25Engine, use_qwen_emo=True).check(_request(IndexTTS25Engine, voice, emotion=text))
+    _engine(IndexTTS2Engine).check(_request(IndexTTS2Engine, voice, emotion=text))
+    off = _engine(IndexTTS2Engine, use_qwen_emo=False)
+    assert _check_error(off, _request(IndexTTS2Engine, voice, emotion=text)) == "$.emotion"
+    # Auto does not know its flavour before loading: the check waits for the load.
+    _engine(IndexTTSAuto).check(_request(IndexTTSAuto, voice, emotion=text))
+    off_auto = _engine(IndexTTSAuto, use_qwen_emo=False)
+    assert _check_error(off_auto, _request(IndexTTSAuto, voice, emotion=text)) == "$.emotion"
+
+
+# ----------------------------------------------------------------- checkpoints and flavours
+
+
+def test_missing_checkpoints_lists_every_entry(tmp_path: Path) -> None:
+    assert missing_checkpoints(str(tmp_path / "absent")) == ALL_ENTRIES
+    assert missing_checkpoints(str(tmp_path / "absent"), qwen_emo=False) == list(CHECKPOINT_FILES)
+    partial = make_checkpoints(tmp_path / "partial", skip=("gpt.pth", "feat2.pt", "qwen0.6bemo4-merge/"))
+    assert missing_checkpoints(str(partial)) == ["gpt.pth", "feat2.pt", "qwen0.6bemo4-merge/"]
+    cfg = str(tmp_path / "elsewhere.yaml")
+    assert missing_checkpoints(str(partial), cfg_path=cfg, qwen_emo=False) == [cfg, "gpt.pth", "feat2.pt"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "options", "expect"),
+    [
+        (IndexTTS2Engine, {}, ALL_ENTRIES),
+        (IndexTTS2Engine, {"use_qwen_emo": False}, list(CHECKPOINT_FILES)),
+        (IndexTTS25Engine, {}, list(CHECKPOINT_FILES)),
+        (IndexTTS25Engine, {"use_qwen_emo": True}, ALL_ENTRIES),
+    ],
+)
+def test_load_reports_every_missing_file_before_importing(
+    cls: type[Any], options: dict[str, Any], expect: list[str], tmp_path: Path, standin: Callable[[str], None]
+) -> None:
+    standin("v25")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    engine = _engine(cls, model_dir=str(empty), **options)
+    with pytest.raises(LoadError) as info:
+        engine.load(_progress, _never)
+    message = str(info.value)
+    assert f"missing {', '.join(expect)}" in message, message
+    assert str(empty) in message and "is incomplete" in message
+    assert info.value.code == "load_failed" and info.value.retryable and info.value.field == "model_dir"
+    assert "indextts.infer_v2" not in sys.modules, "checkpoints are checked before the import"
+    with pytest.raises(LoadError, match="does not exist"):
+        _engine(cls, model_dir=str(tmp_path / "nowhere")).load(_progress, _never)
+
+
+def test_load_without_indextts_says_how_to_install(ckpt: Path, standin: Callable[[str], None]) -> None:
+    with pytest.raises(LoadError, match="indextts is not installed") as info:
+        _engine(IndexTTSAuto, model_dir=str(ckpt)).load(_progress, _never)
+    assert "--doctor" in str(info.value)
+
+
+def test_25_engine_on_a_2_install_names_the_right_engine(ckpt: Path, standin: Callable[[str], None]) -> None:
+    standin("v2")
+    with pytest.raises(LoadError, match=r"no indextts\.infer_v2_5 .*--engine indextts2"):
+        _engine(IndexTTS25Engine, model_dir=str(ckpt)).load(_progress, _never)
+
+
+@pytest.mark.parametrize(
+    ("flavour", "prefer", "kind", "module"),
+    [
+        ("v2", ("2.5", "2"), "2", "indextts.infer_v2"),
+        ("v25", ("2.5", "2"), "2.5", "indextts.infer_v2_5"),
+        ("v25", ("2",), "2", "indextts.infer_v2"),
+        ("pypi", ("2.5", "2"), "pypi", "indextts.infer_v2"),
+    ],
+)
+def test_find_flavour(
+    flavour: str, prefer: tuple[str, ...], kind: str, module: str, standin: Callable[[str], None]
+) -> None:
+    assert find_flavour() is None
+    standin(flavour)
+    found = find_flavour(prefer)
+    assert found is not None and (found.kind, found.module) == (kind, module)
+    assert found.location == str(STANDIN / flavour / "indextts")
+    assert "indextts.infer_v2" not in sys.modules and "indextts.infer_v2_5" not in sys.modules
+
+
+# ----------------------------------------------------------------- load
+
+
+def test_load_reports_each_step_and_heartbeats_while_constructing(
+    ckpt: Path, tmp_path: Path, standin: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("v2")
+    gate = tmp_path / "construct-gate"
+    monkeypatch.setenv("INDEXTTS_STANDIN_CONSTRUCT_GATE", str(gate))
+    monkeypatch.setattr(adapter, "HEARTBEAT_INTERVAL", 0.01)
+    events: list[tuple[Any, ...]] = []
+    lock = threading.Lock()
+
+    def progress(*args: Any) -> None:
+        with lock:
+            events.append(args)
+            # The constructor blocks until three heartbeats have arrived.
+            if sum(1 for e in events if e[1] == 0.3) >= 4:
+                gate.touch()
+
+    engine = _engine(IndexTTS2Engine, model_dir=str(ckpt))
+    engine.load(progress, _never)
+    assert engine.loaded and engine.flavour.kind == "2"
+    fractions = [e[1] for e in events]
+    assert fractions[:3] == [0.0, 0.1, 0.3] and fractions[-1] == 1.0
+    assert fractions.count(0.3) >= 4, "heartbeats during the construct step"
+    assert all(e[0] == "load" for e in events)
+    assert "IndexTTS-2" in events[-1][2]
+
+
+def test_load_cancelled_between_steps(ckpt: Path, standin: Callable[[str], None]) -> None:
+    standin("v2")
+    engine = _engine(IndexTTS2Engine, model_dir=str(ckpt))
+    with pytest.raises(Cancelled):
+        engine.load(_progress, lambda: True)
+    assert not engine.loaded
+
+
+def test_constructor_gets_keywords_only_mapped_from_options(
+    ckpt: Path, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    engine = _engine(
+        IndexTTS2Engine,
+        model_dir=str(ckpt),
+        device="cpu",
+        fp16=True,
+        use_cuda_kernel=False,
+        use_deepspeed=True,
+        use_accel=True,
+        use_torch_compile=True,
+        use_qwen_emo=False,
+    )
+    engine.load(_progress, _never)
+    (init,) = [c for c in calls() if c["event"] == "__init__"]
+    assert init["args"] == []
+    assert init["kwargs"] == {
+        "model_dir": str(ckpt),
+        "cfg_path": str(ckpt / "config.yaml"),
+        "device": "cpu",
+        "use_fp16": True,
+        "use_cuda_kernel": False,
+        "use_deepspeed": True,
+        "use_accel": True,
+        "use_torch_compile": True,
+        "use_qwen_emo": False,
+    }
+    assert engine.dropped_options == []
+
+
+def test_unset_options_keep_upstream_defaults(
+    ckpt: Path, tmp_path: Path, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v25")
+    cfg = tmp_path / "config_v2_5.yaml"
+    cfg.write_text("stand-in")
+    _engine(IndexTTS25Engine, model_dir=str(ckpt), cfg_path=str(cfg), bf16=True).load(_progress, _never)
+    (init,) = [c for c in calls() if c["event"] == "__init__"]
+    assert init["kwargs"] == {"model_dir": str(ckpt), "cfg_path": str(cfg), "use_bf16": True}
+
+
+def test_the_other_25_constructor_signature(
+    ckpt: Path,
+    standin: Callable[[str], None],
+    calls: Callable[[], list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One upstream commit defaults cfg_path to configs/config_v2_5.yaml and adds use_gpt_latent.
+    monkeypatch.setenv("INDEXTTS_STANDIN_V25_VARIANT", "gpt_latent")
+    standin("v25")
+    _engine(IndexTTS25Engine, model_dir=str(ckpt), use_cuda_kernel=True).load(_progress, _never)
+    (init,) = [c for c in calls() if c["event"] == "__init__"]
+    assert init["args"] == []
+    assert init["kwargs"] == {"model_dir": str(ckpt), "cfg_path": str(ckpt / "config.yaml"), "use_cuda_kernel": True}
+
+
+@pytest.mark.parametrize(
+    ("flavour", "cls", "options", "dropped", "passed"),
+    [
+        ("pypi", IndexTTS2Engine, {"use_accel": True, "fp16": True}, ["use_accel"], {"use_fp16": True}),
+        ("v25", IndexTTSAuto, {"fp16": True, "bf16": True}, ["fp16"], {"use_bf16": True}),
+        ("v2", IndexTTSAuto, {"fp16": True, "bf16": False, "lang": "zh"}, ["bf16", "lang"], {"use_fp16": True}),
+    ],
+)
+def test_options_the_installed_constructor_lacks_are_dropped(
+    flavour: str,
+    cls: type[Any],
+    options: dict[str, Any],
+    dropped: list[str],
+    passed: dict[str, Any],
+    ckpt: Path,
+    standin: Callable[[str], None],
+    calls: Callable[[], list[dict[str, Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    standin(flavour)
+    engine = _engine(cls, model_dir=str(ckpt), **options)
+    engine.load(_progress, _never)
+    assert engine.dropped_options == dropped
+    (init,) = [c for c in calls() if c["event"] == "__init__"]
+    assert init["args"] == []
+    assert init["kwargs"] == {"model_dir": str(ckpt), "cfg_path": str(ckpt / "config.yaml"), **passed}
+    for name in dropped:
+        assert any(name in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    # A reload starts from a clean list.
+    engine.unload()
+    engine.load(_progress, _never)
+    assert engine.dropped_options == dropped
+
+
+def test_a_failed_construct_leaves_the_engine_unloaded_and_retryable(
+    ckpt: Path, tmp_path: Path, standin: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("v2")
+    monkeypatch.setenv("INDEXTTS_STANDIN_FAIL_CONSTRUCTS", "1")
+    monkeypatch.setenv("INDEXTTS_STANDIN_COUNTER", str(tmp_path / "count"))
+    engine = _engine(IndexTTS2Engine, model_dir=str(ckpt))
+    with pytest.raises(RuntimeError, match="injected construct failure 1 of 1"):
+        engine.load(_progress, _never)
+    assert not engine.loaded
+    engine.load(_progress, _never)
+    assert engine.loaded
+
+
+# ----------------------------------------------------------------- synthesize
+
+
+def _loaded(cls: type[Any], ckpt: Path, **options: Any) -> Any:
+    engine = _engine(cls, model_dir=str(ckpt), **options)
+    engine.load(_progress, _never)
+    return engine
+
+
+def _speak(engine: Any, request: SynthesisRequest[Any], cancelled: Callable[[], bool] = _never) -> list[np.ndarray]:
+    engine.check(request)
+    return [
+        np.frombuffer(memoryview(c).cast("B"), dtype="<i2").copy()
+        for c in engine.synthesize(request, _progress, cancelled)
+    ]
+
+
+def test_streams_one_chunk_per_segment_and_silence(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    events: list[tuple[Any, ...]] = []
+    request = _request(IndexTTS2Engine, voice, text="a b c d e", max_text_tokens_per_segment=2, interval_silence=100)
+    chunks = [bytes(c) for c in engine.synthesize(request, lambda *a: events.append(a), _never)]
+    sizes = [len(c) // 2 for c in chunks]
+    assert sizes == [4410, 2205, 4410, 2205, 2205, 2205]  # 0.1 s per word, 100 ms silence after each
+    assert chunks[1] == bytes(4410)
+    (infer,) = _infer_calls(calls())
+    assert infer["kwargs"]["stream_return"] is True and infer["kwargs"]["output_path"] is None
+    messages = [e[2] for e in events if e[0] == "synthesize"]
+    assert [m for m in messages if m.startswith("segment")] == [
+        "segment 1 ready (0.20 s of audio)",
+        "segment 2 ready (0.50 s of audio)",
+        "segment 3 ready (0.70 s of audio)",
+    ]
+    assert events[-1][1] == 1.0
+
+
+@pytest.mark.parametrize("flavour", ["v2", "pypi"])
+def test_audio_is_bit_exact_on_either_chunk_scale(
+    flavour: str,
+    ckpt: Path,
+    voice: str,
+    tmp_path: Path,
+    standin: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    every = np.arange(-32768, 32768, dtype="<i2")
+    audio = tmp_path / "speech.raw"
+    audio.write_bytes(every.tobytes())
+    monkeypatch.setenv("INDEXTTS_STANDIN_AUDIO", str(audio))
+    standin(flavour)
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    request = _request(IndexTTS2Engine, voice, text="w " * 7, max_text_tokens_per_segment=3, interval_silence=0)
+    assert np.array_equal(np.concatenate(_speak(engine, request)), every)
+
+
+def test_pcm_scale_chunks_from_a_unit_scale_flavour_are_not_blown_up(
+    ckpt: Path, voice: str, standin: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A flavour detected as [-1, 1] that streams PCM-scale floats after all is caught by the peak.
+    standin("pypi")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    assert engine.flavour.unit_scale
+    core = sys.modules["indextts._standin_core"]
+    monkeypatch.setattr(core, "_chunk", lambda int16, unit_scale: core.FakeTensor(int16.astype(np.float32)))
+    chunks = _speak(engine, _request(IndexTTS2Engine, voice, text="a b", interval_silence=0))
+    assert int(np.max(np.abs(np.concatenate(chunks)))) == 12000
+
+
+def test_the_non_streaming_tuple_return(
+    ckpt: Path, voice: str, standin: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    request = _request(IndexTTS2Engine, voice, text="a b c", max_text_tokens_per_segment=1, interval_silence=100)
+    streamed = np.concatenate(_speak(engine, request))
+    monkeypatch.setenv("INDEXTTS_STANDIN_NO_STREAM", "1")  # an upstream that ignores stream_return
+    (whole,) = _speak(engine, request)
+    # The tuple has silence between segments only; the stream has it after each one.
+    assert np.array_equal(whole, streamed[: len(whole)]) and len(streamed) - len(whole) == 2205
+
+
+def test_cancel_takes_effect_between_segments(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    request = _request(IndexTTS2Engine, voice, text="a b c d e f g h i j", max_text_tokens_per_segment=1)
+    received = []
+
+    def consume() -> None:
+        # The consumer cancels as soon as it holds the first chunk.
+        for chunk in engine.synthesize(request, _progress, lambda: bool(received)):
+            received.append(chunk)
+
+    with pytest.raises(Cancelled):
+        consume()
+    assert len(received) == 1
+    entries = calls()
+    assert [e["index"] for e in entries if e["event"] == "segment"] == [1]
+    assert {"event": "closed", "produced": 1} in [{k: e[k] for k in ("event", "produced") if k in e} for e in entries]
+    assert not any(e["event"] == "finished" for e in entries)
+
+
+def test_infer_kwargs_mapping_for_indextts2(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    options = {
+        "use_random": True,
+        "interval_silence": 0,
+        "max_text_tokens_per_segment": 80,
+        "more_segment_before": 2,
+        "do_sample": False,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "num_beams": 1,
+        "repetition_penalty": 9.5,
+        "length_penalty": -0.5,
+        "max_mel_tokens": 800,
+    }
+    _speak(engine, _request(IndexTTS2Engine, voice, text="hello world", **options))
+    _speak(engine, _request(IndexTTS2Engine, voice, text="plain"))
+    first, second = _infer_calls(calls())
+    base = {"spk_audio_prompt": voice, "output_path": None, "stream_return": True}
+    assert first["args"] == []
+    assert first["kwargs"] == {**base, "text": "hello world", **options}
+    assert second["kwargs"] == {**base, "text": "plain"}
+
+
+@pytest.mark.parametrize(
+    ("emotion", "expected"),
+    [
+        (
+            EmotionVector(
+                happy=0.1,
+                angry=0.2,
+                sad=0.05,
+                afraid=0.0,
+                disgusted=0.0,
+                melancholic=0.15,
+                surprised=0.1,
+                calm=0.3,
+                alpha=2.0,
+            ),
+            {"emo_vector": [0.1, 0.2, 0.05, 0.0, 0.0, 0.15, 0.1, 0.3], "emo_alpha": 1.0},
+        ),
+        (EmotionVector(calm=0.5, alpha=-1.0), {"emo_vector": [0.0] * 7 + [0.5], "emo_alpha": 0.0}),
+        (
+            EmotionText(text="quietly furious", alpha=0.6),
+            {"use_emo_text": True, "emo_text": "quietly furious", "emo_alpha": 0.6},
+        ),
+        (EmotionText(), {"use_emo_text": True, "emo_text": None, "emo_alpha": 1.0}),
+    ],
+)
+def test_emotion_mapping(
+    emotion: Emotion,
+    expected: dict[str, Any],
+    ckpt: Path,
+    voice: str,
+    standin: Callable[[str], None],
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    _speak(engine, _request(IndexTTS2Engine, voice, emotion=emotion))
+    (infer,) = _infer_calls(calls())
+    emotion_keys = {k: v for k, v in infer["kwargs"].items() if k.startswith(("emo", "use_emo"))}
+    assert emotion_keys == expected
+
+
+def test_emotion_audio_mapping(
+    ckpt: Path, voice: str, tmp_path: Path, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    clip = tmp_path / "angry.wav"
+    clip.write_bytes(b"RIFF")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    _speak(engine, _request(IndexTTS2Engine, voice, emotion=EmotionAudio(path=str(clip), alpha=0.4)))
+    (infer,) = _infer_calls(calls())
+    assert infer["kwargs"]["emo_audio_prompt"] == str(clip) and infer["kwargs"]["emo_alpha"] == 0.4
+
+
+def test_25_lang_and_duration(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v25")
+    engine = _loaded(IndexTTS25Engine, ckpt)
+    _speak(engine, _request(IndexTTS25Engine, voice))
+    _speak(engine, _request(IndexTTS25Engine, voice, lang="ZH", duration_factor=1.5, text_normalization=False))
+    zh_engine = _loaded(IndexTTS25Engine, ckpt, lang="ja")
+    _speak(zh_engine, _request(IndexTTS25Engine, voice))
+    default, explicit, engine_default = _infer_calls(calls())
+    assert default["kwargs"]["lang"] == "en"
+    assert {k: explicit["kwargs"][k] for k in ("lang", "duration_factor", "text_normalization")} == {
+        "lang": "zh",
+        "duration_factor": 1.5,
+        "text_normalization": False,
+    }
+    assert engine_default["kwargs"]["lang"] == "ja"
+    assert "duration_factor" not in default["kwargs"]
+
+
+def test_flavour_specific_options_are_rejected_after_load(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("pypi")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    with pytest.raises(RequestError) as info:
+        engine.check(_request(IndexTTS2Engine, voice, more_segment_before=1))
+    assert (info.value.code, info.value.field) == ("unknown_option", "$.options.more_segment_before")
+    _speak(engine, _request(IndexTTS2Engine, voice, quick_streaming_tokens=5))
+    (infer,) = _infer_calls(calls())
+    assert infer["kwargs"]["quick_streaming_tokens"] == 5 and "more_segment_before" not in infer["kwargs"]
+
+
+def test_auto_on_a_2_install_refuses_25_options(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v2")
+    engine = _engine(IndexTTSAuto, model_dir=str(ckpt))
+    request = _request(IndexTTSAuto, voice, duration_factor=0.8)
+    engine.check(request)  # not known before the load
+    engine.load(_progress, _never)
+    with pytest.raises(RequestError) as info:
+        list(engine.synthesize(request, _progress, _never))  # checked again once the flavour is known
+    assert (info.value.code, info.value.field) == ("unknown_option", "$.options.duration_factor")
+    assert "IndexTTS-2" in str(info.value)
+    assert _infer_calls(calls()) == []
+    _speak(engine, _request(IndexTTSAuto, voice))
+    (infer,) = _infer_calls(calls())
+    assert "lang" not in infer["kwargs"]
+
+
+def test_emotion_text_on_25_without_qwen_never_reaches_upstream(
+    ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    standin("v25")
+    engine = _loaded(IndexTTSAuto, ckpt)  # resolves to 2.5, whose default is use_qwen_emo=False
+    assert engine.flavour.kind == "2.5"
+    request = _request(IndexTTSAuto, voice, emotion=EmotionText(text="happy"))
+    with pytest.raises(RequestError, match="use_qwen_emo=true") as info:
+        engine.check(request)
+    assert info.value.field == "$.emotion"
+    with pytest.raises(RequestError):
+        list(engine.synthesize(request, _progress, _never))
+    assert _infer_calls(calls()) == []
+    with_qwen = _loaded(IndexTTS25Engine, ckpt, use_qwen_emo=True)
+    _speak(with_qwen, _request(IndexTTS25Engine, voice, emotion=EmotionText(text="happy")))
+    assert _infer_calls(calls())[-1]["kwargs"]["use_emo_text"] is True
+
+
+# ----------------------------------------------------------------- memory and unload
+
+
+def _fake_torch(cuda: bool = False, mps: bool = False, log: list[str] | None = None) -> Any:
+    events = log if log is not None else []
+    cuda_ns = types.SimpleNamespace(
+        is_available=lambda: cuda,
+        is_initialized=lambda: cuda,
+        memory_allocated=lambda: 1000,
+        memory_reserved=lambda: 2000,
+        empty_cache=lambda: events.append("cuda.empty_cache"),
+    )
+    mps_ns = types.SimpleNamespace(
+        current_allocated_memory=lambda: 300,
+        driver_allocated_memory=lambda: 400,
+        empty_cache=lambda: events.append("mps.empty_cache"),
+    )
+    backends = types.SimpleNamespace(mps=types.SimpleNamespace(is_available=lambda: mps))
+    return types.SimpleNamespace(cuda=cuda_ns, mps=mps_ns, backends=backends)
+
+
+def test_memory_never_imports_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    engine = _engine(IndexTTS2Engine)
+    assert engine.memory() == {}
+    assert "torch" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("cuda", "mps", "expected"),
+    [
+        (True, False, {"cuda_allocated": 1000, "cuda_reserved": 2000}),
+        (False, True, {"mps_allocated": 300, "mps_driver": 400}),
+        (False, False, {}),
+    ],
+)
+def test_memory_reports_the_accelerator(
+    cuda: bool, mps: bool, expected: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(cuda=cuda, mps=mps))
+    assert _engine(IndexTTS2Engine).memory() == expected
+
+
+def test_memory_survives_a_half_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())  # as seen mid-import
+    assert _engine(IndexTTS2Engine).memory() == {}
+
+
+def test_unload_frees_the_model_and_the_cuda_cache(
+    ckpt: Path,
+    voice: str,
+    standin: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    standin("v2")
+    engine = _loaded(IndexTTS2Engine, ckpt)
+    events: list[str] = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(cuda=True, log=events))
+    engine.unload()
+    assert not engine.loaded and events == ["cuda.empty_cache"]
+    engine.unload()  # idempotent
+    assert events == ["cuda.empty_cache"]
+    engine.load(_progress, _never)
+    assert len([c for c in calls() if c["event"] == "__init__"]) == 2
+    assert _speak(engine, _request(IndexTTS2Engine, voice))
