@@ -1,0 +1,75 @@
+"""Drive a TTS sidecar (``python -m indextts_sidecar``) from async Python (asyncio or trio).
+
+::
+
+    from indextts_client import Client
+
+    async with Client("espeak") as client:
+        audio = await client.synthesize("Hello world")
+        audio.to_wav("hello.wav")
+
+        async with client.stream("A longer text, streamed") as chunks:
+            async for chunk in chunks:
+                play(chunk.samples)
+
+:class:`Client` spawns and supervises the sidecar; :class:`Connection` is the
+transport-agnostic core for a sidecar reached over any anyio byte streams.  Every
+error derives from :class:`SidecarError`.
+"""
+
+from indextts_sidecar._version import __version__
+from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
+
+from ._audio import Audio, AudioChunk
+from ._client import Client
+from ._connection import Connection, LossInfo
+from ._exceptions import (
+    BusyError,
+    ClosedError,
+    CrashedError,
+    EngineError,
+    InvalidRequestError,
+    LoadFailedError,
+    ProtocolError,
+    RequestCancelledError,
+    RequestTimeoutError,
+    RestartLimitError,
+    SidecarError,
+    StartError,
+    VersionMismatchError,
+)
+from ._request import EmotionLike, Synthesis
+from ._types import Health, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Audio",
+    "AudioChunk",
+    "BusyError",
+    "Client",
+    "ClosedError",
+    "Connection",
+    "CrashedError",
+    "EmotionAudio",
+    "EmotionLike",
+    "EmotionText",
+    "EmotionVector",
+    "EngineError",
+    "Health",
+    "InvalidRequestError",
+    "LoadFailedError",
+    "LossInfo",
+    "ProgressCallback",
+    "ProgressEvent",
+    "ProtocolError",
+    "RequestCancelledError",
+    "RequestTimeoutError",
+    "RestartCallback",
+    "RestartLimitError",
+    "SidecarError",
+    "SidecarInfo",
+    "StartError",
+    "Synthesis",
+    "VersionMismatchError",
+    "__version__",
+]

@@ -1,0 +1,172 @@
+"""Audio results: :class:`Audio` (a whole request) and :class:`AudioChunk` (one streamed frame).
+
+Samples are int16 mono, little-endian as on the wire.  A finished request's audio is
+assembled with exactly one copy: the decoded ``pcm`` views of the ``audio`` frames are
+kept until ``done``, checked, then copied once into the final array, each one dropped
+as soon as it is copied, so peak memory stays near one times the audio.
+"""
+
+from __future__ import annotations
+
+import os
+import wave
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO, Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ._exceptions import ProtocolError
+
+__all__ = ["SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk"]
+
+#: Little-endian int16: the wire format and the dtype of every ``samples`` array.
+SAMPLE_DTYPE = np.dtype("<i2")
+
+Samples = npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True, eq=False)
+class AudioChunk:
+    """One ``audio`` frame as it arrived.
+
+    ``samples`` is a read-only view into the received frame (no copy); copy it to keep
+    a writable array.  ``offset_samples`` is the position of its first sample in the
+    request's audio.
+    """
+
+    samples: Samples
+    sample_rate: int
+    seq: int
+    offset_samples: int
+    request_id: int = 0
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.sample_rate if self.sample_rate else 0.0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        return (
+            f"AudioChunk(request_id={self.request_id}, seq={self.seq}, samples={len(self.samples)}, "
+            f"offset_samples={self.offset_samples}, sample_rate={self.sample_rate})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Audio:
+    """The audio of a finished request: int16 mono ``samples`` at ``sample_rate`` Hz.
+
+    ``timings`` holds the sidecar's seconds per phase (``queued``, ``load``,
+    ``first_audio``, ``synthesis``, ``total``).  ``samples`` is always writable.
+    """
+
+    samples: Samples
+    sample_rate: int
+    timings: dict[str, float] = field(default_factory=dict)
+    request_id: int = 0
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds."""
+        return len(self.samples) / self.sample_rate if self.sample_rate else 0.0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        return (
+            f"Audio(request_id={self.request_id}, samples={len(self.samples)}, "
+            f"sample_rate={self.sample_rate}, duration={self.duration:.3f})"
+        )
+
+    def as_float32(self) -> npt.NDArray[np.float32]:
+        """A new float32 array in [-1, 1): ``samples / 32768`` (exact, no clipping)."""
+        out = self.samples.astype(np.float32)
+        out *= np.float32(1.0 / 32768.0)
+        return out
+
+    def to_wav(self, file: Union[str, os.PathLike[str], IO[bytes]]) -> None:
+        """Write a 16-bit mono WAV file to a path or a binary file object (stdlib :mod:`wave`)."""
+        data = np.ascontiguousarray(self.samples, dtype=SAMPLE_DTYPE)
+        target: Any = os.fspath(file) if isinstance(file, (str, os.PathLike)) else file
+        with wave.open(target, "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(self.sample_rate)
+            out.setnframes(len(data))
+            out.writeframes(data.data.cast("B"))
+
+
+class AudioAssembler:
+    """Checks a request's ``audio`` frames as they arrive and assembles them at ``done``.
+
+    With ``keep=False`` (streaming) only the checks run and nothing is retained.
+    """
+
+    __slots__ = ("_chunks", "_keep", "_sample_rate", "chunks", "request_id", "samples")
+
+    def __init__(self, request_id: int, *, keep: bool) -> None:
+        self.request_id = request_id
+        self._keep = keep
+        self._chunks: deque[memoryview] = deque()
+        self._sample_rate: Union[int, None] = None
+        #: Frames and samples received so far.
+        self.chunks = 0
+        self.samples = 0
+
+    def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
+        """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
+        if seq != self.chunks:
+            raise ProtocolError(f"request {self.request_id}: audio frame seq {seq} arrived, expected {self.chunks}")
+        if len(pcm) % 2:
+            raise ProtocolError(
+                f"request {self.request_id}: audio frame {seq} holds {len(pcm)} bytes, not whole int16 samples"
+            )
+        if self._sample_rate is None:
+            self._sample_rate = sample_rate
+        elif sample_rate != self._sample_rate:
+            raise ProtocolError(
+                f"request {self.request_id}: audio frame {seq} is at {sample_rate} Hz, "
+                f"earlier ones at {self._sample_rate} Hz"
+            )
+        view = pcm.cast("B") if pcm.format != "B" else pcm
+        if self._keep:
+            self._chunks.append(view)
+        samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
+        samples.flags.writeable = False
+        chunk = AudioChunk(samples, sample_rate, seq, self.samples, self.request_id)
+        self.chunks += 1
+        self.samples += len(view) // 2
+        return chunk
+
+    def check_done(self, samples: int, chunks: int, sample_rate: int) -> None:
+        """Compare the ``done`` frame's totals with what arrived; raise :class:`ProtocolError`."""
+        if chunks != self.chunks or samples != self.samples:
+            raise ProtocolError(
+                f"request {self.request_id}: done reports {samples} samples in {chunks} frames, "
+                f"but {self.samples} samples in {self.chunks} frames arrived"
+            )
+        if self._sample_rate is not None and sample_rate != self._sample_rate:
+            raise ProtocolError(
+                f"request {self.request_id}: done reports {sample_rate} Hz, the audio frames {self._sample_rate} Hz"
+            )
+
+    def assemble(self) -> Samples:
+        """The whole audio: one allocation, one copy per frame, each frame dropped once copied."""
+        chunks = self._chunks
+        if len(chunks) == 1 and not chunks[0].readonly:
+            # A single writable frame: view it, no copy at all.
+            return np.frombuffer(chunks.popleft(), dtype=SAMPLE_DTYPE)
+        out = np.empty(self.samples, dtype=SAMPLE_DTYPE)
+        dest = out.data.cast("B")
+        pos = 0
+        while chunks:
+            view = chunks.popleft()
+            dest[pos : pos + len(view)] = view
+            pos += len(view)
+            del view
+        return out

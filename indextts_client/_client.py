@@ -1,0 +1,627 @@
+"""The supervised client: spawns the sidecar, restarts it within a budget, stops it cleanly.
+
+Each sidecar lifetime is a *session*, a task that spawns the child (or adopts the given
+streams), drains stderr, runs the :class:`Connection`, waits for ``ready``, and at the
+end runs the bounded, shielded stop ladder and reaps the child.  Sessions live in the
+task group of the client's *root task*, which runs outside the caller's cancel scopes
+(a trio system task, or a plain asyncio task), so ``start()`` and ``aclose()`` need not
+be nested like a context manager, and a child is reaped even when the event loop ends
+without ``aclose()``.  Callers never run that machinery in their own task: they wait on
+the session's events, so cancelling a caller only ever abandons what it waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import math
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Union
+
+import anyio
+import msgspec
+from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
+
+from ._connection import Connection, LossInfo
+from ._exceptions import ClosedError, RestartLimitError, SidecarError, StartError, fresh
+from ._process import Redactor, SidecarProcess
+from ._request import Requester
+from ._types import RestartCallback, SidecarInfo
+
+__all__ = ["Client"]
+
+log = logging.getLogger("indextts_client")
+
+_NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
+
+if sys.version_info >= (3, 11):
+    _BaseExceptionGroup = BaseExceptionGroup  # noqa: F821 - a builtin since 3.11
+else:  # pragma: no cover - Python 3.10
+    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The single leaf of nested exception groups (the public API never raises a group)."""
+    while isinstance(exc, _BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
+    """Index of the first event set, or None on timeout."""
+    for index, event in enumerate(events):
+        if event.is_set():
+            return index
+    result: list[int] = []
+    with anyio.move_on_after(math.inf if limit is None else limit):
+        async with anyio.create_task_group() as tg:
+
+            async def watch(index: int, event: anyio.Event) -> None:
+                await event.wait()
+                result.append(index)
+                tg.cancel_scope.cancel()
+
+            for index, event in enumerate(events):
+                tg.start_soon(watch, index, event)
+    return result[0] if result else None
+
+
+def _spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``fn`` in a task outside the caller's scopes: a trio system task or an asyncio task."""
+    if "trio" in sys.modules:
+        import trio
+
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            trio.lowlevel.spawn_system_task(fn, name="indextts_client root")
+            return
+    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(), name="indextts_client root")
+    # asyncio keeps only weak references to tasks.
+    _asyncio_roots.add(task)
+    task.add_done_callback(_asyncio_roots.discard)
+
+
+_asyncio_roots: set[asyncio.Task[None]] = set()
+
+
+def _summary(exc: BaseException) -> str:
+    """One line about ``exc`` (without the stderr tail)."""
+    text = exc.message if isinstance(exc, SidecarError) else str(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+class _Session:
+    """One sidecar lifetime."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.resolved = anyio.Event()  # ready, or failed to start
+        self.stop_requested = anyio.Event()
+        self.finished = anyio.Event()  # everything reaped and closed
+        self.failure: Union[BaseException, None] = None
+        self.failed_at: Union[float, None] = None
+        self.conn: Union[Connection, None] = None
+        self.child: Union[SidecarProcess, None] = None
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self.resolved.is_set()
+            and self.failure is None
+            and self.conn is not None
+            and not self.conn.closed
+            and not self.stop_requested.is_set()
+        )
+
+    def fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            self.failed_at = anyio.current_time()
+
+    @property
+    def reason(self) -> Union[BaseException, None]:
+        """What ended this session, if it ended on its own."""
+        if self.failure is not None:
+            return self.failure
+        if self.conn is not None and self.conn.error is not None:
+            return self.conn.error
+        return None
+
+    @property
+    def ended_at(self) -> Union[float, None]:
+        if self.failed_at is not None:
+            return self.failed_at
+        return None if self.conn is None else self.conn.closed_at
+
+
+class Client(Requester):
+    """Runs a TTS sidecar in a child process and sends it requests.
+
+    ::
+
+        async with Client("indextts2", engine_options={"model_dir": "checkpoints"}) as client:
+            audio = await client.synthesize("Hello", voice="speaker.wav")
+            audio.to_wav("hello.wav")
+
+    **Process.**  The sidecar runs as ``python -m indextts_sidecar`` under ``python``
+    (default: this interpreter), or under ``command`` (a replacement for that prefix,
+    e.g. ``["uv", "run", "python", "-m", "indextts_sidecar"]``); ``--engine``, the
+    ``engine_options`` (each as ``-o key=<json>``) and ``sidecar_args`` are appended.
+    ``env`` is added to this process's environment, or replaces it with
+    ``inherit_env=False``; ``cwd`` is its working directory.
+
+    **Start and stop.**  :meth:`start` (or ``async with``) waits up to
+    ``ready_timeout`` seconds for ``ready`` and fails at once if the child exits first.
+    :meth:`aclose` sends ``shutdown``, then closes stdin and SIGTERMs the child's process
+    group, then SIGKILLs it, waiting at most ``shutdown_timeout`` seconds at each step,
+    shielded from cancellation.
+
+    **Requests.**  ``timeout`` and ``idle_timeout`` are the defaults of every request
+    (None: no limit).  Requests run concurrently over the one sidecar.
+
+    **Supervision.**  When the sidecar dies, pending requests fail with
+    :class:`CrashedError`; the next call starts a new one, after a backoff of
+    ``restart_backoff`` seconds doubling per recent restart.  More than ``max_restarts``
+    restarts within ``restart_window`` seconds make the client dead: every call then
+    raises :class:`RestartLimitError`.  ``on_restart(attempt, reason)`` (a function or
+    coroutine function) hears of each restart before it happens.
+
+    **Logs.**  The sidecar's stderr goes to the ``indextts_client.sidecar`` logger, with
+    Hugging Face tokens, the values of secret-named environment variables (TOKEN, KEY,
+    SECRET, PASSWORD) and the strings in ``redact`` replaced by ``***``.
+    """
+
+    def __init__(
+        self,
+        engine: Union[str, None] = None,
+        *,
+        engine_options: Union[Mapping[str, Any], None] = None,
+        python: Union[str, os.PathLike[str], None] = None,
+        command: Union[Sequence[Union[str, os.PathLike[str]]], None] = None,
+        sidecar_args: Sequence[str] = (),
+        env: Union[Mapping[str, str], None] = None,
+        inherit_env: bool = True,
+        cwd: Union[str, os.PathLike[str], None] = None,
+        ready_timeout: Union[float, None] = 30.0,
+        shutdown_timeout: float = 2.0,
+        timeout: Union[float, None] = None,
+        idle_timeout: Union[float, None] = 300.0,
+        max_restarts: int = 3,
+        restart_window: float = 60.0,
+        restart_backoff: float = 0.5,
+        max_restart_backoff: float = 10.0,
+        on_restart: Union[RestartCallback, None] = None,
+        frame_timeout: Union[float, None] = 10.0,
+        redact: Iterable[str] = (),
+    ) -> None:
+        if command is not None and python is not None:
+            raise ValueError("give python or command, not both")
+        if max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        prefix = [os.fspath(part) for part in command] if command is not None else None
+        if prefix is None:
+            prefix = [os.fspath(python) if python is not None else sys.executable, "-m", "indextts_sidecar"]
+        argv = list(prefix)
+        if engine is not None:
+            argv += ["--engine", engine]
+        for key, value in (engine_options or {}).items():
+            argv += ["-o", f"{key}={msgspec.json.encode(value).decode()}"]
+        argv += list(sidecar_args)
+        self.argv: list[str] = argv
+        """The sidecar's command line."""
+        child_env = dict(os.environ) if inherit_env else {}
+        child_env.update(env or {})
+        self._env = child_env
+        self._cwd = cwd
+        self._redact = Redactor(child_env, redact)
+        self._ready_timeout = ready_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._default_timeout = timeout
+        self._default_idle_timeout = idle_timeout
+        self._max_restarts = max_restarts
+        self._restart_window = restart_window
+        self._restart_backoff = restart_backoff
+        self._max_restart_backoff = max_restart_backoff
+        self._on_restart = on_restart
+        self._frame_timeout = frame_timeout
+        self._streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
+        self._ids = itertools.count(1)
+        self._state = _NEW
+        self._tg: Union[TaskGroup, None] = None
+        self._root_up = anyio.Event()
+        self._root_stop = anyio.Event()
+        self._root_done = anyio.Event()
+        self._spawn_lock = anyio.Lock()
+        self._session: Union[_Session, None] = None
+        self._sessions: set[_Session] = set()
+        self._session_numbers = itertools.count(1)
+        self._restart_times: deque[float] = deque()
+        self._dead: Union[RestartLimitError, None] = None
+        self._last_info: Union[SidecarInfo, None] = None
+        self._last_pid: Union[int, None] = None
+        self._last_tail = ""
+        #: Restarts so far (not counting the first start).
+        self.restarts = 0
+
+    @classmethod
+    def connect(
+        cls,
+        receive_stream: ByteReceiveStream,
+        send_stream: ByteSendStream,
+        *,
+        ready_timeout: Union[float, None] = 30.0,
+        timeout: Union[float, None] = None,
+        idle_timeout: Union[float, None] = 300.0,
+        frame_timeout: Union[float, None] = 10.0,
+        redact: Iterable[str] = (),
+    ) -> Client:
+        """A client over an already connected sidecar (TCP, Unix socket, in-memory streams).
+
+        The client owns the streams and closes them in :meth:`aclose`.  It cannot
+        restart such a sidecar: after the stream ends, every call raises the error
+        that ended it.
+        """
+        client = cls(
+            command=["<streams>"],
+            ready_timeout=ready_timeout,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            frame_timeout=frame_timeout,
+            redact=redact,
+            inherit_env=False,
+            max_restarts=0,
+        )
+        client._streams = (receive_stream, send_stream)
+        client.argv = []
+        return client
+
+    # ------------------------------------------------------------- properties
+
+    @property
+    def info(self) -> SidecarInfo:
+        """The facts of the current (or last) sidecar's ``ready`` frame."""
+        if self._last_info is None:
+            raise RuntimeError("the sidecar has not started yet")
+        return self._last_info
+
+    @property
+    def pid(self) -> Union[int, None]:
+        """Pid of the latest sidecar process (it may have exited), None before the first spawn."""
+        return self._last_pid
+
+    @property
+    def stderr_tail(self) -> str:
+        """The last lines the latest sidecar wrote to stderr, redacted."""
+        session = self._session
+        if session is not None and session.child is not None:
+            return session.child.stderr.tail()
+        return self._last_tail
+
+    @property
+    def closed(self) -> bool:
+        return self._state in (_CLOSING, _CLOSED)
+
+    @property
+    def dead(self) -> bool:
+        """Whether the restart budget is exhausted."""
+        return self._dead is not None
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Spawn the sidecar and wait for ``ready``; raises :class:`StartError` (or a subclass).
+
+        The client's background tasks live in a root task of their own, not in the
+        caller's task: :meth:`start` and :meth:`aclose` may be called at any nesting
+        level, even from different tasks.  If :meth:`start` fails or is cancelled, the
+        child is reaped and the client is as new.
+        """
+        if self._state != _NEW:
+            raise RuntimeError(f"start() on a client that is {self._state}")
+        self._state = _STARTING
+        try:
+            self._root_up = anyio.Event()
+            self._root_stop = anyio.Event()
+            self._root_done = anyio.Event()
+            _spawn_detached(self._root)
+            await self._root_up.wait()
+            async with self._spawn_lock:
+                await self._spawn()
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._stop_root()
+            if self._state == _STARTING:
+                self._state = _NEW
+            leaf = _unwrap(exc)
+            if leaf is exc:
+                raise
+            raise leaf from None
+        if self._state == _STARTING:
+            self._state = _RUNNING
+
+    async def aclose(self) -> None:
+        """Stop the sidecar (bounded, shielded from cancellation) and close the client.  Idempotent.
+
+        Pending requests end with :class:`RequestCancelledError` (``shutting_down``) or
+        :class:`ClosedError`.  If the calling task is cancelled meanwhile, the cleanup
+        still completes and the cancellation is raised afterwards.
+        """
+        if self._state in (_NEW, _CLOSED):
+            self._state = _CLOSED
+            return
+        self._state = _CLOSING
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stop_root()
+        finally:
+            self._state = _CLOSED
+        # Re-raise a cancellation that arrived during the shielded cleanup.
+        await anyio.lowlevel.checkpoint()
+
+    async def _root(self) -> None:
+        """The root task: hosts the sessions' task group until the client stops."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._root_up.set()
+                await self._root_stop.wait()
+                tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is ending; the sessions have reaped their children
+        except BaseException:  # a root task must never raise into the event loop
+            log.exception("internal error in the client's root task")
+        finally:
+            self._tg = None
+            self._root_up.set()
+            self._root_done.set()
+
+    async def _stop_root(self) -> None:
+        """Stop every session (bounded: each runs the stop ladder), then the root task."""
+        await self._stop_sessions()
+        self._root_stop.set()
+        await self._root_done.wait()
+
+    async def _stop_sessions(self) -> None:
+        for session in list(self._sessions):
+            session.stop_requested.set()
+        for session in list(self._sessions):
+            await session.finished.wait()
+
+    # ----------------------------------------------------------- supervision
+
+    async def _connection(self) -> Connection:
+        session = self._session
+        if self._state == _RUNNING and session is not None and session.usable:
+            assert session.conn is not None
+            return session.conn
+        async with self._spawn_lock:
+            self._check_state()
+            session = self._session
+            if session is not None and session.usable:
+                assert session.conn is not None
+                return session.conn
+            await self._restart(session)
+            assert self._session is not None and self._session.conn is not None
+            return self._session.conn
+
+    def _check_state(self) -> None:
+        if self._state in (_CLOSING, _CLOSED):
+            raise ClosedError("the client is closed")
+        if self._state != _RUNNING:
+            raise RuntimeError("the client is not started: use 'async with Client(...)' or 'await client.start()'")
+        if self._dead is not None:
+            raise fresh(self._dead) from self._dead.last_error
+
+    async def _restart(self, previous: Union[_Session, None]) -> None:
+        reason: BaseException = ClosedError("the sidecar stopped")
+        ended_at = anyio.current_time()
+        if previous is not None:
+            reason = previous.reason or reason
+            ended_at = previous.ended_at or ended_at
+        if self._streams is not None:
+            raise fresh(reason) if isinstance(reason, SidecarError) else ClosedError(str(reason))
+        now = anyio.current_time()
+        while self._restart_times and now - self._restart_times[0] >= self._restart_window:
+            self._restart_times.popleft()
+        if len(self._restart_times) >= self._max_restarts:
+            self._dead = RestartLimitError(
+                f"the sidecar failed {len(self._restart_times) + 1} times within {self._restart_window:g} s "
+                f"(max_restarts={self._max_restarts}); the client gave up. Last failure: {_summary(reason)}",
+                max_restarts=self._max_restarts,
+                restart_window=self._restart_window,
+                last_error=reason,
+            )
+            log.error("%s", self._dead.message)
+            raise fresh(self._dead) from reason
+        delay = min(self._max_restart_backoff, self._restart_backoff * 2 ** len(self._restart_times))
+        if ended_at + delay > now:
+            await anyio.sleep(ended_at + delay - now)
+            self._check_state()
+        self._restart_times.append(anyio.current_time())
+        self.restarts += 1
+        log.warning("restarting the sidecar (restart %d) after: %s", self.restarts, _summary(reason))
+        if self._on_restart is not None:
+            try:
+                result = self._on_restart(self.restarts, reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_restart callback failed")
+            self._check_state()
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        """Start a session and wait until it is ready or failed (the caller holds the spawn lock)."""
+        if self._tg is None:
+            raise ClosedError("the client is closed")
+        session = _Session(next(self._session_numbers))
+        self._sessions.add(session)
+        self._session = session
+        self._tg.start_soon(self._run_session, session)
+        try:
+            await session.resolved.wait()
+        except BaseException:
+            # Cancelled while starting: the session kills the child; wait for it.
+            session.stop_requested.set()
+            with anyio.CancelScope(shield=True):
+                await session.finished.wait()
+            raise
+        if session.failure is not None:
+            raise session.failure
+
+    async def _run_session(self, session: _Session) -> None:
+        try:
+            if self._streams is not None:
+                await self._stream_session(session)
+            else:
+                await self._process_session(session)
+        except Exception as exc:
+            exc = _unwrap(exc)  # type: ignore[assignment]
+            if not isinstance(exc, SidecarError):
+                log.exception("internal error in the sidecar session")
+                exc = StartError(f"internal error starting the sidecar: {exc!r}")
+            session.fail(exc)
+        finally:
+            if session.failure is None and not session.resolved.is_set():
+                session.fail(ClosedError("the sidecar session ended before 'ready'"))
+            session.resolved.set()
+            self._sessions.discard(session)
+            session.finished.set()
+
+    def _new_connection(
+        self, receive: ByteReceiveStream, send: ByteSendStream, child: Union[SidecarProcess, None]
+    ) -> Connection:
+        async def describe(kind: str) -> LossInfo:
+            assert child is not None
+            return await child.describe_loss(kind)
+
+        return Connection(
+            receive,
+            send,
+            timeout=self._default_timeout,
+            idle_timeout=self._default_idle_timeout,
+            ready_timeout=self._ready_timeout,
+            frame_timeout=self._frame_timeout,
+            describe_loss=describe if child is not None else None,
+            redact=self._redact,
+            ids=self._ids,
+        )
+
+    async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
+        """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
+        which = await _wait_any(
+            conn._ready_event, conn._closed_event, session.stop_requested, limit=self._ready_timeout
+        )
+        if conn.ready is not None and not conn.closed and which == 0:
+            self._last_info = conn.info
+            session.resolved.set()
+            log.info(
+                "sidecar ready: engine %s, pid %d, protocol %d", conn.ready.engine, conn.ready.pid, conn.ready.protocol
+            )
+            return True
+        if which == 1 or conn.closed:
+            error = conn.error
+            assert error is not None
+            session.fail(fresh(error))
+        elif which == 2:
+            session.fail(ClosedError("the client was closed while the sidecar was starting"))
+        else:
+            tail = child.stderr.tail() if child is not None else ""
+            session.fail(
+                StartError(
+                    f"the sidecar sent no 'ready' frame within {self._ready_timeout:g} s (ready_timeout)",
+                    stderr_tail=tail,
+                )
+            )
+        session.resolved.set()
+        return False
+
+    async def _process_session(self, session: _Session) -> None:
+        child = await SidecarProcess.spawn(
+            self.argv, env=self._env, cwd=self._cwd, redact=self._redact, exit_grace=self._shutdown_timeout
+        )
+        session.child = child
+        self._last_pid = child.pid
+        try:
+            conn = session.conn = self._new_connection(child.stdout, child.stdin, child)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child.pump_stderr)
+                tg.start_soon(conn.run)
+                tg.start_soon(self._watch_exit, child, conn)
+                graceful = False
+                if await self._handshake(session, conn, child):
+                    which = await _wait_any(conn._closed_event, session.stop_requested)
+                    graceful = which == 1 and not conn.closed
+                await self._stop_child(child, conn, graceful=graceful)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await child.aclose(self._shutdown_timeout)
+                self._last_tail = child.stderr.tail()
+                rc = child.process.returncode
+                log.debug("sidecar pid %d reaped (returncode %s)", child.pid, rc)
+
+    async def _stop_child(self, child: SidecarProcess, conn: Connection, *, graceful: bool) -> None:
+        """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
+        with anyio.CancelScope(shield=True):
+            conn.mark_closing()
+            timeout = self._shutdown_timeout
+            if graceful and child.running:
+                with anyio.move_on_after(timeout):
+                    try:
+                        await conn.shutdown()
+                    except SidecarError as exc:
+                        log.debug("shutdown request failed: %s", exc)
+                    await child.process.wait()
+            # (When the stream ended, describe_loss already gave the child time to exit.)
+            await child.terminate(timeout)
+            # Let the reader read what is left: the connection ends at EOF.
+            with anyio.move_on_after(1.0):
+                await conn._closed_event.wait()
+            conn.abort("the sidecar was stopped")
+
+    async def _watch_exit(self, child: SidecarProcess, conn: Connection) -> None:
+        """When the child exits, make sure the connection notices even if its stdout stays open."""
+        await child.process.wait()
+        with anyio.move_on_after(1.0):
+            await conn._reader_done.wait()
+        conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
+
+    async def _stream_session(self, session: _Session) -> None:
+        assert self._streams is not None
+        receive, send = self._streams
+        conn = session.conn = self._new_connection(receive, send, None)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                if await self._handshake(session, conn, None):
+                    await _wait_any(conn._closed_event, session.stop_requested)
+                conn.mark_closing()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Client {self._state} pid={self._last_pid} restarts={self.restarts}>"

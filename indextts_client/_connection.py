@@ -1,0 +1,609 @@
+"""The transport-agnostic core: one protocol v1 connection over any pair of anyio byte streams.
+
+A :class:`Connection` owns the only frame reader (one task) and the only writer (sends
+serialised by a lock, since concurrent sends on one pipe interleave on asyncio and
+raise on trio).  The reader never runs user code and never blocks on a consumer: it
+decodes each frame and appends it to the inbox of the request whose id it carries.
+Each request's frames are consumed, its callbacks run and its deadlines are enforced
+in the task awaiting that request (see :mod:`._request`).
+
+When a request is abandoned (its task cancelled, a deadline fired, a callback raised)
+the ``cancel`` message is sent and the terminal frame collected in the connection's
+own task group, never in the abandoning task.
+
+When the stream ends or framing is lost every pending request fails at once with the
+same typed error; an owner (the process supervisor) may describe the loss with the
+exit code and stderr tail through ``describe_loss``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Union
+
+import anyio
+import msgspec
+from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
+
+from indextts_sidecar import protocol
+from indextts_sidecar._framing import FrameReader, FramingError
+
+from ._exceptions import (
+    ClosedError,
+    CrashedError,
+    InvalidRequestError,
+    ProtocolError,
+    SidecarError,
+    StartError,
+    VersionMismatchError,
+    describe_exit,
+    fresh,
+)
+from ._request import Requester
+from ._types import SidecarInfo
+
+__all__ = ["Connection", "LossInfo"]
+
+log = logging.getLogger("indextts_client")
+
+_Build = Callable[[int], protocol.Request]
+
+
+@dataclass(frozen=True)
+class LossInfo:
+    """What an owner knows about why a connection ended (see ``describe_loss``)."""
+
+    exit_code: Union[int, None] = None
+    signal: Union[int, None] = None
+    stderr_tail: str = ""
+
+
+@dataclass
+class _Loss:
+    """Why the reader stopped: ``eof``, ``aborted``, ``framing``, ``protocol``, ``version``, ``startup_error``."""
+
+    kind: str
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Exchange:
+    """One request id on the wire: its inbox of frames and its liveness facts."""
+
+    __slots__ = (
+        "abandoned",
+        "cancel_sent",
+        "data",
+        "error",
+        "id",
+        "items",
+        "last_frame",
+        "sent",
+        "sent_at",
+        "terminated",
+        "wakeup",
+    )
+
+    def __init__(self, request_id: int) -> None:
+        self.id = request_id
+        self.items: deque[protocol.Reply] = deque()
+        self.wakeup = anyio.Event()
+        self.error: Union[SidecarError, None] = None
+        self.abandoned = False
+        self.sent = False
+        self.sent_at = anyio.current_time()
+        #: Arrival time of the last frame for this id (None until the first one).
+        self.last_frame: Union[float, None] = None
+        self.terminated = False
+        self.cancel_sent: Union[anyio.Event, None] = None
+        #: The encoded frame, until it is sent.
+        self.data = b""
+
+    def deliver(self, reply: protocol.Reply, now: float, terminal: bool) -> None:
+        self.last_frame = now
+        if terminal:
+            self.terminated = True
+        if not self.abandoned:
+            self.items.append(reply)
+            self.wakeup.set()
+
+    def fail(self, error: SidecarError) -> None:
+        self.terminated = True
+        self.error = error
+        self.wakeup.set()
+
+    async def wait(self) -> None:
+        """Until a frame or a failure is there to read."""
+        if self.items or self.error is not None:
+            return
+        self.wakeup = anyio.Event()
+        await self.wakeup.wait()
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+class Connection(Requester):
+    """Protocol v1 over a byte stream pair: routing by request id, one reader, one writer.
+
+    Use it directly for a sidecar reached over TCP, a Unix socket or in-memory streams::
+
+        async with Connection(receive_stream, send_stream) as conn:
+            audio = await conn.synthesize("Hello")
+
+    Entering waits for the ``ready`` handshake (``ready_timeout``); leaving closes both
+    streams.  The request methods are those of :class:`~indextts_client.Client`, without
+    supervision: after the stream ends every call raises the error that ended it.
+    """
+
+    def __init__(
+        self,
+        receive_stream: ByteReceiveStream,
+        send_stream: ByteSendStream,
+        *,
+        timeout: Union[float, None] = None,
+        idle_timeout: Union[float, None] = None,
+        ready_timeout: Union[float, None] = 30.0,
+        max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
+        frame_timeout: Union[float, None] = 10.0,
+        describe_loss: Union[Callable[[str], Awaitable[LossInfo]], None] = None,
+        redact: Callable[[str], str] = _identity,
+        ids: Union[Iterator[int], None] = None,
+    ) -> None:
+        self._receive_stream = receive_stream
+        self._send_stream = send_stream
+        self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
+        self._frame_timeout = frame_timeout
+        self._ready_timeout = ready_timeout
+        self._describe_loss = describe_loss
+        self._redact = redact
+        self._ids = ids if ids is not None else itertools.count(1)
+        self._default_timeout = timeout
+        self._default_idle_timeout = idle_timeout
+        self._send_lock = anyio.Lock()
+        self._pending: dict[int, _Exchange] = {}
+        self._tg: Union[TaskGroup, None] = None
+        self._read_scope = anyio.CancelScope()
+        self._abort_reason = "the connection was aborted"
+        self._fatal: Union[protocol.Error, None] = None
+        self._error: Union[SidecarError, None] = None
+        self._closing = False
+        self._started = False
+        self._ready_event = anyio.Event()
+        self._reader_done = anyio.Event()
+        self._closed_event = anyio.Event()
+        self._run_done = anyio.Event()
+        self._stack: Union[AsyncExitStack, None] = None
+        #: The ``ready`` frame, once received.
+        self.ready: Union[protocol.Ready, None] = None
+        #: anyio clock time of the last progress or audio frame of any request.
+        self.last_activity = -math.inf
+        #: anyio clock time at which the connection failed or closed.
+        self.closed_at: Union[float, None] = None
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def info(self) -> SidecarInfo:
+        """The facts of the ``ready`` frame."""
+        if self.ready is None:
+            raise RuntimeError("the connection has not received 'ready' yet")
+        return SidecarInfo.from_ready(self.ready)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection has ended (failed or closed); see :attr:`error`."""
+        return self._error is not None
+
+    @property
+    def error(self) -> Union[SidecarError, None]:
+        """The error that ended the connection, or None while it is open."""
+        return self._error
+
+    @property
+    def pending(self) -> int:
+        """Request ids still waiting for their terminal frame (abandoned ones included)."""
+        return len(self._pending)
+
+    async def wait_ready(self) -> protocol.Ready:
+        """Wait for ``ready``; raise the connection's error (a StartError) if it ends first."""
+        while self.ready is None:
+            if self._error is not None:
+                raise fresh(self._error)
+            async with anyio.create_task_group() as tg:
+
+                async def watch(event: anyio.Event) -> None:
+                    await event.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch, self._ready_event)
+                tg.start_soon(watch, self._closed_event)
+        return self.ready
+
+    async def wait_closed(self) -> SidecarError:
+        """Wait until the connection ends; return the error that ended it."""
+        await self._closed_event.wait()
+        assert self._error is not None
+        return self._error
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Connection:
+        if self._started:
+            raise RuntimeError("a Connection can be entered once")
+        stack = AsyncExitStack()
+        try:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg.start_soon(self.run)
+            with anyio.move_on_after(math.inf if self._ready_timeout is None else self._ready_timeout):
+                await self.wait_ready()
+            if self.ready is None:
+                raise StartError(f"no 'ready' frame within {self._ready_timeout:g} s")
+        except BaseException:
+            await self.aclose()
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        stack, self._stack = self._stack, None
+        await self.aclose()  # shielded; the reader task ends with it
+        if stack is not None:
+            await stack.aclose()
+
+    async def aclose(self) -> None:
+        """Close both streams; pending requests fail with :class:`ClosedError`.  Idempotent."""
+        self._closing = True
+        self.abort("the connection was closed")
+        with anyio.CancelScope(shield=True):
+            await self.close_send()
+            try:
+                await self._receive_stream.aclose()
+            except Exception:  # closing a broken stream
+                pass
+            if self._started:
+                await self._run_done.wait()
+            elif self._error is None:
+                self._break(ClosedError("the connection was closed"))
+
+    async def close_send(self) -> None:
+        """Close the sending stream (the sidecar sees end of input and exits)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._send_stream.aclose()
+            except Exception:  # closing a broken stream
+                pass
+
+    def abort(self, reason: str) -> None:
+        """Stop reading now; pending requests fail (described by ``describe_loss``)."""
+        if not self._reader_done.is_set():
+            self._abort_reason = reason
+        self._read_scope.cancel()
+
+    def mark_closing(self) -> None:
+        """From now on the end of the stream is expected: pending requests fail with ClosedError."""
+        self._closing = True
+
+    async def run(self) -> None:
+        """Read and route frames until the stream ends, then fail what is pending.
+
+        Runs the reader and hosts the background cancels; returns (never raises, except
+        for cancellation) once the connection has ended.
+        """
+        if self._started:
+            raise RuntimeError("Connection.run() can be called once")
+        self._started = True
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                loss = await self._read_loop()
+                self._reader_done.set()
+                error = await self._error_for(loss)
+                self._break(error)
+                tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            self._reader_done.set()
+            if self._error is None:
+                self._break(ClosedError("the connection's reader was stopped"))
+            self._run_done.set()
+
+    def _break(self, error: SidecarError) -> None:
+        if self._error is not None:
+            return
+        self._error = error
+        self.closed_at = anyio.current_time()
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for exchange in pending:
+            exchange.fail(fresh(error))
+        self._read_scope.cancel()
+        self._closed_event.set()
+        if isinstance(error, ClosedError):
+            log.debug("connection closed: %s", error)
+        else:
+            log.warning("connection to the sidecar lost: %s", error.message)
+
+    # --------------------------------------------------------------- reading
+
+    async def _read_loop(self) -> _Loss:
+        with self._read_scope:
+            try:
+                while True:
+                    try:
+                        body = await self._reader.receive()
+                    except FramingError as exc:
+                        return _Loss("framing", f"framing lost on the sidecar's output: {exc}")
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                        return _Loss("eof", "the sidecar's output stream ended")
+                    if body is None:
+                        return _Loss("eof", "the sidecar's output stream ended")
+                    loss = self._handle(body)
+                    if loss is not None:
+                        return loss
+            except Exception as exc:  # a bug here must still fail the pending requests
+                log.exception("internal error in the frame reader")
+                return _Loss("protocol", f"internal error in the frame reader: {exc!r}")
+        return _Loss("aborted", self._abort_reason)
+
+    def _handle(self, body: memoryview) -> Union[_Loss, None]:
+        if self.ready is None:
+            return self._handle_first(body)
+        try:
+            reply = protocol.decode_reply(body)
+        except msgspec.MsgspecError as exc:
+            return _Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
+        if isinstance(reply, protocol.Ready):
+            return _Loss("protocol", "the sidecar sent a second 'ready' frame")
+        request_id = reply.id
+        if request_id is None:
+            assert isinstance(reply, protocol.Error)
+            self._connection_error(reply)
+            return None
+        exchange = self._pending.get(request_id)
+        if exchange is None:
+            log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
+            return None
+        now = anyio.current_time()
+        terminal = protocol.is_terminal(reply)
+        if terminal:
+            del self._pending[request_id]
+            if exchange.abandoned:
+                log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
+        else:
+            self.last_activity = now
+        exchange.deliver(reply, now, terminal)
+        return None
+
+    def _handle_first(self, body: memoryview) -> Union[_Loss, None]:
+        try:
+            loose = msgspec.msgpack.decode(body)
+        except msgspec.MsgspecError:
+            loose = None
+        if not isinstance(loose, dict) or not isinstance(loose.get("op"), str):
+            return _Loss(
+                "protocol",
+                f"the sidecar's first frame is not a protocol message (did something write to its stdout?): "
+                f"{bytes(body[:48])!r}",
+            )
+        op = loose["op"]
+        if op == "error" and loose.get("id") is None:
+            code = str(loose.get("code", "internal"))
+            message = self._redact(str(loose.get("message", "")))
+            return _Loss("startup_error", f"the sidecar failed to start: {code}: {message}", {"code": code})
+        if op != "ready":
+            return _Loss("protocol", f"the sidecar's first frame is {op!r}, expected 'ready'")
+        got = loose.get("protocol")
+        if got != protocol.PROTOCOL_VERSION:
+            return _Loss(
+                "version",
+                f"the sidecar speaks protocol version {got!r}, this client speaks version {protocol.PROTOCOL_VERSION}",
+                {"got": got},
+            )
+        try:
+            ready = protocol.decode_reply(body)
+        except msgspec.MsgspecError as exc:
+            return _Loss("protocol", f"the sidecar's 'ready' frame is invalid: {exc}")
+        assert isinstance(ready, protocol.Ready)
+        self.ready = ready
+        self._reader.max_frame_size = max(ready.max_frame_size, protocol.MIN_MAX_FRAME_SIZE)
+        self._ready_event.set()
+        log.debug("sidecar ready: %s", ready)
+        return None
+
+    def _connection_error(self, error: protocol.Error) -> None:
+        message = self._redact(error.message)
+        if error.detail.get("fatal") or error.code in ("frame_too_large", "truncated_frame"):
+            self._fatal = error
+            log.error("the sidecar lost framing: %s: %s", error.code, message)
+        else:
+            log.warning("the sidecar reported a connection error: %s: %s", error.code, message)
+
+    async def _error_for(self, loss: _Loss) -> SidecarError:
+        info = LossInfo()
+        if self._describe_loss is not None:
+            try:
+                info = await self._describe_loss(loss.kind)
+            except Exception:  # a broken describer must not lose the error
+                log.exception("describing the end of the connection failed")
+        if self._closing and self.ready is not None and loss.kind in ("eof", "aborted"):
+            return ClosedError("the connection was closed")
+        message = loss.message
+        if self._fatal is not None:
+            message += f"; the sidecar reported: {self._fatal.code}: {self._redact(self._fatal.message)}"
+        exit_text = describe_exit(info.exit_code, info.signal)
+        if self.ready is None:
+            if loss.kind == "version":
+                return VersionMismatchError(
+                    message,
+                    expected=protocol.PROTOCOL_VERSION,
+                    got=loss.extra.get("got"),
+                    exit_code=info.exit_code,
+                    signal=info.signal,
+                    stderr_tail=info.stderr_tail,
+                )
+            if info.exit_code is not None or info.signal is not None:
+                message += f"; the sidecar {exit_text}"
+            if loss.kind != "startup_error":
+                message = f"the sidecar failed before 'ready': {message}"
+            return StartError(
+                message,
+                exit_code=info.exit_code,
+                signal=info.signal,
+                stderr_tail=info.stderr_tail,
+                code=loss.extra.get("code"),
+            )
+        if loss.kind in ("framing", "protocol"):
+            return ProtocolError(message, stderr_tail=info.stderr_tail)
+        if info.exit_code is not None or info.signal is not None:
+            message = f"the sidecar {exit_text}" if loss.kind == "eof" else f"the sidecar {exit_text} ({message})"
+        return CrashedError(message, exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail)
+
+    # --------------------------------------------------------------- writing
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise fresh(self._error)
+        if self.ready is None:
+            raise RuntimeError("the connection has not received 'ready' yet")
+
+    def _register(self, build: _Build) -> _Exchange:
+        """Allocate an id, encode the request and register it; nothing is sent yet."""
+        self._check_open()
+        assert self.ready is not None
+        request_id = next(self._ids)
+        message = build(request_id)
+        try:
+            data = protocol.frame(message)
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise InvalidRequestError(
+                f"the request cannot be encoded: {exc}", code="invalid_option", request_id=request_id
+            ) from None
+        size = len(data) - protocol.HEADER
+        if size > self.ready.max_frame_size:
+            raise InvalidRequestError(
+                f"the request takes {size} bytes, "
+                f"more than the sidecar's max_frame_size of {self.ready.max_frame_size}",
+                code="invalid_input",
+                request_id=request_id,
+            )
+        exchange = _Exchange(request_id)
+        exchange.data = data
+        self._pending[request_id] = exchange
+        return exchange
+
+    async def _send_exchange(self, exchange: _Exchange) -> None:
+        """Send a registered request.  Once its first byte is written the send is shielded."""
+        data, exchange.data = exchange.data, b""
+        await self._send_frame(data, exchange)
+
+    async def _send_frame(self, data: bytes, exchange: Union[_Exchange, None]) -> None:
+        failure: Union[str, None] = None
+        async with self._send_lock:
+            if self._error is not None:
+                raise fresh(self._error)
+            with anyio.CancelScope(shield=True):
+                if exchange is not None:
+                    exchange.sent_at = anyio.current_time()
+                limit = math.inf if self._frame_timeout is None else self._frame_timeout
+                with anyio.move_on_after(limit) as scope:
+                    try:
+                        await self._send_stream.send(data)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                        failure = f"writing to the sidecar failed: {exc!r}"
+                if scope.cancelled_caught:
+                    failure = f"writing a frame to the sidecar stalled for {limit:g} s"
+                elif failure is None and exchange is not None:
+                    exchange.sent = True
+        if failure is None:
+            return
+        # The reader usually sees the end of the stream at the same time; give it a
+        # moment to read what the sidecar wrote before it went away.
+        with anyio.move_on_after(1.0):
+            await self._closed_event.wait()
+        self.abort(failure)
+        await self._closed_event.wait()
+        assert self._error is not None
+        raise fresh(self._error)
+
+    def _forget(self, exchange: _Exchange) -> Union[anyio.Event, None]:
+        """The request's caller gave up on it; cancel it in the background if it was sent.
+
+        Returns an event set once the ``cancel`` frame is written (None when no cancel
+        is needed).  Never blocks and never raises: callable from a cancelled task.
+        """
+        if exchange.abandoned:
+            return exchange.cancel_sent
+        exchange.abandoned = True
+        exchange.items.clear()
+        if exchange.terminated:
+            return None
+        if not exchange.sent:
+            self._pending.pop(exchange.id, None)
+            return None
+        tg = self._tg
+        if tg is None or self._error is not None:
+            return None
+        exchange.cancel_sent = anyio.Event()
+        tg.start_soon(self._cancel_in_background, exchange)
+        return exchange.cancel_sent
+
+    def _drop(self, exchange: _Exchange) -> None:
+        """Forget a request without cancelling it on the sidecar (ping)."""
+        exchange.abandoned = True
+        exchange.items.clear()
+        if not exchange.sent:
+            self._pending.pop(exchange.id, None)
+
+    async def _cancel_in_background(self, target: _Exchange) -> None:
+        try:
+            if target.terminated or self._error is not None:
+                return
+            cancel = _Exchange(next(self._ids))
+            cancel.abandoned = True  # its ``ok`` is collected by the reader and dropped
+            self._pending[cancel.id] = cancel
+            try:
+                await self._send_frame(protocol.frame(protocol.Cancel(id=cancel.id, target=target.id)), cancel)
+            finally:
+                if not cancel.sent:
+                    self._pending.pop(cancel.id, None)
+            log.debug("cancel %d sent for request %d", cancel.id, target.id)
+        except SidecarError as exc:
+            log.debug("could not cancel request %d: %s", target.id, exc)
+        except Exception:
+            log.exception("internal error cancelling request %d", target.id)
+        finally:
+            if target.cancel_sent is not None:
+                target.cancel_sent.set()
+
+    async def _connection(self) -> Connection:
+        self._check_open()
+        return self
+
+    async def shutdown(self, *, timeout: Union[float, None] = None) -> None:  # noqa: ASYNC109
+        """Ask the sidecar to stop (``shutdown``): pending requests end with ``shutting_down``.
+
+        Returns when the sidecar acknowledged it; the stream ends right after.
+        """
+        self.mark_closing()
+        await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
+
+
+def _describe_reply(reply: protocol.Reply) -> str:
+    if isinstance(reply, protocol.Error):
+        return f"error {reply.code}"
+    return type(reply).__name__.lower()
