@@ -75,7 +75,7 @@ class FrameReader:
         if pos == len(data):
             try:
                 data, pos = await self._stream.receive(), 0
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return None
         deadline = anyio.current_time() + self._timeout
         if len(data) - pos < protocol.HEADER:
