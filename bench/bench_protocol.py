@@ -221,7 +221,7 @@ async def ours_suite(repeat: int) -> dict[str, Any]:
             starts.append(time.perf_counter() - began)
             assert client.info.engine == "fake"
     results["spawn_to_ready_ms"] = summary(starts)
-    async with Client(engine="fake", env=ENV, engine_options={"chunk_seconds": 5.0}) as client:
+    async with Client(engine="fake", env=ENV, engine_options={"chunk_seconds": 60.0}) as client:
         await client.load()
         for seconds in DURATIONS:
             await client.synthesize("benchmark", seconds=seconds)

@@ -27,6 +27,8 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.lowlevel import cancel_shielded_checkpoint
 
+from indextts_sidecar._stdio import FdReceiveStream, FdSendStream
+
 from ._connection import LossInfo
 from ._exceptions import StartError
 
@@ -170,8 +172,18 @@ def _exit_facts(returncode: Union[int, None]) -> tuple[Union[int, None], Union[i
 class SidecarProcess:
     """A spawned sidecar: its pipes, its stderr log and the means to stop it."""
 
-    def __init__(self, process: Process, argv: Sequence[str], stderr: StderrLog, exit_grace: float) -> None:
+    def __init__(
+        self,
+        process: Process,
+        argv: Sequence[str],
+        stderr: StderrLog,
+        exit_grace: float,
+        stdin: FdSendStream,
+        stdout: FdReceiveStream,
+    ) -> None:
         self.process = process
+        self._stdin = stdin
+        self._stdout = stdout
         self.argv = list(argv)
         self.stderr = stderr
         self._exit_grace = exit_grace
@@ -187,20 +199,37 @@ class SidecarProcess:
         redact: Redactor,
         exit_grace: float = 2.0,
     ) -> SidecarProcess:
+        # The frame pipes are our own, read and written without blocking straight from
+        # their descriptors: large reads into the frame buffer, on asyncio and trio alike
+        # (asyncio's subprocess streams would hand out 64 KiB pieces to copy together).
+        child_stdin, parent_stdin = os.pipe()
+        parent_stdout, child_stdout = os.pipe()
         try:
             process = await anyio.open_process(
                 list(argv),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=child_stdin,
+                stdout=child_stdout,
                 stderr=subprocess.PIPE,
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
             )
         except OSError as exc:
+            os.close(parent_stdin)
+            os.close(parent_stdout)
             raise StartError(f"could not spawn the sidecar ({redact(shlex.join(argv))}): {exc}") from exc
+        finally:
+            os.close(child_stdin)
+            os.close(child_stdout)
         log.debug("spawned sidecar pid %d: %s", process.pid, redact(shlex.join(argv)))
-        return cls(process, argv, StderrLog(redact, pid=process.pid), exit_grace)
+        return cls(
+            process,
+            argv,
+            StderrLog(redact, pid=process.pid),
+            exit_grace,
+            FdSendStream(parent_stdin),
+            FdReceiveStream(parent_stdout),
+        )
 
     @property
     def pid(self) -> int:
@@ -212,13 +241,11 @@ class SidecarProcess:
 
     @property
     def stdin(self) -> ByteSendStream:
-        assert self.process.stdin is not None
-        return self.process.stdin
+        return self._stdin
 
     @property
     def stdout(self) -> ByteReceiveStream:
-        assert self.process.stdout is not None
-        return self.process.stdout
+        return self._stdout
 
     async def pump_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -287,12 +314,14 @@ class SidecarProcess:
                 await self.wait(grace)
             if self.running:  # pragma: no cover - a process that survives SIGKILL (D state)
                 log.error("sidecar pid %d survived SIGKILL; leaving it behind", self.pid)
-                for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+                for stream in (self._stdin, self._stdout, self.process.stderr):
                     if stream is not None:
                         await stream.aclose()
                 return
             with anyio.move_on_after(0.5):
                 await self.stderr.eof.wait()
+            await self._stdin.aclose()
+            await self._stdout.aclose()
             with anyio.move_on_after(grace):
                 await self.process.aclose()
             # asyncio closes pipe transports in call_soon callbacks: let them run, so no

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Union
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Union, cast
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -69,6 +70,17 @@ class FrameReader:
         assert scope.cancel_called
         raise TruncatedFrame(received, expected, f"stalled for {self._timeout:g} s")
 
+    async def _more_into(
+        self, receive_into: Callable[[memoryview], Awaitable[int]], deadline: float, view: memoryview, size: int
+    ) -> int:
+        with anyio.move_on_after(deadline - anyio.current_time()) as scope:
+            try:
+                return await receive_into(view)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise TruncatedFrame(protocol.HEADER + size - len(view), size, "ended") from None
+        assert scope.cancel_called
+        raise TruncatedFrame(protocol.HEADER + size - len(view), size, f"stalled for {self._timeout:g} s")
+
     async def receive(self) -> Union[memoryview, None]:
         """The next frame's body, or None at a clean end of stream between frames."""
         data, pos = self._buffer, self._pos
@@ -96,6 +108,13 @@ class FrameReader:
         filled = len(data) - start
         body[:filled] = memoryview(data)[start:]
         self._buffer, self._pos = b"", 0
+        receive_into = getattr(self._stream, "receive_into", None)
+        if receive_into is not None:
+            # Read the rest straight into the frame's buffer: one copy, large reads.
+            view = memoryview(body)
+            while filled < size:
+                filled += await self._more_into(receive_into, deadline, view[filled:], size)
+            return view
         while filled < size:
             chunk = await self._more(deadline, protocol.HEADER + filled, size, size - filled)
             take = min(len(chunk), size - filled)
@@ -115,8 +134,15 @@ class FrameWriter:
     async def send(self, message: Union[protocol.Request, protocol.Reply]) -> None:
         await self._stream.send(protocol.frame(message))
 
-    async def send_raw(self, data: bytes) -> None:
-        await self._stream.send(data)
+    async def send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> None:
+        """Write ``parts`` back to back: with one ``writev`` where the stream offers it."""
+        send_parts = getattr(self._stream, "send_parts", None)
+        if send_parts is not None:
+            await send_parts(parts)
+            return
+        for part in parts:
+            # anyio's byte streams take any bytes-like object; only the annotation says bytes.
+            await self._stream.send(cast(bytes, part))
 
     async def aclose(self) -> None:
         await self._stream.aclose()

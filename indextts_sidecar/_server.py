@@ -25,7 +25,6 @@ from typing import Any, TypeVar, Union
 
 import anyio
 import msgspec
-from anyio import from_thread
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.lowlevel import current_token
 
@@ -45,7 +44,7 @@ EXIT_USAGE = 2
 EXIT_FRAMING = 3
 
 _AUDIO_SLOTS = 4
-_AUDIO_FRAME_BYTES = 256 * 1024
+_AUDIO_FRAME_BYTES = 4 * 1024 * 1024
 
 
 class EngineThread:
@@ -80,7 +79,7 @@ class EngineThread:
         """
         if not self._thread.is_alive():
             self._thread.start()
-        token = current_token()
+        post = LoopPoster()
         done = anyio.Event()
         outcome: list[Any] = []
 
@@ -89,10 +88,7 @@ class EngineThread:
                 outcome.append((True, fn()))
             except BaseException as exc:  # delivered to the awaiting task
                 outcome.append((False, exc))
-            try:
-                from_thread.run_sync(done.set, token=token)
-            except Exception:  # the event loop has ended: nobody is waiting
-                pass
+            post(done.set)
 
         self._calls.put(call)
         await done.wait()
@@ -100,6 +96,38 @@ class EngineThread:
         if ok:
             return value  # type: ignore[no-any-return]
         raise value
+
+
+#: Parts of one frame to write back to back, and whether the frame holds an audio slot.
+_Outgoing = tuple[tuple[Union[bytes, memoryview], ...], bool]
+
+
+class LoopPoster:
+    """Schedules a callback on the current event loop from any thread, without waiting.
+
+    ``anyio.from_thread.run_sync`` waits for the loop to run the callback, a round trip
+    per progress or audio frame; the engine thread only needs its frames queued in order,
+    so it hands them over with the backend's own thread-safe ``call_soon``.
+    """
+
+    def __init__(self) -> None:
+        native: Any = current_token().native_token
+        # asyncio: the loop's call_soon_threadsafe; trio: TrioToken.run_sync_soon.
+        self._post: Callable[[Callable[[], None]], object] = getattr(native, "call_soon_threadsafe", None) or (
+            native.run_sync_soon
+        )
+
+    def __call__(self, fn: Callable[..., None], *args: Any) -> None:
+        def guarded() -> None:
+            try:
+                fn(*args)
+            except Exception:  # a callback must never take the event loop down
+                log.exception("internal error in a callback from the engine thread")
+
+        try:
+            self._post(guarded)
+        except Exception:  # the event loop has ended: nobody is listening
+            pass
 
 
 class _Job:
@@ -151,8 +179,9 @@ class Server:
         self._active: Union[_Job, None] = None
         self._idle = anyio.Event()
         self._idle.set()
-        self._out_send, self._out_receive = anyio.create_memory_object_stream[tuple[bytes, bool]](math.inf)
-        self._audio_slots = anyio.Semaphore(_AUDIO_SLOTS)
+        self._out_send, self._out_receive = anyio.create_memory_object_stream[_Outgoing](math.inf)
+        # Audio frames queued but not yet written; the engine thread waits for a slot.
+        self._audio_slots = threading.Semaphore(_AUDIO_SLOTS)
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._stopping = False
         self._read_scope = anyio.CancelScope()
@@ -163,7 +192,7 @@ class Server:
     def _send(self, message: protocol.Reply) -> None:
         """Queue a control frame; never blocks, never waits behind audio."""
         try:
-            self._out_send.send_nowait((protocol.frame(message), False))
+            self._out_send.send_nowait(((protocol.frame(message),), False))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -175,10 +204,9 @@ class Server:
         self._inflight.pop(job.id, None)
         self._send(message)
 
-    async def _send_audio(self, job: _Job, message: protocol.Audio) -> None:
-        await self._audio_slots.acquire()
+    def _queue_audio(self, parts: tuple[bytes, memoryview]) -> None:
         try:
-            self._out_send.send_nowait((protocol.frame(message), True))
+            self._out_send.send_nowait((parts, True))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._audio_slots.release()
 
@@ -193,11 +221,21 @@ class Server:
 
     async def _write_all(self, writer: FrameWriter) -> None:
         async with self._out_receive:
-            async for data, is_audio in self._out_receive:
+            async for parts, is_audio in self._out_receive:
+                # Frames queued meanwhile go out in the same writev, up to 1 MiB.
+                batch, audio, size = list(parts), int(is_audio), sum(map(len, parts))
+                while size < 1 << 20:
+                    try:
+                        parts, is_audio = self._out_receive.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                    batch.extend(parts)
+                    audio += is_audio
+                    size += sum(map(len, parts))
                 try:
-                    await writer.send_raw(data)
+                    await writer.send_parts(batch)
                 finally:
-                    if is_audio:
+                    for _ in range(audio):
                         self._audio_slots.release()
 
     # ------------------------------------------------------------- serve
@@ -390,9 +428,9 @@ class Server:
             self._active = job
             self._idle = anyio.Event()
             job.started = time.monotonic()
-            token = current_token()
+            post = LoopPoster()
             try:
-                terminal = await self.engine_thread.run(functools.partial(self._execute, job, token))
+                terminal = await self.engine_thread.run(functools.partial(self._execute, job, post))
             except Exception as exc:  # a bug here must still end the request
                 log.exception("internal error running request %d", job.id)
                 terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
@@ -401,14 +439,11 @@ class Server:
                 self._idle.set()
             self._finish(job, terminal)
 
-    def _progress_fn(self, job: _Job, token: Any) -> Callable[..., None]:
+    def _progress_fn(self, job: _Job, post: LoopPoster) -> Callable[..., None]:
         def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
             if fraction is not None:
                 fraction = min(1.0, max(0.0, float(fraction)))
-            try:
-                from_thread.run_sync(self._broadcast_progress, job, stage, fraction, message, token=token)
-            except Exception:  # the event loop has ended
-                pass
+            post(self._broadcast_progress, job, stage, fraction, message)
 
         return progress
 
@@ -422,10 +457,10 @@ class Server:
                 if waiting.kind == "synthesize":
                     self._send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
-    def _execute(self, job: _Job, token: Any) -> protocol.Reply:
+    def _execute(self, job: _Job, post: LoopPoster) -> protocol.Reply:
         """Runs on the engine thread; returns the job's terminal message."""
         engine = self.engine
-        progress = self._progress_fn(job, token)
+        progress = self._progress_fn(job, post)
         cancelled = job.cancel.is_set
         timings: dict[str, float] = {"queued": job.started - job.enqueued}
         try:
@@ -445,7 +480,7 @@ class Server:
             if job.kind == "load":
                 return Ok(id=job.id, info={"loaded": True, "sample_rate": engine.sample_rate, **timings})
             assert job.request is not None
-            return self._run_synthesis(job, job.request, progress, token, timings)
+            return self._run_synthesis(job, job.request, progress, post, timings)
         except Cancelled:
             return _cancelled(job)
         except EngineError as exc:
@@ -473,7 +508,7 @@ class Server:
         job: _Job,
         request: SynthesisRequest[Any],
         progress: Callable[..., None],
-        token: Any,
+        post: LoopPoster,
         timings: dict[str, float],
     ) -> protocol.Reply:
         engine = self.engine
@@ -506,8 +541,12 @@ class Server:
                 step = self._audio_frame_bytes
                 for start in range(0, len(view), step):
                     piece = view[start : start + step]
-                    message = protocol.Audio(id=job.id, seq=seq, sample_rate=rate, pcm=piece)
-                    from_thread.run(self._send_audio, job, message, token=token)
+                    # The samples are written from the engine's own buffer: no copy here.
+                    parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
+                    while not self._audio_slots.acquire(timeout=0.05):
+                        if job.cancel.is_set():
+                            return _cancelled(job)
+                    post(self._queue_audio, parts)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():

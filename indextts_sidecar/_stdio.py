@@ -8,12 +8,16 @@ file descriptors without blocking and waits for readiness on the event loop.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Union
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.lowlevel import checkpoint
 
 __all__ = ["FdReceiveStream", "FdSendStream"]
+
+_IOV_MAX = 512
 
 
 class FdReceiveStream(ByteReceiveStream):
@@ -39,6 +43,23 @@ class FdReceiveStream(ByteReceiveStream):
             if not data:
                 raise anyio.EndOfStream
             return data
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        """Read straight into ``buffer`` (no intermediate bytes object); return the count."""
+        await checkpoint()
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                count = os.readv(self._fd, [buffer])
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if not count:
+                raise anyio.EndOfStream
+            return count
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -70,6 +91,27 @@ class FdSendStream(ByteSendStream):
             except OSError as exc:  # BrokenPipeError: the parent is gone
                 raise anyio.BrokenResourceError from exc
             view = view[written:]
+
+    async def send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> None:
+        """Write ``parts`` back to back with ``writev``: no joining copy."""
+        await checkpoint()
+        pending = [memoryview(part).cast("B") for part in parts if len(part)]
+        while pending:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                written = os.writev(self._fd, pending[:_IOV_MAX])
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+                continue
+            except OSError as exc:  # BrokenPipeError: the parent is gone
+                raise anyio.BrokenResourceError from exc
+            while written:
+                if written >= len(pending[0]):
+                    written -= len(pending.pop(0))
+                else:
+                    pending[0] = pending[0][written:]
+                    written = 0
 
     async def aclose(self) -> None:
         if not self._closed:

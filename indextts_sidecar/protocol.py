@@ -51,6 +51,7 @@ __all__ = [
     "field_of",
     "encode",
     "frame",
+    "audio_frame_parts",
     "is_terminal",
 ]
 
@@ -275,6 +276,7 @@ _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _loose_decoder = msgspec.msgpack.Decoder()
+_EMPTY = memoryview(b"")
 _FIELD_RE = re.compile(r" - at `(\$[^`]*)`$")
 _NAMED_RE = re.compile(r"(?:missing required|unknown) field `([^`]+)`")
 
@@ -288,6 +290,23 @@ def frame(message: Union[Request, Reply]) -> bytes:
     """``message`` as a complete frame: length prefix and body."""
     body = _encoder.encode(message)
     return len(body).to_bytes(HEADER, "big") + body
+
+
+def audio_frame_parts(request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> tuple[bytes, memoryview]:
+    """An ``audio`` frame as (everything before the samples, the samples themselves).
+
+    Written one after the other (``os.writev``), the two parts form one ``audio`` frame
+    whose samples were never copied into an encode buffer: ``pcm`` is the last field of
+    ``Audio``, so the frame ends with a msgpack ``bin 32`` header and the raw bytes.
+    """
+    head = _encoder.encode(Audio(id=request_id, seq=seq, sample_rate=sample_rate, pcm=_EMPTY))
+    # ``head`` ends with the empty bin (c4 00); swap in a bin 32 header for the real length.
+    size = len(pcm)
+    body_size = len(head) - 2 + 5 + size
+    return (
+        body_size.to_bytes(HEADER, "big") + head[:-2] + b"\xc6" + size.to_bytes(4, "big"),
+        pcm,
+    )
 
 
 def decode_request(body: Union[bytes, bytearray, memoryview]) -> Request:

@@ -232,7 +232,7 @@ async def test_undecodable_frame_is_fatal() -> None:
     async def peer(reader: FrameReader, writer: FrameWriter) -> None:
         await writer.send(fake_ready())
         await next_request(reader)
-        await writer.send_raw(b"\x00\x00\x00\x03abc")
+        await writer.send_parts([b"\x00\x00\x00\x03abc"])
         await reader.receive()
 
     with anyio.fail_after(10):
@@ -259,7 +259,7 @@ async def test_undecodable_frame_is_fatal() -> None:
 )
 async def test_handshake_failures(first_frame: bytes, error: type[StartError], match: str) -> None:
     async def peer(reader: FrameReader, writer: FrameWriter) -> None:
-        await writer.send_raw(first_frame)
+        await writer.send_parts([first_frame])
         await reader.receive()
 
     with anyio.fail_after(10):

@@ -226,3 +226,11 @@ def test_frame_reader_reassembles_frames_however_the_stream_is_cut(bodies: list[
         return received
 
     assert anyio.run(read_all) == bodies
+
+
+@given(ids, st.integers(0, 2**32 - 1), st.integers(1, 192000), st.binary(max_size=70000))
+def test_audio_frame_parts_decode_to_the_audio_message(request_id: int, seq: int, rate: int, pcm: bytes) -> None:
+    head, samples = protocol.audio_frame_parts(request_id, seq, rate, memoryview(pcm))
+    data = bytes(head) + bytes(samples)
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    assert protocol.decode_reply(data[4:]) == Audio(id=request_id, seq=seq, sample_rate=rate, pcm=memoryview(pcm))

@@ -149,7 +149,11 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
         progress: ProgressFn,
         cancelled: Callable[[], bool],
     ) -> Iterator[Chunk]:
-        """Yield int16 chunks at :attr:`sample_rate`; the sidecar stops at a chunk boundary on cancel."""
+        """Yield int16 chunks at :attr:`sample_rate`; the sidecar stops at a chunk boundary on cancel.
+
+        The sidecar writes each chunk to the pipe from the engine's own buffer, without
+        copying it: never modify a chunk after yielding it.
+        """
         raise NotImplementedError
 
     def unload(self) -> None:
