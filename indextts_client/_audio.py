@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import wave
-from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any, Union
 
@@ -102,21 +101,44 @@ class Audio:
 
 
 class AudioAssembler:
-    """Checks a request's ``audio`` frames as they arrive and assembles them at ``done``.
+    """Checks a request's ``audio`` frames as they arrive and assembles them as they come.
 
-    With ``keep=False`` (streaming) only the checks run and nothing is retained.
+    Each frame is copied once, into a buffer that grows in place (``realloc``, which
+    for large buffers remaps pages instead of copying them), and dropped at once: the
+    peak memory of a long request stays near the audio's own size instead of the frames
+    plus a final copy.  A request whose audio arrives in one writable frame is not
+    copied at all.  With ``keep=False`` (streaming) only the checks run and nothing is
+    retained.
     """
 
-    __slots__ = ("_chunks", "_keep", "_sample_rate", "chunks", "request_id", "samples")
+    __slots__ = ("_buffer", "_first", "_keep", "_sample_rate", "chunks", "request_id", "samples")
 
     def __init__(self, request_id: int, *, keep: bool) -> None:
         self.request_id = request_id
         self._keep = keep
-        self._chunks: deque[memoryview] = deque()
+        #: The only frame so far, kept as it is in case no other follows.
+        self._first: Union[memoryview, None] = None
+        #: From the second frame on: the samples so far, with spare capacity at the end.
+        self._buffer: Union[Samples, None] = None
         self._sample_rate: Union[int, None] = None
         #: Frames and samples received so far.
         self.chunks = 0
         self.samples = 0
+
+    def _keep_frame(self, view: memoryview) -> None:
+        if self._buffer is None and self._first is None and self.chunks == 0:
+            self._first = view
+            return
+        needed = self.samples + len(view) // 2
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = np.empty(max(needed, 2 * needed - len(view) // 2), dtype=SAMPLE_DTYPE)
+            if self._first is not None:
+                buffer.data.cast("B")[: len(self._first)] = self._first
+                self._first = None
+        elif needed > len(buffer):
+            buffer.resize(max(needed, len(buffer) * 3 // 2), refcheck=False)
+        buffer.data.cast("B")[self.samples * 2 : needed * 2] = view
 
     def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
         """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
@@ -135,7 +157,7 @@ class AudioAssembler:
             )
         view = pcm.cast("B") if pcm.format != "B" else pcm
         if self._keep:
-            self._chunks.append(view)
+            self._keep_frame(view)
         samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
         samples.flags.writeable = False
         chunk = AudioChunk(samples, sample_rate, seq, self.samples, self.request_id)
@@ -156,17 +178,14 @@ class AudioAssembler:
             )
 
     def assemble(self) -> Samples:
-        """The whole audio: one allocation, one copy per frame, each frame dropped once copied."""
-        chunks = self._chunks
-        if len(chunks) == 1 and not chunks[0].readonly:
-            # A single writable frame: view it, no copy at all.
-            return np.frombuffer(chunks.popleft(), dtype=SAMPLE_DTYPE)
-        out = np.empty(self.samples, dtype=SAMPLE_DTYPE)
-        dest = out.data.cast("B")
-        pos = 0
-        while chunks:
-            view = chunks.popleft()
-            dest[pos : pos + len(view)] = view
-            pos += len(view)
-            del view
-        return out
+        """The whole audio, as one writable array."""
+        first, buffer = self._first, self._buffer
+        self._first = self._buffer = None
+        if first is not None:
+            # The only frame: view it when it is writable, else copy it once.
+            samples = np.frombuffer(first, dtype=SAMPLE_DTYPE)
+            return samples if not first.readonly else samples.copy()
+        if buffer is None:
+            return np.empty(0, dtype=SAMPLE_DTYPE)
+        buffer.resize(self.samples, refcheck=False)  # give the spare capacity back
+        return buffer

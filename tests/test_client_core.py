@@ -369,7 +369,28 @@ def test_assembler_copies_frames_once_into_one_array() -> None:
     samples = assembler.assemble()
     assert samples.tolist() == list(range(30))
     assert samples.flags.writeable
-    assert not assembler._chunks  # every frame dropped once copied
+    assert assembler._first is None and assembler._buffer is None  # nothing retained
+
+
+def test_assembler_grows_in_place_and_keeps_no_frame() -> None:
+    assembler = AudioAssembler(1, keep=True)
+    expected = []
+    for seq in range(200):
+        frame = np.full(seq + 1, seq, dtype="<i2")
+        expected.extend([seq] * (seq + 1))
+        assembler.add(seq, RATE, memoryview(frame.tobytes()))
+        assert assembler._first is None or seq == 0  # from the second frame on, frames are copied and dropped
+    assembler.check_done(len(expected), 200, RATE)
+    assert assembler.assemble().tolist() == expected
+
+
+def test_assembler_views_a_single_writable_frame_without_copying() -> None:
+    frame = bytearray(np.arange(8, dtype="<i2").tobytes())
+    assembler = AudioAssembler(1, keep=True)
+    assembler.add(0, RATE, memoryview(frame))
+    samples = assembler.assemble()
+    samples[0] = 99
+    assert frame[:2] == (99).to_bytes(2, "little")  # the same memory
 
 
 def test_assembler_checks() -> None:
