@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from harness import make_checkpoints
 
 
 @pytest.fixture(
@@ -13,3 +16,17 @@ import pytest
 )
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A complete stand-in IndexTTS checkpoint folder."""
+    return make_checkpoints(tmp_path / "checkpoints")
+
+
+@pytest.fixture
+def voice(tmp_path: Path) -> str:
+    """A readable (stand-in) speaker reference clip."""
+    path = tmp_path / "speaker.wav"
+    path.write_bytes(b"RIFF stand-in speaker")
+    return str(path)

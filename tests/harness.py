@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Union
 
 import anyio
@@ -21,6 +22,23 @@ from anyio.abc import Process
 from indextts_sidecar import protocol
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Stand-in ``indextts`` packages (one folder per flavour) and a torch stub.
+STANDIN = Path(REPO) / "tests" / "standin"
+
+
+def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = False) -> Path:
+    """An IndexTTS checkpoint folder of placeholder files, without those named in ``skip``."""
+    from indextts_sidecar.engines.indextts import CHECKPOINT_FILES, QWEN_EMO_DIR
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name in CHECKPOINT_FILES:
+        if name not in skip:
+            (root / name).write_bytes(b"stand-in")
+    if f"{QWEN_EMO_DIR}/" not in skip:
+        (root / QWEN_EMO_DIR).mkdir(exist_ok=True)
+    if hf_cache:
+        (root / "hf_cache").mkdir(exist_ok=True)
+    return root
 
 
 def sidecar_command(engine: str = "fake", *args: str) -> list[str]:
@@ -51,6 +69,17 @@ class Peer:
             except anyio.EndOfStream:
                 return False
         return True
+
+    async def reply(self) -> protocol.Reply:
+        """The next frame, which must exist: the end of the stream fails with the sidecar's stderr."""
+        reply = await self.recv()
+        assert reply is not None, f"the sidecar closed its stdout; stderr:\n{self.stderr()}"
+        return reply
+
+    async def request(self, message: protocol.Request) -> list[protocol.Reply]:
+        """Send ``message``; its frames up to and including its terminal one."""
+        await self.send(message)
+        return await self.until_terminal(message.id)
 
     async def recv(self) -> Union[protocol.Reply, None]:
         """The next frame from the sidecar, or None at end of stream."""
@@ -109,10 +138,19 @@ def pcm_of(frames: Sequence[protocol.Reply]) -> bytes:
 
 
 @asynccontextmanager
-async def spawn(engine: str = "fake", *args: str, env: Union[dict[str, str], None] = None) -> AsyncIterator[Peer]:
-    """Spawn a sidecar, read nothing yet; kill and reap it on the way out."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+async def spawn(
+    engine: str = "fake",
+    *args: str,
+    env: Union[dict[str, str], None] = None,
+    pythonpath: Sequence[str] = (),
+    peer_class: type[Peer] = Peer,
+) -> AsyncIterator[Any]:
+    """Spawn a sidecar, read nothing yet; kill and reap it on the way out.
+
+    ``pythonpath`` folders come first on the child's path; ``env`` is added last.
+    """
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("INDEXTTS_STANDIN_")}
+    full_env["PYTHONPATH"] = os.pathsep.join([*pythonpath, REPO, full_env.get("PYTHONPATH", "")])
     if env:
         full_env.update(env)
     fd, stderr_path = tempfile.mkstemp(prefix="sidecar-stderr-", suffix=".log")
@@ -122,7 +160,7 @@ async def spawn(engine: str = "fake", *args: str, env: Union[dict[str, str], Non
         )
         os.close(fd)
         fd = -1
-        peer = Peer(process, stderr_path)
+        peer = peer_class(process, stderr_path)
         try:
             yield peer
         finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import anyio
+import harness
 import msgspec
 import pytest
 from rich.console import Console
@@ -29,15 +30,8 @@ ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
 
 
 def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = True) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in CHECKPOINT_FILES:
-        if name not in skip:
-            (root / name).write_bytes(b"stand-in")
-    if "qwen0.6bemo4-merge/" not in skip:
-        (root / "qwen0.6bemo4-merge").mkdir(exist_ok=True)
-    if hf_cache:
-        (root / "hf_cache").mkdir(exist_ok=True)
-    return root
+    """The doctor's checks include the auxiliary-model cache: present unless asked otherwise."""
+    return harness.make_checkpoints(root, skip=skip, hf_cache=hf_cache)
 
 
 def fake_distribution(root: Path, name: str, version: str) -> Path:

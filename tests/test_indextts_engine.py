@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from harness import REPO, STANDIN, make_checkpoints
 
 from indextts_sidecar._main import parse_options
 from indextts_sidecar.engines import Cancelled, LoadError, RequestError, SynthesisRequest, engine_class
@@ -39,34 +40,10 @@ from indextts_sidecar.engines.indextts import (
 )
 from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
 
-REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "tests" / "standin"
 ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
 
 
 # ----------------------------------------------------------------- fixtures
-
-
-def make_checkpoints(root: Path, *, skip: tuple[str, ...] = ()) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in CHECKPOINT_FILES:
-        if name not in skip:
-            (root / name).write_bytes(b"stand-in")
-    if "qwen0.6bemo4-merge/" not in skip:
-        (root / "qwen0.6bemo4-merge").mkdir(exist_ok=True)
-    return root
-
-
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    return make_checkpoints(tmp_path / "checkpoints")
-
-
-@pytest.fixture
-def voice(tmp_path: Path) -> str:
-    path = tmp_path / "speaker.wav"
-    path.write_bytes(b"RIFF stand-in speaker")
-    return str(path)
 
 
 @pytest.fixture

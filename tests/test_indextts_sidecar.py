@@ -9,9 +9,6 @@ files (gates, markers, a call log), never through sleeps.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +17,7 @@ from typing import Any, Union
 import anyio
 import numpy as np
 import pytest
-from anyio.abc import Process
+from harness import STANDIN, Peer, make_checkpoints, spawn
 
 from indextts_sidecar import protocol
 from indextts_sidecar.engines.indextts import CHECKPOINT_FILES
@@ -45,52 +42,14 @@ from indextts_sidecar.protocol import (
 
 pytestmark = pytest.mark.anyio
 
-STANDIN = Path(__file__).resolve().parent / "standin"
 TIMEOUT = 30
 
 
-class Child:
-    """A spawned sidecar and a minimal frame reader over its stdout."""
+class Child(Peer):
+    """A sidecar over a stand-in ``indextts``, whose calls the stand-in logs as JSON lines."""
 
-    def __init__(self, process: Process, log: Path, stderr: Path) -> None:
-        assert process.stdin is not None and process.stdout is not None
-        self.process = process
-        self.stdin = process.stdin
-        self.stdout = process.stdout
-        self.log = log
-        self.stderr_path = stderr
-        self.ready: Union[Ready, None] = None
-        self._buffer = bytearray()
-
-    async def send(self, message: protocol.Request) -> None:
-        await self.stdin.send(protocol.frame(message))
-
-    async def _fill(self, size: int) -> None:
-        while len(self._buffer) < size:
-            try:
-                self._buffer += await self.stdout.receive()
-            except anyio.EndOfStream:
-                raise AssertionError(f"the sidecar closed its stdout; stderr:\n{self.stderr()}") from None
-
-    async def recv(self) -> Reply:
-        await self._fill(4)
-        size = int.from_bytes(self._buffer[:4], "big")
-        await self._fill(4 + size)
-        body = bytes(self._buffer[4 : 4 + size])
-        del self._buffer[: 4 + size]
-        return protocol.decode_reply(body)
-
-    async def until_terminal(self, request_id: int) -> list[Reply]:
-        frames = []
-        while True:
-            reply = await self.recv()
-            frames.append(reply)
-            if protocol.is_terminal(reply) and getattr(reply, "id", None) == request_id:
-                return frames
-
-    async def request(self, message: protocol.Request) -> list[Reply]:
-        await self.send(message)
-        return await self.until_terminal(message.id)
+    log: Path
+    ready: Ready
 
     async def ping(self, request_id: int) -> Pong:
         (pong,) = [f for f in await self.request(Ping(id=request_id)) if isinstance(f, Pong)]
@@ -101,9 +60,6 @@ class Child:
             return []
         entries = [json.loads(line) for line in self.log.read_text().splitlines()]
         return [e for e in entries if event is None or e["event"] == event]
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
 
 
 @asynccontextmanager
@@ -120,52 +76,12 @@ async def child(
     paths = [str(STANDIN / flavour)] if flavour else []
     if torch:
         paths.append(str(STANDIN / "torchstub"))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("INDEXTTS_STANDIN_")}
-    full_env["PYTHONPATH"] = os.pathsep.join(paths)
-    full_env["INDEXTTS_STANDIN_LOG"] = str(log)
-    full_env.update(env or {})
-    command = [sys.executable, "-m", "indextts_sidecar", "--engine", engine, "--log-level", "INFO"]
-    for option in options:
-        command += ["-o", option]
-    stderr = tmp_path / f"stderr-{engine}.log"
-    with open(stderr, "wb") as err:
-        process = await anyio.open_process(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=full_env
-        )
-    try:
-        peer = Child(process, log, stderr)
-        ready = await peer.recv()
-        assert isinstance(ready, Ready), ready
-        peer.ready = ready
+    args = [arg for option in options for arg in ("-o", option)]
+    full_env = {"INDEXTTS_STANDIN_LOG": str(log), **(env or {})}
+    async with spawn(engine, *args, env=full_env, pythonpath=paths, peer_class=Child) as peer:
+        peer.log = log
+        peer.ready = await peer.expect(Ready)
         yield peer
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-            await process.aclose()
-
-
-def make_checkpoints(root: Path, *, skip: tuple[str, ...] = ()) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in CHECKPOINT_FILES:
-        if name not in skip:
-            (root / name).write_bytes(b"stand-in")
-    if "qwen0.6bemo4-merge/" not in skip:
-        (root / "qwen0.6bemo4-merge").mkdir(exist_ok=True)
-    return root
-
-
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    return make_checkpoints(tmp_path / "checkpoints")
-
-
-@pytest.fixture
-def voice(tmp_path: Path) -> str:
-    path = tmp_path / "speaker.wav"
-    path.write_bytes(b"RIFF stand-in speaker")
-    return str(path)
 
 
 def _audio(frames: list[Reply]) -> list[Audio]:
@@ -219,8 +135,8 @@ async def test_synthesis_streams_segments_and_survives_upstream_prints(tmp_path:
                     "segment 3 ready (0.70 s of audio)",
                 ]
             assert (await peer.ping(9)).loaded is True
-        assert "stand-in infer: print() line" in peer.stderr()
-        assert "stand-in infer: raw fd 1 line" in peer.stderr()
+            assert "stand-in infer: print() line" in peer.stderr()
+            assert "stand-in infer: raw fd 1 line" in peer.stderr()
 
 
 @pytest.mark.parametrize("flavour", ["v2", "pypi"])
@@ -342,7 +258,7 @@ async def test_dropped_options_are_reported_in_pong(tmp_path: Path, ckpt: Path, 
             assert (await peer.ping(1)).dropped_options == []
             assert isinstance((await peer.request(Load(id=2)))[-1], Ok)
             assert (await peer.ping(3)).dropped_options == ["fp16"]
-        assert "'fp16' is not accepted" in peer.stderr()
+            assert "'fp16' is not accepted" in peer.stderr()
 
 
 # ----------------------------------------------------------------- validation
@@ -426,10 +342,10 @@ async def test_first_audio_arrives_before_the_second_of_ten_segments(tmp_path: P
         async with child(tmp_path, "indextts2", f"model_dir={ckpt}", env=env) as peer:
             text = " ".join(f"w{i}" for i in range(10))
             await peer.send(Synthesize(id=1, text=text, voice=voice, options={"max_text_tokens_per_segment": 1}))
-            frame = await peer.recv()
+            frame = await peer.reply()
             while not isinstance(frame, Audio):
                 assert not protocol.is_terminal(frame), frame
-                frame = await peer.recv()
+                frame = await peer.reply()
             # Segment 2 waits for the gate, so this audio cannot have been buffered behind it.
             assert frame.seq == 0 and len(frame.pcm) == 2 * 2205
             assert (gate / "produced-1").exists() and not (gate / "produced-2").exists()
@@ -451,7 +367,7 @@ async def test_cancel_takes_effect_between_segments(tmp_path: Path, ckpt: Path, 
             await peer.send(Synthesize(id=1, text=text, voice=voice, options={"max_text_tokens_per_segment": 1}))
             frames: list[Reply] = []
             while len(_audio(frames)) < 2:  # segment 1 and its silence; segment 2 is gated
-                frames.append(await peer.recv())
+                frames.append(await peer.reply())
             await peer.send(Cancel(id=2, target=1))
             # Let the stand-in produce segment 2 (only) in case the engine was already waiting for it.
             (gate / "segment-2").touch()
