@@ -1,0 +1,102 @@
+"""The scripts in examples/ run and print what they promise."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+TIMEOUT = 30
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the repository
+    return env
+
+
+def run_example(name: str, *args: str, cwd: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"{name} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_say(tmp_path: Path) -> None:
+    pytest.importorskip("espeakng_loader")
+    out = run_example("say.py", "out.wav", cwd=tmp_path)
+    assert "wrote out.wav" in out
+    with wave.open(str(tmp_path / "out.wav"), "rb") as wav:
+        assert wav.getnchannels() == 1
+        assert wav.getsampwidth() == 2
+        assert wav.getframerate() == 22050
+        assert wav.getnframes() > 0
+
+
+def test_say_default_path(tmp_path: Path) -> None:
+    pytest.importorskip("espeakng_loader")
+    run_example("say.py", cwd=tmp_path)
+    with wave.open(str(tmp_path / "hello.wav"), "rb") as wav:
+        assert wav.getnframes() > 0
+
+
+@pytest.mark.parametrize("engine", ["fake", "espeak"])
+def test_stream_with_progress(tmp_path: Path, engine: str) -> None:
+    if engine == "espeak":
+        pytest.importorskip("espeakng_loader")
+    out = run_example("stream_with_progress.py", engine, cwd=tmp_path)
+    assert f"engine {engine}" in out
+    assert "progress load" in out
+    chunks = [(int(m[1]), int(m[2])) for m in re.finditer(r"^chunk \d+: offset (\d+) samples, length (\d+)", out, re.M)]
+    assert len(chunks) >= 2
+    position = 0
+    for offset, length in chunks:
+        assert offset == position
+        position += length
+    assert f"done: {position} samples" in out
+
+
+def test_concurrent_and_cancel(tmp_path: Path) -> None:
+    out = run_example("concurrent_and_cancel.py", cwd=tmp_path)
+    assert "long: cancelled by its scope: True" in out
+    assert "timed out: timeout after 0.5 s" in out
+    assert sum(line.startswith("short ") for line in out.splitlines()) == 3
+    assert "after: loaded=True queue_depth=0" in out
+    assert "same sidecar: True, restarts: 0" in out
+
+
+def test_trio_example(tmp_path: Path) -> None:
+    pytest.importorskip("trio")
+    out = run_example("trio_example.py", cwd=tmp_path)
+    assert "model loaded" in out
+    assert "first chunk:" in out
+    assert "given up: True" in out
+    assert "ping after a cancel: loaded=True" in out
+
+
+def test_pytest_example(tmp_path: Path) -> None:
+    path = EXAMPLES / "test_with_fake_engine.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert re.search(r"\b5 passed\b", result.stdout), result.stdout
