@@ -190,7 +190,7 @@ def sidecar_ready_suite(repeat: int) -> dict[str, Any]:
         for _ in range(repeat):
             began = time.perf_counter()
             process = subprocess.Popen(
-                [sys.executable, "-m", "indextts_sidecar", "--engine", engine],
+                [sys.executable, "-m", "indextts_sidecar", "--engine", engine, "--log-level", "WARNING"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=ENV,
@@ -313,14 +313,21 @@ def main() -> None:
     floor = floor_suite(args.repeat)
     seed = seed_suite(args.repeat)
     ours = anyio.run(ours_suite, args.repeat)
+    ready = sidecar_ready_suite(args.repeat)
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs\n")
     print(table(ours, seed, floor))
+    print()
+    print("| spawn -> ready frame read, plain subprocess parent (ms) | median (min-max) |")
+    print("|---|---|")
+    print(f"| sidecar, engine fake | {fmt(ready['sidecar_fake_spawn_to_ready_ms'])} |")
+    print(f"| sidecar, engine espeak | {fmt(ready['sidecar_espeak_spawn_to_ready_ms'])} |")
+    print(f"| `python -c pass` | {fmt(ready['python_c_pass_ms'])} |")
     ratio_seed = seed["warm_60s_ms"]["median"] / ours["warm_60s_ms"]["median"]
     ratio_floor = ours["warm_60s_ms"]["median"] / floor["warm_60s_ms"]["median"]
     print(f"\n60 s audio: {ratio_seed:.1f}x faster than the seed protocol, {ratio_floor:.2f}x the raw-pipe floor")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ours": ours, "seed": seed, "floor": floor}, f, indent=2)
+            json.dump({"ours": ours, "seed": seed, "floor": floor, "ready": ready}, f, indent=2)
 
 
 if __name__ == "__main__":
