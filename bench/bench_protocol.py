@@ -91,15 +91,6 @@ def seed_suite(repeat: int) -> dict[str, Any]:
     results["spawn_to_ready_ms"] = summary(starts)
     parent = SeedParent()
     try:
-        for seconds in DURATIONS:
-            parent.synthesize(seconds)
-            times = []
-            for _ in range(repeat):
-                began = time.perf_counter()
-                audio = parent.synthesize(seconds)
-                times.append(time.perf_counter() - began)
-                assert len(audio) == seconds * RATE
-            results[f"warm_{seconds}s_ms"] = summary(times)
         pings = []
         for _ in range(repeat * 10):
             began = time.perf_counter()
@@ -133,50 +124,48 @@ def seed_suite(repeat: int) -> dict[str, Any]:
 # ------------------------------------------------------------------- the raw-pipe floor
 
 
-def floor_suite(repeat: int) -> dict[str, Any]:
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "_raw_pipe_server.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=ENV,
-        bufsize=0,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    stdin, stdout = process.stdin, process.stdout
-    assert stdout.read(1) == b"R"
+class FloorParent:
+    """A blocking parent of the raw-pipe child: a length prefix, then ``readinto`` a numpy array."""
 
-    def request(seconds: float) -> np.ndarray:
-        stdin.write(struct.pack("!I", int(seconds * 1000)))
-        (size,) = struct.unpack("!I", stdout.read(4))
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_raw_pipe_server.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=ENV,
+            bufsize=0,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        assert self.stdout.read(1) == b"R"
+
+    def request(self, seconds: float) -> np.ndarray:
+        self.stdin.write(struct.pack("!I", int(seconds * 1000)))
+        (size,) = struct.unpack("!I", self.stdout.read(4))
         out = np.empty(size // 2, dtype="<i2")
         view = memoryview(out).cast("B")
         got = 0
         while got < size:
-            got += stdout.readinto(view[got:])  # type: ignore[operator]
+            got += self.stdout.readinto(view[got:])  # type: ignore[operator]
         return out
 
-    results: dict[str, Any] = {}
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(10)
+        self.stdout.close()
+
+
+def floor_suite(repeat: int) -> dict[str, Any]:
+    parent = FloorParent()
     try:
-        for seconds in DURATIONS:
-            request(seconds)
-            times = []
-            for _ in range(repeat):
-                began = time.perf_counter()
-                audio = request(seconds)
-                times.append(time.perf_counter() - began)
-                assert len(audio) == seconds * RATE
-            results[f"warm_{seconds}s_ms"] = summary(times)
         echo = []
         for _ in range(repeat * 10):
             began = time.perf_counter()
-            request(0)
+            parent.request(0)
             echo.append(time.perf_counter() - began)
-        results["ping_idle_us"] = summary(echo, 1e6)
+        return {"ping_idle_us": summary(echo, 1e6)}
     finally:
-        stdin.close()
-        process.wait(10)
-        stdout.close()
-    return results
+        parent.close()
 
 
 # ---------------------------------------------------------------------------- ours
@@ -223,15 +212,6 @@ async def ours_suite(repeat: int) -> dict[str, Any]:
     results["spawn_to_ready_ms"] = summary(starts)
     async with Client(engine="fake", env=ENV, engine_options={"chunk_seconds": 60.0}) as client:
         await client.load()
-        for seconds in DURATIONS:
-            await client.synthesize("benchmark", seconds=seconds)
-            times = []
-            for _ in range(repeat):
-                began = time.perf_counter()
-                audio = await client.synthesize("benchmark", seconds=seconds)
-                times.append(time.perf_counter() - began)
-                assert len(audio.samples) == seconds * RATE
-            results[f"warm_{seconds}s_ms"] = summary(times)
         pings = []
         for _ in range(repeat * 10):
             health = await client.ping()
@@ -277,6 +257,49 @@ async def ours_suite(repeat: int) -> dict[str, Any]:
     return results
 
 
+async def warm_suite(repeat: int, interleave: bool) -> dict[str, dict[str, Any]]:
+    """Warm request -> int16 array for the three parents.
+
+    In blocks (each parent's requests back to back, caches warm for it), or interleaved
+    (the three take turns request by request: slow drifts of a shared machine hit all
+    three alike, and so do the caches the others evicted).
+    """
+    results: dict[str, dict[str, Any]] = {"ours": {}, "seed": {}, "floor": {}}
+    seed, floor = SeedParent(), FloorParent()
+    try:
+        async with Client(engine="fake", env=ENV, engine_options={"chunk_seconds": 60.0}) as client:
+            await client.load()
+
+            async def ours(seconds: float) -> np.ndarray:
+                return (await client.synthesize("benchmark", seconds=seconds)).samples
+
+            names = ("floor", "seed", "ours")
+            for seconds in DURATIONS:
+                times: dict[str, list[float]] = {"ours": [], "seed": [], "floor": []}
+                if interleave:
+                    schedule = [(round_, name) for round_ in range(repeat + 1) for name in names]
+                else:
+                    schedule = [(round_, name) for name in names for round_ in range(repeat + 1)]
+                for round_, name in schedule:
+                    began = time.perf_counter()
+                    if name == "ours":
+                        audio = await ours(seconds)
+                    elif name == "seed":
+                        audio = seed.synthesize(seconds)
+                    else:
+                        audio = floor.request(seconds)
+                    elapsed = time.perf_counter() - began
+                    assert len(audio) == seconds * RATE
+                    if round_:  # the first round warms up
+                        times[name].append(elapsed)
+                for name, values in times.items():
+                    results[name][f"warm_{seconds}s_ms"] = summary(values)
+    finally:
+        seed.close()
+        floor.close()
+    return results
+
+
 def table(ours: dict[str, Any], seed: dict[str, Any], floor: dict[str, Any]) -> str:
     rows = [
         ("spawn -> ready (ms)", "spawn_to_ready_ms", "spawn_to_ready_ms", None),
@@ -313,6 +336,10 @@ def main() -> None:
     floor = floor_suite(args.repeat)
     seed = seed_suite(args.repeat)
     ours = anyio.run(ours_suite, args.repeat)
+    warm = anyio.run(warm_suite, args.repeat, False)
+    for name, column in (("ours", ours), ("seed", seed), ("floor", floor)):
+        column.update(warm[name])
+    mixed = anyio.run(warm_suite, args.repeat, True)
     ready = sidecar_ready_suite(args.repeat)
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs\n")
     print(table(ours, seed, floor))
@@ -322,12 +349,23 @@ def main() -> None:
     print(f"| sidecar, engine fake | {fmt(ready['sidecar_fake_spawn_to_ready_ms'])} |")
     print(f"| sidecar, engine espeak | {fmt(ready['sidecar_espeak_spawn_to_ready_ms'])} |")
     print(f"| `python -c pass` | {fmt(ready['python_c_pass_ms'])} |")
-    ratio_seed = seed["warm_60s_ms"]["median"] / ours["warm_60s_ms"]["median"]
-    ratio_floor = ours["warm_60s_ms"]["median"] / floor["warm_60s_ms"]["median"]
-    print(f"\n60 s audio: {ratio_seed:.1f}x faster than the seed protocol, {ratio_floor:.2f}x the raw-pipe floor")
+    print("\nThe same warm requests, the three parents taking turns request by request:\n")
+    print("| audio | this project | seed protocol | raw pipe floor |")
+    print("|---|---|---|---|")
+    for seconds in DURATIONS:
+        key = f"warm_{seconds}s_ms"
+        print(
+            f"| {seconds} s (ms) | {fmt(mixed['ours'][key])} | {fmt(mixed['seed'][key])} | {fmt(mixed['floor'][key])} |"
+        )
+    for label, columns in (("in blocks", warm), ("interleaved", mixed)):
+        ours60, seed60, floor60 = (columns[name]["warm_60s_ms"]["median"] for name in ("ours", "seed", "floor"))
+        print(
+            f"\n60 s audio, {label}: {seed60 / ours60:.1f}x faster than the seed protocol, "
+            f"{ours60 / floor60:.2f}x the raw-pipe floor"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ours": ours, "seed": seed, "floor": floor, "ready": ready}, f, indent=2)
+            json.dump({"ours": ours, "seed": seed, "floor": floor, "ready": ready, "interleaved": mixed}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from typing import IO, Any, Union
 import numpy as np
 import numpy.typing as npt
 
+from indextts_sidecar._shm import AudioRing
+
 from ._exceptions import ProtocolError
 
 __all__ = ["SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk"]
@@ -107,8 +109,8 @@ class AudioAssembler:
     for large buffers remaps pages instead of copying them), and dropped at once: the
     peak memory of a long request stays near the audio's own size instead of the frames
     plus a final copy.  A request whose audio arrives in one writable frame is not
-    copied at all.  With ``keep=False`` (streaming) only the checks run and nothing is
-    retained.
+    copied at all, and audio in the shared ring is copied from there straight into the
+    buffer.  With ``keep=False`` (streaming) only the checks run and nothing is retained.
     """
 
     __slots__ = ("_buffer", "_first", "_keep", "_sample_rate", "chunks", "request_id", "samples")
@@ -125,28 +127,27 @@ class AudioAssembler:
         self.chunks = 0
         self.samples = 0
 
-    def _keep_frame(self, view: memoryview) -> None:
-        if self._buffer is None and self._first is None and self.chunks == 0:
-            self._first = view
-            return
-        needed = self.samples + len(view) // 2
+    def _room(self, nbytes: int) -> memoryview:
+        """Writable bytes for the next ``nbytes`` of audio, at the end of the growing buffer."""
+        needed = self.samples + nbytes // 2
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = np.empty(max(needed, 2 * needed - len(view) // 2), dtype=SAMPLE_DTYPE)
+            # Exactly the first frame's size when nothing else may follow it here; else room to grow.
+            size = needed if self.chunks == 0 else max(needed, 2 * needed - nbytes // 2)
+            buffer = self._buffer = np.empty(size, dtype=SAMPLE_DTYPE)
             if self._first is not None:
                 buffer.data.cast("B")[: len(self._first)] = self._first
                 self._first = None
         elif needed > len(buffer):
             buffer.resize(max(needed, len(buffer) * 3 // 2), refcheck=False)
-        buffer.data.cast("B")[self.samples * 2 : needed * 2] = view
+        return buffer.data.cast("B")[self.samples * 2 : needed * 2]
 
-    def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
-        """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
+    def _check(self, seq: int, sample_rate: int, nbytes: int) -> None:
         if seq != self.chunks:
             raise ProtocolError(f"request {self.request_id}: audio frame seq {seq} arrived, expected {self.chunks}")
-        if len(pcm) % 2:
+        if nbytes % 2:
             raise ProtocolError(
-                f"request {self.request_id}: audio frame {seq} holds {len(pcm)} bytes, not whole int16 samples"
+                f"request {self.request_id}: audio frame {seq} holds {nbytes} bytes, not whole int16 samples"
             )
         if self._sample_rate is None:
             self._sample_rate = sample_rate
@@ -155,15 +156,33 @@ class AudioAssembler:
                 f"request {self.request_id}: audio frame {seq} is at {sample_rate} Hz, "
                 f"earlier ones at {self._sample_rate} Hz"
             )
+
+    def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
+        """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
         view = pcm.cast("B") if pcm.format != "B" else pcm
+        self._check(seq, sample_rate, len(view))
         if self._keep:
-            self._keep_frame(view)
+            if self._buffer is None and self.chunks == 0:
+                self._first = view  # perhaps the only frame: keep it as it is
+            else:
+                self._room(len(view))[:] = view
         samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
         samples.flags.writeable = False
         chunk = AudioChunk(samples, sample_rate, seq, self.samples, self.request_id)
         self.chunks += 1
         self.samples += len(view) // 2
         return chunk
+
+    def add_shared(self, seq: int, sample_rate: int, ring: AudioRing, position: int, size: int) -> None:
+        """Record one frame whose samples are in the shared ring: copied straight into the buffer."""
+        try:
+            self._check(seq, sample_rate, size)
+        except ProtocolError:
+            ring.release(position, size)  # the ring must keep flowing for the other requests
+            raise
+        ring.read_into(position, size, self._room(size))
+        self.chunks += 1
+        self.samples += size // 2
 
     def check_done(self, samples: int, chunks: int, sample_rate: int) -> None:
         """Compare the ``done`` frame's totals with what arrived; raise :class:`ProtocolError`."""

@@ -202,6 +202,7 @@ class Client(Requester):
         on_restart: Union[RestartCallback, None] = None,
         frame_timeout: Union[float, None] = 10.0,
         redact: Iterable[str] = (),
+        shared_audio: int = 4 * 1024 * 1024,
     ) -> None:
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
@@ -233,6 +234,8 @@ class Client(Requester):
         self._max_restart_backoff = max_restart_backoff
         self._on_restart = on_restart
         self._frame_timeout = frame_timeout
+        # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
+        self._shared_audio = shared_audio if command is None else 0
         self._streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
         self._ids = itertools.count(1)
         self._state = _NEW
@@ -526,6 +529,7 @@ class Client(Requester):
             describe_loss=describe if child is not None else None,
             redact=self._redact,
             ids=self._ids,
+            shared_audio=child.ring if child is not None else None,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
@@ -559,7 +563,12 @@ class Client(Requester):
 
     async def _process_session(self, session: _Session) -> None:
         child = await SidecarProcess.spawn(
-            self.argv, env=self._env, cwd=self._cwd, redact=self._redact, exit_grace=self._shutdown_timeout
+            self.argv,
+            env=self._env,
+            cwd=self._cwd,
+            redact=self._redact,
+            exit_grace=self._shutdown_timeout,
+            shared_audio=self._shared_audio,
         )
         session.child = child
         self._last_pid = child.pid

@@ -30,11 +30,14 @@ from typing import Any, Union
 
 import anyio
 import msgspec
+import numpy as np
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
 from indextts_sidecar import protocol
 from indextts_sidecar._framing import FrameReader, FramingError
+from indextts_sidecar._shm import AudioRing, RingError
 
+from ._audio import AudioAssembler
 from ._exceptions import (
     ClosedError,
     CrashedError,
@@ -50,6 +53,8 @@ from ._request import Requester
 from ._types import SidecarInfo
 
 __all__ = ["Connection", "LossInfo"]
+
+_NO_SAMPLES = memoryview(b"")
 
 log = logging.getLogger("indextts_client")
 
@@ -87,6 +92,8 @@ class _Exchange:
         "last_frame",
         "sent",
         "sent_at",
+        "sink",
+        "sink_error",
         "terminated",
         "wakeup",
     )
@@ -105,6 +112,10 @@ class _Exchange:
         self.cancel_sent: Union[anyio.Event, None] = None
         #: The encoded frame, until it is sent.
         self.data = b""
+        #: Where the reader puts this request's audio as it arrives (synthesize()), if anywhere.
+        self.sink: Union[AudioAssembler, None] = None
+        #: A bad audio frame the reader found for the sink; raised in the request's task.
+        self.sink_error: Union[ProtocolError, None] = None
 
     def deliver(self, reply: protocol.Reply, now: float, terminal: bool) -> None:
         self.last_frame = now
@@ -157,8 +168,10 @@ class Connection(Requester):
         describe_loss: Union[Callable[[str], Awaitable[LossInfo]], None] = None,
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,
+        shared_audio: Union[AudioRing, None] = None,
     ) -> None:
         self._receive_stream = receive_stream
+        self._ring = shared_audio
         self._send_stream = send_stream
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
         self._frame_timeout = frame_timeout
@@ -375,6 +388,10 @@ class Connection(Requester):
             self._connection_error(reply)
             return None
         exchange = self._pending.get(request_id)
+        if isinstance(reply, protocol.Audio):
+            loss = self._take_audio(reply, exchange)
+            if loss is not None:
+                return loss
         if exchange is None:
             log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
@@ -387,6 +404,38 @@ class Connection(Requester):
         else:
             self.last_activity = now
         exchange.deliver(reply, now, terminal)
+        return None
+
+    def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
+        """Samples out of the shared ring (which must keep flowing), or into the request's assembler."""
+        ring, position, size = self._ring, reply.shm_offset, reply.shm_size
+        wanted = exchange is not None and not exchange.abandoned
+        sink = exchange.sink if exchange is not None and wanted else None
+        if position is not None and ring is None:
+            return _Loss("protocol", "the sidecar sent audio in shared memory, which this connection did not offer")
+        try:
+            if sink is not None:
+                assert exchange is not None
+                try:
+                    if position is not None:
+                        assert ring is not None
+                        sink.add_shared(reply.seq, reply.sample_rate, ring, position, size)
+                    else:
+                        sink.add(reply.seq, reply.sample_rate, reply.pcm)
+                except ProtocolError as exc:
+                    if exchange.sink_error is None:
+                        exchange.sink_error = exc
+                reply.pcm = _NO_SAMPLES
+            elif position is not None:
+                assert ring is not None
+                if wanted:
+                    destination = np.empty(size, dtype=np.uint8).data  # no zero-filling: overwritten at once
+                    ring.read_into(position, size, destination)
+                    reply.pcm = destination
+                else:
+                    ring.release(position, size)
+        except RingError as exc:
+            return _Loss("protocol", f"the sidecar broke the shared audio ring's rules: {exc}")
         return None
 
     def _handle_first(self, body: memoryview) -> Union[_Loss, None]:

@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.lowlevel import cancel_shielded_checkpoint
 
+from indextts_sidecar._shm import AudioRing, create_shared_memory
 from indextts_sidecar._stdio import FdReceiveStream, FdSendStream
 
 from ._connection import LossInfo
@@ -180,8 +181,11 @@ class SidecarProcess:
         exit_grace: float,
         stdin: FdSendStream,
         stdout: FdReceiveStream,
+        ring: Union[AudioRing, None] = None,
     ) -> None:
         self.process = process
+        #: The shared audio ring, when the sidecar was given one.
+        self.ring = ring
         self._stdin = stdin
         self._stdout = stdout
         self.argv = list(argv)
@@ -198,12 +202,19 @@ class SidecarProcess:
         cwd: Union[str, os.PathLike[str], None],
         redact: Redactor,
         exit_grace: float = 2.0,
+        shared_audio: int = 0,
     ) -> SidecarProcess:
+        """Spawn ``argv``; with ``shared_audio`` > 0 (Linux), also give it a shared audio ring of that size."""
+        memory_fd = -1
+        if shared_audio > 0 and hasattr(os, "memfd_create"):
+            memory_fd = create_shared_memory(shared_audio)
+            argv = [*argv, "--shared-audio-fd", str(memory_fd)]
         # The frame pipes are our own, read and written without blocking straight from
         # their descriptors: large reads into the frame buffer, on asyncio and trio alike
         # (asyncio's subprocess streams would hand out 64 KiB pieces to copy together).
         child_stdin, parent_stdin = os.pipe()
         parent_stdout, child_stdout = os.pipe()
+        ring = None
         try:
             process = await anyio.open_process(
                 list(argv),
@@ -213,7 +224,10 @@ class SidecarProcess:
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
+                pass_fds=(memory_fd,) if memory_fd >= 0 else (),
             )
+            if memory_fd >= 0:
+                ring = AudioRing(memory_fd)
         except OSError as exc:
             os.close(parent_stdin)
             os.close(parent_stdout)
@@ -221,6 +235,8 @@ class SidecarProcess:
         finally:
             os.close(child_stdin)
             os.close(child_stdout)
+            if memory_fd >= 0:
+                os.close(memory_fd)  # the child has its copy; the ring keeps its own mapping
         log.debug("spawned sidecar pid %d: %s", process.pid, redact(shlex.join(argv)))
         return cls(
             process,
@@ -229,6 +245,7 @@ class SidecarProcess:
             exit_grace,
             FdSendStream(parent_stdin),
             FdReceiveStream(parent_stdout),
+            ring,
         )
 
     @property
@@ -322,6 +339,8 @@ class SidecarProcess:
                 await self.stderr.eof.wait()
             await self._stdin.aclose()
             await self._stdout.aclose()
+            if self.ring is not None:
+                self.ring.close()
             with anyio.move_on_after(grace):
                 await self.process.aclose()
             # asyncio closes pipe transports in call_soon callbacks: let them run, so no

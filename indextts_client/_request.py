@@ -132,6 +132,7 @@ class _Tracked:
         with anyio.move_on_at(math.inf if self._deadline is None else self._deadline) as scope:
             conn = self._conn = await self._opener()
             self._ex = conn._register(self._build)
+            self._registered(self._ex)
             await conn._send_exchange(self._ex)
         if (self._ex is None or not self._ex.sent) and scope.cancelled_caught:
             self._fire("timeout")
@@ -139,6 +140,9 @@ class _Tracked:
     async def _advance(self) -> Any:
         """Consume one frame; return an event, or None once the request has finished."""
         raise NotImplementedError
+
+    def _registered(self, exchange: _Exchange) -> None:
+        """The request has its id, and is about to be sent."""
 
     async def _step(self) -> Any:
         if self._state == "done":
@@ -313,6 +317,9 @@ class Synthesis(_Tracked):
         super().__init__(opener, build, timeout=timeout, idle_timeout=idle_timeout, on_progress=on_progress)
         self._keep = keep_audio
         self._assembler: Union[AudioAssembler, None] = None
+        #: Set by synthesize(), which never hands out chunks: the connection's reader
+        #: assembles the audio as frames arrive, straight from the shared ring if any.
+        self._assemble_in_reader = False
         self._audio: Union[Audio, None] = None
         #: The sidecar's seconds per phase, from ``done`` (empty until then).
         self.timings: dict[str, float] = {}
@@ -324,9 +331,14 @@ class Synthesis(_Tracked):
 
     async def _advance(self) -> Union[ProgressEvent, AudioChunk, None]:
         reply = await self._next_reply()
+        assert self._ex is not None
         if self._assembler is None:
-            assert self._ex is not None
             self._assembler = AudioAssembler(self._ex.id, keep=self._keep)
+        while isinstance(reply, protocol.Audio) and self._ex.sink is not None:
+            # The connection's reader already put these samples into the assembler.
+            if self._ex.sink_error is not None:
+                raise self._ex.sink_error
+            reply = await self._next_reply()
         if isinstance(reply, protocol.Audio):
             return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm)
         if isinstance(reply, protocol.Progress):
@@ -343,6 +355,10 @@ class Synthesis(_Tracked):
         if isinstance(reply, protocol.Error):
             raise self._frame_error(reply)
         raise ProtocolError(f"unexpected {type(reply).__name__} frame for synthesize request {self.request_id}")
+
+    def _registered(self, exchange: _Exchange) -> None:
+        if self._assemble_in_reader:
+            self._assembler = exchange.sink = AudioAssembler(exchange.id, keep=True)
 
     async def start(self) -> None:
         """Send the request now (``async with`` and the first iteration do it for you)."""
@@ -506,6 +522,7 @@ class Requester:
             idle_timeout=idle_timeout,
             **options,
         )
+        synthesis._assemble_in_reader = True
         async with synthesis:
             return await synthesis.result()
 

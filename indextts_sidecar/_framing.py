@@ -11,7 +11,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from . import protocol
 
-__all__ = ["FrameReader", "FrameTooLarge", "FramingError", "FrameWriter", "TruncatedFrame"]
+__all__ = ["FrameReader", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
 
 
 class FramingError(Exception):

@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a started frame may take to arrive in full before framing counts as lost (default 10)",
     )
+    parser.add_argument(
+        "--shared-audio-fd",
+        type=int,
+        default=None,
+        metavar="FD",
+        help="inherited shared memory file to carry large audio chunks in (see docs/protocol.md)",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
@@ -120,6 +127,14 @@ def main(argv: Union[list[str], None] = None) -> int:
     except (ValueError, msgspec.ValidationError) as exc:
         return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
+    ring = None
+    if args.shared_audio_fd is not None:
+        from ._shm import AudioRing
+
+        try:
+            ring = AudioRing(args.shared_audio_fd)
+        except (OSError, ValueError) as exc:
+            return _startup_error(write_fd, "invalid_option", f"--shared-audio-fd: {exc}", "--shared-audio-fd")
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
@@ -127,7 +142,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         pid=os.getpid(),
         max_frame_size=args.max_frame_size,
         sample_rate=engine.sample_rate,
-        capabilities=list(cls.capabilities),
+        capabilities=[*cls.capabilities, *(["shared_audio"] if ring is not None else [])],
         options=msgspec.to_builtins(options),
     )
     os.write(write_fd, protocol.frame(ready))
@@ -150,6 +165,7 @@ def main(argv: Union[list[str], None] = None) -> int:
             max_queue=args.max_queue,
             max_frame_size=args.max_frame_size,
             frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
+            shared_audio=ring,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)

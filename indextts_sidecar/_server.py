@@ -30,6 +30,7 @@ from anyio.lowlevel import current_token
 
 from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
+from ._shm import AudioRing
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
 from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
 
@@ -45,6 +46,10 @@ EXIT_FRAMING = 3
 
 _AUDIO_SLOTS = 4
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
+#: Chunks smaller than this travel in the frame: the pipe moves them as fast, and the ring
+#: pages the parent touches would count in its resident memory.
+_SHARED_MIN = 256 * 1024
+_EMPTY = memoryview(b"")
 
 
 class EngineThread:
@@ -165,8 +170,10 @@ class Server:
         max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
         frame_timeout: Union[float, None] = 10.0,
         shutdown_grace: float = 0.5,
+        shared_audio: Union[AudioRing, None] = None,
     ) -> None:
         self.engine = engine
+        self.shared_audio = shared_audio
         self.max_queue = max_queue
         self.max_frame_size = max_frame_size
         self.frame_timeout = frame_timeout
@@ -521,6 +528,7 @@ class Server:
             from ._resample import LinearResampler  # numpy, only when asked for
 
             resampler = LinearResampler(native, rate)
+        ring = self.shared_audio
         began = time.monotonic()
         samples = 0
         seq = 0
@@ -541,12 +549,20 @@ class Server:
                 step = self._audio_frame_bytes
                 for start in range(0, len(view), step):
                     piece = view[start : start + step]
-                    # The samples are written from the engine's own buffer: no copy here.
-                    parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
-                    while not self._audio_slots.acquire(timeout=0.05):
-                        if job.cancel.is_set():
-                            return _cancelled(job)
-                    post(self._queue_audio, parts)
+                    position = ring.write(piece) if ring is not None and len(piece) >= _SHARED_MIN else None
+                    if position is not None:
+                        # In shared memory: the frame only names the region.
+                        shared = protocol.Audio(
+                            id=job.id, seq=seq, sample_rate=rate, shm_offset=position, shm_size=len(piece), pcm=_EMPTY
+                        )
+                        post(self._send, shared)
+                    else:
+                        # The samples are written from the engine's own buffer: no copy here.
+                        parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
+                        while not self._audio_slots.acquire(timeout=0.05):
+                            if job.cancel.is_set():
+                                return _cancelled(job)
+                        post(self._queue_audio, parts)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():

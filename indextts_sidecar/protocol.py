@@ -216,12 +216,19 @@ class Progress(_Message, tag="progress"):
     message: str = ""
 
 
-class Audio(_Message, tag="audio"):
-    """Non-terminal chunk of request ``id``: little-endian int16 mono PCM."""
+class Audio(_Message, tag="audio", kw_only=True):
+    """Non-terminal chunk of request ``id``: little-endian int16 mono PCM.
+
+    With shared audio memory (``--shared-audio-fd``), ``pcm`` may be empty and the
+    samples be ``shm_size`` bytes at ring position ``shm_offset`` instead.
+    """
 
     id: int
     seq: int
     sample_rate: int
+    shm_offset: Union[int, None] = None
+    shm_size: int = 0
+    #: Always the last field: :func:`audio_frame_parts` relies on it.
     pcm: memoryview
 
 
