@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import re
 import shlex
 import signal
@@ -170,6 +171,16 @@ def _exit_facts(returncode: Union[int, None]) -> tuple[Union[int, None], Union[i
     return returncode, None
 
 
+def shared_audio_supported() -> bool:
+    """Whether this machine can use the shared audio ring.
+
+    It needs ``memfd_create`` (Linux), and a processor that never lets a store overtake
+    earlier loads (x86-64): the ring publishes "copied out" with a plain store after the
+    copy, with no memory barrier that Python could issue.  Elsewhere audio uses the pipe.
+    """
+    return hasattr(os, "memfd_create") and platform.machine().lower() in ("x86_64", "amd64")
+
+
 class SidecarProcess:
     """A spawned sidecar: its pipes, its stderr log and the means to stop it."""
 
@@ -206,7 +217,7 @@ class SidecarProcess:
     ) -> SidecarProcess:
         """Spawn ``argv``; with ``shared_audio`` > 0 (Linux), also give it a shared audio ring of that size."""
         memory_fd = -1
-        if shared_audio > 0 and hasattr(os, "memfd_create"):
+        if shared_audio > 0 and shared_audio_supported():
             memory_fd = create_shared_memory(shared_audio)
             argv = [*argv, "--shared-audio-fd", str(memory_fd)]
         # The frame pipes are our own, read and written without blocking straight from

@@ -5,7 +5,8 @@ A parent that spawns the sidecar on the same machine may pass it a shared memory
 chunks into the ring and sends an ``audio`` frame that names the ring position instead
 of carrying the bytes: one copy in, one copy out, and the pipe carries only small
 frames, where otherwise the kernel copies every byte through the pipe buffer, with the
-writer and the reader taking turns on it.
+writer and the reader taking turns on it.  The parent offers the ring only on x86-64,
+whose memory model keeps the release store below behind the copy before it.
 
 Layout: 64 header bytes, then the ring.  Header bytes 0-7 hold the consumer's
 position: a little-endian unsigned count of ring bytes released so far, written only by

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indextts_client import Client
+from indextts_client._process import shared_audio_supported
 from indextts_sidecar._shm import HEADER_SIZE, AudioRing, RingError, create_shared_memory
 from indextts_sidecar.engines.fake import render_bytes
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="shared audio needs memfd_create (Linux)")
+pytestmark = pytest.mark.skipif(not shared_audio_supported(), reason="the shared audio ring needs Linux on x86-64")
 
 
 def _pair(capacity: int) -> tuple[AudioRing, AudioRing]:
