@@ -28,7 +28,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.lowlevel import cancel_shielded_checkpoint
 
-from indextts_sidecar._shm import AudioRing, create_shared_memory
+from indextts_sidecar._shm import SHARED_AUDIO_ENV, AudioRing, create_shared_memory
 from indextts_sidecar._stdio import FdReceiveStream, FdSendStream
 
 from ._connection import LossInfo
@@ -219,7 +219,9 @@ class SidecarProcess:
         memory_fd = -1
         if shared_audio > 0 and shared_audio_supported():
             memory_fd = create_shared_memory(shared_audio)
-            argv = [*argv, "--shared-audio-fd", str(memory_fd)]
+            # An environment variable, not an option: a sidecar too old to know it ignores
+            # it and sends all audio through the pipe (its ready lacks "shared_audio").
+            env = {**env, SHARED_AUDIO_ENV: str(memory_fd)}
         # The frame pipes are our own, read and written without blocking straight from
         # their descriptors: large reads into the frame buffer, on asyncio and trio alike
         # (asyncio's subprocess streams would hand out 64 KiB pieces to copy together).

@@ -128,11 +128,16 @@ def main(argv: Union[list[str], None] = None) -> int:
         return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
     ring = None
-    if args.shared_audio_fd is not None:
+    shared_fd = args.shared_audio_fd
+    named = os.environ.pop("INDEXTTS_SIDECAR_SHARED_AUDIO_FD", None)  # not for the engine's children
+    if shared_fd is None and named is not None and named.isdigit():
+        shared_fd = int(named)
+    if shared_fd is not None:
         from ._shm import AudioRing
 
         try:
-            ring = AudioRing(args.shared_audio_fd)
+            ring = AudioRing(shared_fd)
+            os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
         except (OSError, ValueError) as exc:
             return _startup_error(write_fd, "invalid_option", f"--shared-audio-fd: {exc}", "--shared-audio-fd")
     ready = protocol.Ready(

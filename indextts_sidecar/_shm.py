@@ -1,7 +1,8 @@
 """An optional shared-memory ring for audio samples, beside the frame pipe.
 
 A parent that spawns the sidecar on the same machine may pass it a shared memory file
-(a Linux ``memfd``) with ``--shared-audio-fd``.  The sidecar then copies large audio
+(a Linux ``memfd``) with ``--shared-audio-fd`` or the environment variable
+``INDEXTTS_SIDECAR_SHARED_AUDIO_FD``.  The sidecar then copies large audio
 chunks into the ring and sends an ``audio`` frame that names the ring position instead
 of carrying the bytes: one copy in, one copy out, and the pipe carries only small
 frames, where otherwise the kernel copies every byte through the pipe buffer, with the
@@ -24,9 +25,11 @@ import mmap
 import os
 from typing import Union
 
-__all__ = ["HEADER_SIZE", "AudioRing", "RingError", "create_shared_memory"]
+__all__ = ["HEADER_SIZE", "SHARED_AUDIO_ENV", "AudioRing", "RingError", "create_shared_memory"]
 
 HEADER_SIZE = 64
+#: How a spawning parent names the inherited descriptor (``--shared-audio-fd`` does the same).
+SHARED_AUDIO_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
 
 
 class RingError(ValueError):
