@@ -62,15 +62,10 @@ class EngineThread:
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[Union[Callable[[], None], None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="indextts-engine", daemon=True)
-        self.busy = False
 
     def _main(self) -> None:
         while (call := self._calls.get()) is not None:
-            self.busy = True
-            try:
-                call()
-            finally:
-                self.busy = False
+            call()
 
     def close(self) -> None:
         """Let the thread end after its current call."""
@@ -190,7 +185,6 @@ class Server:
         # Audio frames queued but not yet written; the engine thread waits for a slot.
         self._audio_slots = threading.Semaphore(_AUDIO_SLOTS)
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
-        self._stopping = False
         self._read_scope = anyio.CancelScope()
         self._writer_done = anyio.Event()
 
@@ -284,7 +278,6 @@ class Server:
 
     async def _stop_jobs(self) -> None:
         """End every request with a terminal frame; give the running one a grace period."""
-        self._stopping = True
         for job in list(self._queue.values()):
             self._queue.pop(job.id, None)
             self._finish(job, _shutting_down(job))
