@@ -205,11 +205,19 @@ class Server:
         self._inflight.pop(job.id, None)
         self._send(message)
 
-    def _queue_audio(self, parts: tuple[bytes, memoryview]) -> None:
+    def _queue_audio(self, job: _Job, parts: tuple[bytes, memoryview]) -> None:
+        if job.finished:  # ended meanwhile (shutdown): nothing may follow its terminal frame
+            self._audio_slots.release()
+            return
         try:
             self._out_send.send_nowait((parts, True))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._audio_slots.release()
+
+    def _send_shared(self, job: _Job, message: protocol.Audio) -> None:
+        # Unsent, the region is released with the next one the parent releases.
+        if not job.finished:
+            self._send(message)
 
     async def _writer(self, writer: FrameWriter, stop: anyio.CancelScope) -> None:
         try:
@@ -548,14 +556,14 @@ class Server:
                         shared = protocol.Audio(
                             id=job.id, seq=seq, sample_rate=rate, shm_offset=position, shm_size=len(piece), pcm=_EMPTY
                         )
-                        post(self._send, shared)
+                        post(self._send_shared, job, shared)
                     else:
                         # The samples are written from the engine's own buffer: no copy here.
                         parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
                         while not self._audio_slots.acquire(timeout=0.05):
                             if job.cancel.is_set():
                                 return _cancelled(job)
-                        post(self._queue_audio, parts)
+                        post(self._queue_audio, job, parts)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():
