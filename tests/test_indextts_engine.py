@@ -261,13 +261,11 @@ def test_check_rejects_bad_text_and_voice(tmp_path: Path, voice: str) -> None:
     engine.check(_request(cls, voice))
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads every file")
-def test_check_rejects_an_unreadable_voice(voice: str) -> None:
-    os.chmod(voice, 0)
-    try:
-        assert _check_error(_engine(IndexTTS2Engine), _request(IndexTTS2Engine, voice)) == "$.voice"
-    finally:
-        os.chmod(voice, 0o644)
+def test_check_rejects_an_unreadable_voice(voice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Permission bits cannot make a file unreadable for root (CI runs as root): ask os.access.
+    real_access = os.access
+    monkeypatch.setattr(adapter.os, "access", lambda path, mode: path != voice and real_access(path, mode))
+    assert _check_error(_engine(IndexTTS2Engine), _request(IndexTTS2Engine, voice)) == "$.voice"
 
 
 @pytest.mark.parametrize(
