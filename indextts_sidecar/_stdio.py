@@ -8,8 +8,8 @@ file descriptors without blocking and waits for readiness on the event loop.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Union
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar, Union
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -20,46 +20,28 @@ __all__ = ["FdReceiveStream", "FdSendStream"]
 _IOV_MAX = 512
 
 
-class FdReceiveStream(ByteReceiveStream):
-    """Non-blocking reads from a pipe file descriptor, owned by this stream."""
+T = TypeVar("T")
+
+
+class _FdStream:
+    """A non-blocking pipe descriptor owned by the stream; readiness comes from the event loop."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self._fd = fd
         self._closed = False
 
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        await checkpoint()
+    async def _retry(self, call: Callable[[int], T], wait: Callable[[int], Awaitable[None]]) -> T:
+        """``call(fd)`` once the descriptor is ready; errors become anyio's stream errors."""
         while True:
             if self._closed:
                 raise anyio.ClosedResourceError
             try:
-                data = os.read(self._fd, max_bytes)
+                return call(self._fd)
             except BlockingIOError:
-                await anyio.wait_readable(self._fd)
-                continue
-            except OSError as exc:
+                await wait(self._fd)
+            except OSError as exc:  # BrokenPipeError: the other process is gone
                 raise anyio.BrokenResourceError from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
-
-    async def receive_into(self, buffer: memoryview) -> int:
-        """Read straight into ``buffer`` (no intermediate bytes object); return the count."""
-        await checkpoint()
-        while True:
-            if self._closed:
-                raise anyio.ClosedResourceError
-            try:
-                count = os.readv(self._fd, [buffer])
-            except BlockingIOError:
-                await anyio.wait_readable(self._fd)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError from exc
-            if not count:
-                raise anyio.EndOfStream
-            return count
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -69,53 +51,40 @@ class FdReceiveStream(ByteReceiveStream):
         await checkpoint()
 
 
-class FdSendStream(ByteSendStream):
-    """Non-blocking writes to a pipe file descriptor, owned by this stream."""
+class FdReceiveStream(_FdStream, ByteReceiveStream):
+    """Non-blocking reads from a pipe file descriptor."""
 
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
-        self._fd = fd
-        self._closed = False
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await checkpoint()
+        data = await self._retry(lambda fd: os.read(fd, max_bytes), anyio.wait_readable)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        """Read straight into ``buffer`` (no intermediate bytes object); return the count."""
+        await checkpoint()
+        count = await self._retry(lambda fd: os.readv(fd, [buffer]), anyio.wait_readable)
+        if not count:
+            raise anyio.EndOfStream
+        return count
+
+
+class FdSendStream(_FdStream, ByteSendStream):
+    """Non-blocking writes to a pipe file descriptor."""
 
     async def send(self, item: bytes) -> None:
-        await checkpoint()
-        view = memoryview(item)
-        while view:
-            if self._closed:
-                raise anyio.ClosedResourceError
-            try:
-                written = os.write(self._fd, view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._fd)
-                continue
-            except OSError as exc:  # BrokenPipeError: the parent is gone
-                raise anyio.BrokenResourceError from exc
-            view = view[written:]
+        await self.send_parts((item,))
 
     async def send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> None:
         """Write ``parts`` back to back with ``writev``: no joining copy."""
         await checkpoint()
         pending = [memoryview(part).cast("B") for part in parts if len(part)]
         while pending:
-            if self._closed:
-                raise anyio.ClosedResourceError
-            try:
-                written = os.writev(self._fd, pending[:_IOV_MAX])
-            except BlockingIOError:
-                await anyio.wait_writable(self._fd)
-                continue
-            except OSError as exc:  # BrokenPipeError: the parent is gone
-                raise anyio.BrokenResourceError from exc
+            written = await self._retry(lambda fd: os.writev(fd, pending[:_IOV_MAX]), anyio.wait_writable)
             while written:
                 if written >= len(pending[0]):
                     written -= len(pending.pop(0))
                 else:
                     pending[0] = pending[0][written:]
                     written = 0
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            anyio.notify_closing(self._fd)
-            os.close(self._fd)
-        await checkpoint()
