@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["LinearResampler"]
 
@@ -20,7 +21,7 @@ class LinearResampler:
     def __init__(self, source_rate: int, target_rate: int) -> None:
         self._step = source_rate / target_rate  # input samples per output sample
         self._position = 0.0  # of the next output sample, relative to self._pending[0]
-        self._pending: np.ndarray = np.zeros(0, dtype=np.float64)
+        self._pending: npt.NDArray[Any] = np.zeros(0, dtype=np.float64)
 
     def feed(self, chunk: Any) -> bytes:
         """Convert the next int16 chunk; returns the int16 samples that are now determined."""

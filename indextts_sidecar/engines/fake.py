@@ -23,7 +23,7 @@ import msgspec
 from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
 
 if TYPE_CHECKING:
-    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["FakeEngine", "FakeOptions", "FakeRequestOptions", "render", "render_bytes"]
 
@@ -69,7 +69,7 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     stderr_bytes: _Count = 0
 
 
-def _char_tone(char: str, sample_rate: int, length: int) -> np.ndarray:
+def _char_tone(char: str, sample_rate: int, length: int) -> npt.NDArray[Any]:
     import numpy as np
 
     frequency = 180.0 + (ord(char) % 64) * 15.0
@@ -80,14 +80,14 @@ def _char_tone(char: str, sample_rate: int, length: int) -> np.ndarray:
 
 def render(
     text: str, sample_rate: int = 24000, *, seconds: Union[float, None] = None, seconds_per_char: float = 0.06
-) -> np.ndarray:
+) -> npt.NDArray[Any]:
     """The exact int16 samples the fake engine produces for ``text`` with these settings."""
     import numpy as np
 
     per_char = max(1, round(seconds_per_char * sample_rate))
     chars = text or " "
     total = round(seconds * sample_rate) if seconds is not None else per_char * len(chars)
-    tones: dict[str, np.ndarray] = {}
+    tones: dict[str, npt.NDArray[Any]] = {}
     parts = []
     produced = 0
     index = 0
@@ -121,7 +121,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self.sample_rate = options.sample_rate
         self._loaded = False
         self._loads = 0
-        self._cache: Union[tuple[tuple[str, float | None], np.ndarray], None] = None
+        self._cache: Union[tuple[tuple[str, float | None], npt.NDArray[Any]], None] = None
 
     @property
     def loaded(self) -> bool:

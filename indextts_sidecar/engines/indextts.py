@@ -41,7 +41,7 @@ from ..protocol import EMOTION_NAMES, EmotionAudio, EmotionText, EmotionVector
 from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest, heartbeat
 
 if TYPE_CHECKING:
-    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -302,7 +302,7 @@ def missing_checkpoints(model_dir: str, *, cfg_path: Union[str, None] = None, qw
 # ------------------------------------------------------------------ audio
 
 
-def to_pcm16(samples: Any, *, unit_scale: bool) -> np.ndarray:
+def to_pcm16(samples: Any, *, unit_scale: bool) -> npt.NDArray[Any]:
     """One chunk of model output as contiguous little-endian int16 samples.
 
     Accepts a torch tensor (any device), a numpy array or a sequence, mono in any of the
@@ -317,7 +317,7 @@ def to_pcm16(samples: Any, *, unit_scale: bool) -> np.ndarray:
         array = array.reshape(-1)
     elif array.ndim != 1:
         raise EngineError(f"the model returned audio of shape {array.shape}, not mono", code="internal")
-    out: np.ndarray
+    out: npt.NDArray[Any]
     if array.dtype == np.int16:
         out = np.ascontiguousarray(array, dtype="<i2")
     elif array.dtype.kind in "iub":
@@ -326,18 +326,18 @@ def to_pcm16(samples: Any, *, unit_scale: bool) -> np.ndarray:
         # float32 holds every int16 exactly, and scaling by 32768 is exact in binary floats.
         floats = array.astype(np.float64 if array.dtype.itemsize > 4 else np.float32)
         if unit_scale:
-            floats *= 32768.0
+            np.multiply(floats, 32768.0, out=floats)
         np.nan_to_num(floats, copy=False, nan=0.0, posinf=32767.0, neginf=-32768.0)
         out = np.clip(np.rint(floats), -32768, 32767).astype("<i2")
     return out
 
 
-def _as_numpy(samples: Any) -> np.ndarray:
+def _as_numpy(samples: Any) -> npt.NDArray[Any]:
     import numpy as np
 
     if isinstance(samples, np.ndarray):
         return samples
-    result: np.ndarray
+    result: npt.NDArray[Any]
     value = samples
     for step in ("detach", "cpu"):
         method = getattr(value, step, None)
@@ -354,7 +354,7 @@ def _as_numpy(samples: Any) -> np.ndarray:
     return result
 
 
-def _peak(array: np.ndarray) -> float:
+def _peak(array: npt.NDArray[Any]) -> float:
     import numpy as np
 
     if not array.size or array.dtype.kind != "f":
