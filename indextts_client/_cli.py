@@ -58,6 +58,7 @@ def _emotion(args: argparse.Namespace) -> Any:
 
 async def _say(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from . import Client, ProgressEvent, SidecarError
@@ -101,7 +102,8 @@ async def _say(args: argparse.Namespace) -> int:
                 )
         except SidecarError as exc:
             bars.stop()
-            console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            # The message may hold brackets (log lines in the stderr tail): never read it as markup.
+            console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             return 1
     audio.to_wav(args.output)
     if not args.quiet:
@@ -145,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Union[list[str], None] = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    # Without -v, failures speak through the error message (with the stderr tail), not through logs.
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(name)s: %(message)s")
     if args.command == "doctor":
         from ._doctor import doctor_command
 
