@@ -215,7 +215,8 @@ class Server:
             self._audio_slots.release()
 
     def _send_shared(self, job: _Job, message: protocol.Audio) -> None:
-        # Unsent, the region is released with the next one the parent releases.
+        # A job is finished early only when the sidecar is stopping; its unsent region
+        # would be released with the next one the parent releases.
         if not job.finished:
             self._send(message)
 
