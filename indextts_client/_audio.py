@@ -28,8 +28,23 @@ SAMPLE_DTYPE = np.dtype("<i2")
 Samples = npt.NDArray[np.int16]
 
 
+class _HasSamples:
+    """Length and duration of anything with ``samples`` at ``sample_rate``."""
+
+    samples: Samples
+    sample_rate: int
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds."""
+        return len(self.samples) / self.sample_rate if self.sample_rate else 0.0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
 @dataclass(frozen=True, eq=False)
-class AudioChunk:
+class AudioChunk(_HasSamples):
     """One ``audio`` frame as it arrived.
 
     ``samples`` is a read-only view into the received frame (no copy); copy it to keep
@@ -43,13 +58,6 @@ class AudioChunk:
     offset_samples: int
     request_id: int = 0
 
-    @property
-    def duration(self) -> float:
-        return len(self.samples) / self.sample_rate if self.sample_rate else 0.0
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __repr__(self) -> str:
         return (
             f"AudioChunk(request_id={self.request_id}, seq={self.seq}, samples={len(self.samples)}, "
@@ -58,7 +66,7 @@ class AudioChunk:
 
 
 @dataclass(frozen=True, eq=False)
-class Audio:
+class Audio(_HasSamples):
     """The audio of a finished request: int16 mono ``samples`` at ``sample_rate`` Hz.
 
     ``timings`` holds the sidecar's seconds per phase (``queued``, ``load``,
@@ -69,14 +77,6 @@ class Audio:
     sample_rate: int
     timings: dict[str, float] = field(default_factory=dict)
     request_id: int = 0
-
-    @property
-    def duration(self) -> float:
-        """Length in seconds."""
-        return len(self.samples) / self.sample_rate if self.sample_rate else 0.0
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
     def __repr__(self) -> str:
         return (

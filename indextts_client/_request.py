@@ -439,6 +439,27 @@ class Requester:
     async def _connection(self) -> Connection:
         raise NotImplementedError
 
+    def _synthesis(
+        self,
+        keep_audio: bool,
+        text: str,
+        voice: Union[str, None],
+        emotion: EmotionLike,
+        sample_rate: Union[int, None],
+        on_progress: Union[ProgressCallback, None],
+        timeout: TimeoutArg,
+        idle_timeout: TimeoutArg,
+        options: dict[str, Any],
+    ) -> Synthesis:
+        return Synthesis(
+            self._connection,
+            _synthesize_builder(text, voice, emotion, sample_rate, options),
+            keep_audio=keep_audio,
+            timeout=_resolve(timeout, self._default_timeout),
+            idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
+            on_progress=on_progress,
+        )
+
     def request(
         self,
         text: str,
@@ -457,14 +478,7 @@ class Requester:
         then ``audio = await req.result()``.  Keyword arguments beyond those named are
         engine request options (for ``fake``: ``seconds``, ``delay``...).
         """
-        return Synthesis(
-            self._connection,
-            _synthesize_builder(text, voice, emotion, sample_rate, options),
-            keep_audio=True,
-            timeout=_resolve(timeout, self._default_timeout),
-            idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
-            on_progress=on_progress,
-        )
+        return self._synthesis(True, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
 
     def stream(
         self,
@@ -483,14 +497,7 @@ class Requester:
         Chunks are yielded as they arrive and not kept.  Leaving the ``async with``
         block early cancels the request on the sidecar.
         """
-        return Synthesis(
-            self._connection,
-            _synthesize_builder(text, voice, emotion, sample_rate, options),
-            keep_audio=False,
-            timeout=_resolve(timeout, self._default_timeout),
-            idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
-            on_progress=on_progress,
-        )
+        return self._synthesis(False, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
 
     async def synthesize(
         self,
