@@ -487,7 +487,8 @@ class Server:
                     raise _LoadFailed(exc) from exc
                 timings["load"] = time.monotonic() - began
             if job.kind == "load":
-                return Ok(id=job.id, info={"loaded": True, "sample_rate": engine.sample_rate, **timings})
+                info = {**engine.info(), "loaded": True, "sample_rate": engine.sample_rate, **timings}
+                return Ok(id=job.id, info=info)
             assert job.request is not None
             return self._run_synthesis(job, job.request, progress, post, timings)
         except Cancelled:

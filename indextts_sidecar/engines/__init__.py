@@ -159,6 +159,10 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     def unload(self) -> None:
         """Drop the model and free its memory."""
 
+    def info(self) -> dict[str, Any]:
+        """Facts about the loaded model for ``load``'s reply (which model, from where); msgpack-able."""
+        return {}
+
     def memory(self) -> dict[str, int]:
         """Engine memory in bytes, e.g. ``cuda_allocated``; called from the event loop thread."""
         return {}

@@ -23,6 +23,7 @@ See docs/indextts.md for the set-up, the option tables and the emotion semantics
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import importlib.util
@@ -30,8 +31,12 @@ import inspect
 import logging
 import math
 import os
+import re
 import sys
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
@@ -44,7 +49,11 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "AUX_FILES",
+    "AUX_FILES_25",
     "CHECKPOINT_FILES",
+    "CHECKPOINT_FILES_25",
+    "EMOTION_BIAS",
     "LANGUAGES",
     "NATIVE_SAMPLE_RATE",
     "QWEN_EMO_DIR",
@@ -57,6 +66,8 @@ __all__ = [
     "IndexTTS25RequestOptions",
     "IndexTTSAuto",
     "IndexTTSAutoOptions",
+    "checkpoint_version",
+    "emotion_weights",
     "find_flavour",
     "missing_checkpoints",
     "to_pcm16",
@@ -64,24 +75,57 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: IndexTTS-2 and 2.5 both emit 22050 Hz mono; this adapter never resamples.
+#: IndexTTS-2 and 2.5 both emit 22050 Hz mono.
 NATIVE_SAMPLE_RATE = 22050
-#: Files every checkpoint directory must hold (``glossary.yaml`` is optional).
+#: Files an IndexTTS-2 checkpoint directory must hold (``glossary.yaml`` is optional).
 CHECKPOINT_FILES = ("config.yaml", "bpe.model", "gpt.pth", "s2mel.pth", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
+#: 2.5's text tokenizer (read by ``indextts/utils/tokenizer.py``); 2.5 never reads ``bpe.model``.
+TIKTOKEN_FILE = "multilingual_zh_ja_yue_char_del.tiktoken"
+#: Files an IndexTTS-2.5 checkpoint directory must hold.
+CHECKPOINT_FILES_25 = (
+    "config.yaml",
+    "gpt.pth",
+    "codec.pth",
+    "s2mel.pth",
+    "wav2vec2bert_stats.pt",
+    "feat1.pt",
+    "feat2.pt",
+    TIKTOKEN_FILE,
+)
+#: Auxiliary models upstream reads from ``<model_dir>/hf_cache`` (and downloads when absent).
+AUX_FILES = (
+    "hf_cache/w2v-bert-2.0/config.json",
+    "hf_cache/w2v-bert-2.0/preprocessor_config.json",
+    "hf_cache/w2v-bert-2.0/model.safetensors",
+    "hf_cache/semantic_codec_model.safetensors",
+    "hf_cache/campplus_cn_common.bin",
+    "hf_cache/bigvgan/config.json",
+    "hf_cache/bigvgan/bigvgan_generator.pt",
+)
+#: 2.5 has its own semantic codec (``codec.pth``) and never reads MaskGCT's.
+AUX_FILES_25 = tuple(name for name in AUX_FILES if "semantic_codec" not in name)
 #: The Qwen emotion model, needed only when ``use_qwen_emo`` is on (emotion from text).
 QWEN_EMO_DIR = "qwen0.6bemo4-merge"
-#: Languages IndexTTS-2.5 accepts in ``lang`` (case-insensitive).
-LANGUAGES = ("zh", "en", "ja", "es", "ar", "zhen")
-#: The distribution name of the PyPI repackaging.
+#: Languages IndexTTS-2.5 speaks (upstream's web UI offers exactly these).  Each is a
+#: language token of upstream's tokenizer; anything else would go in as literal text.
+LANGUAGES = ("zh", "en", "ja", "es", "ar")
+#: The distribution names of the PyPI repackagings.
 PYPI_DISTRIBUTION = "indextts2-inference"
+PYPI25_DISTRIBUTION = "indextts25-inference"
 #: Streamed chunks louder than this cannot be on the [-1, 1] scale.
 _UNIT_SCALE_CEILING = 4.0
 #: Seconds between heartbeats while a long step runs (constructing, generating a segment).
 HEARTBEAT_INTERVAL = 2.0
 #: Tolerance of the emotion-vector sum rule (float rounding of weights like 0.1 + 0.2).
 _SUM_TOLERANCE = 1e-6
+#: Upstream's web UI scales each emotion weight by these (happy ... calm) and then caps the
+#: sum at 0.8 (``IndexTTS2.normalize_emo_vec``), to de-emphasise emotions that sound odd.
+EMOTION_BIAS = (0.9375, 0.875, 1.0, 1.0, 0.9375, 0.9375, 0.6875, 0.5625)
+EMOTION_SUM_CAP = 0.8
+#: Reference conditionings kept per engine by default (``voice_cache`` engine option).
+VOICE_CACHE_DEFAULT = 4
 
-_Lang = Annotated[str, msgspec.Meta(pattern=r"(?i)^(zh|en|ja|es|ar|zhen)$")]
+_Lang = Annotated[str, msgspec.Meta(pattern=r"(?i)^(zh|en|ja|es|ar)$")]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 _PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -104,6 +148,16 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     use_torch_compile: Union[bool, None] = None
     #: Load the Qwen emotion model (emotion from text).  Upstream defaults: 2 on, 2.5 off.
     use_qwen_emo: Union[bool, None] = None
+    #: Let upstream download missing auxiliary models (w2v-bert, campplus, BigVGAN...) into
+    #: ``<model_dir>/hf_cache``.  Off: a missing one fails the load, named, and the sidecar
+    #: never touches the network.
+    allow_download: bool = False
+    #: Voice conditionings kept (keyed by the reference file's path, size and mtime), so
+    #: switching between recent voices skips reprocessing them.  0 keeps only upstream's own.
+    voice_cache: _NonNegativeInt = VOICE_CACHE_DEFAULT
+    #: Scale emotion vectors as upstream's web UI does (per-emotion bias, sum capped at 0.8)
+    #: unless a request says otherwise, so a vector sounds the same as there.
+    normalize_emotion: bool = True
 
 
 class IndexTTS2Options(_Options):
@@ -139,11 +193,14 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     interval_silence: Union[_NonNegativeInt, None] = None
     #: Text tokens per segment (upstream default 120); smaller segments stream sooner.
     max_text_tokens_per_segment: Union[_PositiveInt, None] = None
-    #: Upstream only: make the first segments shorter, for earlier first audio.
+    #: Upstream IndexTTS-2 only: make the first segments shorter, for earlier first audio.
     more_segment_before: Union[_NonNegativeInt, None] = None
     #: PyPI repackaging only: its counterpart of ``more_segment_before``.
     quick_streaming_tokens: Union[_NonNegativeInt, None] = None
+    #: Scale an emotion vector as upstream's web UI does; None: the engine option.
+    normalize_emotion: Union[bool, None] = None
     # Sampling options of the GPT (upstream's ``generation_kwargs``).
+    #: Refused: upstream always samples (it pops ``do_sample`` and passes True).
     do_sample: Union[bool, None] = None
     temperature: Union[_PositiveFloat, None] = None
     top_p: Union[Annotated[float, msgspec.Meta(gt=0, le=1)], None] = None
@@ -162,7 +219,7 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
 class IndexTTS25RequestOptions(IndexTTS2RequestOptions):
     """Per-request options of ``indextts2.5`` (and of ``indextts``, checked against the flavour)."""
 
-    #: The text's language: zh, en, ja, es, ar, zhen; None uses the engine option ``lang``.
+    #: The text's language: zh, en, ja, es or ar; None uses the engine option ``lang``.
     lang: Union[_Lang, None] = None
     #: Speech duration factor: below 1 faster, above 1 slower.
     duration_factor: Union[Annotated[float, msgspec.Meta(ge=0.5, le=2.0)], None] = None
@@ -193,7 +250,6 @@ _INFER_KEYWORDS = (
     "text_normalization",
 )
 _GENERATION_KEYWORDS = (
-    "do_sample",
     "temperature",
     "top_p",
     "top_k",
@@ -208,21 +264,32 @@ _GENERATION_KEYWORDS = (
 
 @dataclass(frozen=True)
 class Flavour:
-    """Which ``indextts`` is installed: ``kind`` is ``"2"``, ``"2.5"`` or ``"pypi"``."""
+    """Which upstream code runs: ``kind`` is ``"2"``, ``"2.5"`` (the GitHub checkout), ``"pypi"``
+    (``indextts2-inference``) or ``"pypi2.5"`` (``indextts25-inference``)."""
 
     kind: str
     #: The module holding ``IndexTTS2``.
     module: str
-    #: Where the ``indextts`` package lives.
+    #: Where the package lives.
     location: Union[str, None]
 
     @property
     def label(self) -> str:
-        return {"2": "IndexTTS-2", "2.5": "IndexTTS-2.5", "pypi": f"IndexTTS-2 from {PYPI_DISTRIBUTION}"}[self.kind]
+        return {
+            "2": "IndexTTS-2",
+            "2.5": "IndexTTS-2.5",
+            "pypi": f"IndexTTS-2 from {PYPI_DISTRIBUTION}",
+            "pypi2.5": f"IndexTTS-2.5 from {PYPI25_DISTRIBUTION}",
+        }[self.kind]
+
+    @property
+    def version(self) -> str:
+        """The model version it runs: ``"2"`` or ``"2.5"``."""
+        return "2.5" if self.kind in ("2.5", "pypi2.5") else "2"
 
     @property
     def engine(self) -> str:
-        return "indextts2.5" if self.kind == "2.5" else "indextts2"
+        return "indextts2.5" if self.version == "2.5" else "indextts2"
 
     @property
     def unit_scale(self) -> bool:
@@ -230,13 +297,36 @@ class Flavour:
         return self.kind == "pypi"
 
     @property
+    def silence_after_each(self) -> bool:
+        """The stream follows every segment with a silence, the last one too (all but ``indextts25``)."""
+        return self.kind != "pypi2.5"
+
+    @property
+    def streams_with_generator(self) -> bool:
+        """Stream through ``infer_generator``: ``indextts25``'s ``infer`` returns the first segment only."""
+        return self.kind == "pypi2.5"
+
+    @property
     def qwen_emo_default(self) -> bool:
-        return self.kind != "2.5"
+        """Whether the constructor loads the Qwen emotion model unless told otherwise."""
+        return self.kind in ("2", "pypi")
+
+    @property
+    def local_aux(self) -> bool:
+        """Auxiliary models come from ``<model_dir>/hf_cache`` (2.1.1 reads the Hugging Face cache)."""
+        return self.kind != "pypi"
 
 
-def _package_dir() -> Union[str, None]:
-    """The directory of the ``indextts`` package if one is installed (imports nothing)."""
-    spec = importlib.util.find_spec("indextts")
+#: Model version -> the modules that run it, in order of preference, with their flavour kind.
+_MODULES = {
+    "2": (("indextts.infer_v2", "2"),),
+    "2.5": (("indextts.infer_v2_5", "2.5"), ("indextts25.infer_v2_5", "pypi2.5")),
+}
+
+
+def _package_dir(package: str = "indextts") -> Union[str, None]:
+    """The directory of ``package`` if it is installed (imports nothing)."""
+    spec = importlib.util.find_spec(package)
     if spec is None:
         return None
     locations = list(spec.submodule_search_locations or [])
@@ -263,32 +353,68 @@ def _is_pypi(package_dir: Union[str, None]) -> bool:
 
 
 def find_flavour(prefer: Iterable[str] = ("2.5", "2")) -> Union[Flavour, None]:
-    """The first installed flavour among ``prefer`` (``"2.5"``, ``"2"``), without importing torch.
+    """The first installed flavour for the model versions in ``prefer``, without importing torch.
 
-    Looking for a submodule imports the ``indextts`` package itself (upstream's is empty),
-    never the module holding the model.  Returns None when none of ``prefer`` is installed.
+    Looking for a submodule imports its package (upstream's ``__init__`` is empty), never
+    the module holding the model.  Returns None when none of ``prefer`` is installed.
     """
-    package_dir = _package_dir()
-    if package_dir is None:
-        return None
-    modules = {"2.5": "indextts.infer_v2_5", "2": "indextts.infer_v2"}
-    for kind in prefer:
-        module = modules[kind]
-        if importlib.util.find_spec(module) is None:
-            continue
-        if kind == "2" and _is_pypi(package_dir):
-            kind = "pypi"
-        return Flavour(kind=kind, module=module, location=package_dir)
+    for version in prefer:
+        for module, kind in _MODULES[version]:
+            package = module.partition(".")[0]
+            package_dir = _package_dir(package)
+            if package_dir is None or importlib.util.find_spec(module) is None:
+                continue
+            if kind == "2" and _is_pypi(package_dir):
+                kind = "pypi"
+            return Flavour(kind=kind, module=module, location=package_dir)
     return None
 
 
-def missing_checkpoints(model_dir: str, *, cfg_path: Union[str, None] = None, qwen_emo: bool = True) -> list[str]:
+_VERSION_LINE = re.compile(r"""^version:\s*["']?(\d+(?:\.\d+)?)["']?\s*(?:#.*)?$""", re.MULTILINE)
+
+
+def checkpoint_version(model_dir: str, cfg_path: Union[str, None] = None) -> Union[str, None]:
+    """The model version a checkpoint directory holds: ``"2"``, ``"2.5"``, or None if unknown.
+
+    Decided by the config's ``version`` (upstream writes ``2.0`` or ``2.5``), else by the
+    files only one version has (2.5: ``codec.pth`` and its tiktoken file; 2: ``bpe.model``).
+    A checkout holds the code of both, so the directory, not the code, decides.
+    """
+    config = cfg_path if cfg_path is not None else os.path.join(model_dir, "config.yaml")
+    try:
+        with open(config, encoding="utf-8", errors="replace") as f:
+            match = _VERSION_LINE.search(f.read(1 << 20))
+    except OSError:
+        match = None
+    if match is not None:
+        number = float(match.group(1))
+        if number >= 2.5:
+            return "2.5"
+        if number >= 2.0:
+            return "2"
+    if any(os.path.isfile(os.path.join(model_dir, name)) for name in ("codec.pth", TIKTOKEN_FILE)):
+        return "2.5"
+    if os.path.isfile(os.path.join(model_dir, "bpe.model")):
+        return "2"
+    return None
+
+
+def missing_checkpoints(
+    model_dir: str,
+    *,
+    cfg_path: Union[str, None] = None,
+    qwen_emo: bool = True,
+    version: str = "2",
+    aux: bool = False,
+) -> list[str]:
     """Every required checkpoint entry absent from ``model_dir``; folders end with ``/``.
 
-    ``cfg_path``, when given, replaces ``<model_dir>/config.yaml`` and is reported by its path.
+    ``version`` picks the file list (2 or 2.5); ``aux`` adds the auxiliary models that
+    upstream would otherwise download into ``hf_cache/``.  ``cfg_path``, when given,
+    replaces ``<model_dir>/config.yaml`` and is reported by its path.
     """
     missing = []
-    for name in CHECKPOINT_FILES:
+    for name in CHECKPOINT_FILES_25 if version == "2.5" else CHECKPOINT_FILES:
         if name == "config.yaml" and cfg_path is not None:
             if not os.path.isfile(cfg_path):
                 missing.append(cfg_path)
@@ -296,7 +422,22 @@ def missing_checkpoints(model_dir: str, *, cfg_path: Union[str, None] = None, qw
             missing.append(name)
     if qwen_emo and not os.path.isdir(os.path.join(model_dir, QWEN_EMO_DIR)):
         missing.append(QWEN_EMO_DIR + "/")
+    if aux:
+        for name in AUX_FILES_25 if version == "2.5" else AUX_FILES:
+            if not os.path.isfile(os.path.join(model_dir, *name.split("/"))):
+                missing.append(name)
     return missing
+
+
+def emotion_weights(values: list[float], *, normalize: bool) -> list[float]:
+    """The weights sent upstream: with ``normalize``, biased and capped as upstream's web UI does."""
+    if not normalize:
+        return list(values)
+    biased = [value * bias for value, bias in zip(values, EMOTION_BIAS, strict=True)]
+    total = math.fsum(biased)
+    if total > EMOTION_SUM_CAP:
+        biased = [value * (EMOTION_SUM_CAP / total) for value in biased]
+    return biased
 
 
 # ------------------------------------------------------------------ audio
@@ -366,7 +507,7 @@ def _peak(array: npt.NDArray[Any]) -> float:
 
 
 class _IndexTTSEngine(Engine[Any, Any]):
-    """The adapter; subclasses choose the flavours they accept."""
+    """The adapter; subclasses choose the model versions they accept."""
 
     native_sample_rate = NATIVE_SAMPLE_RATE
     capabilities: ClassVar[tuple[str, ...]] = (
@@ -376,7 +517,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         "emotion_audio",
         "emotion_text",
     )
-    #: Flavours this engine may load, in order of preference.
+    #: Model versions this engine may load ("2", "2.5"); the checkpoint directory picks one.
     _PREFER: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any) -> None:
@@ -386,25 +527,45 @@ class _IndexTTSEngine(Engine[Any, Any]):
         self.flavour: Union[Flavour, None] = None
         self._infer_params: frozenset[str] = frozenset()
         self._qwen_emo: Union[bool, None] = None
+        self._voices = _VoiceCache(options.voice_cache)
 
     @property
     def loaded(self) -> bool:
         return self._model is not None
 
+    def info(self) -> dict[str, Any]:
+        """What ``load`` reports: the flavour, the model version, where it came from, the voice cache."""
+        flavour = self.flavour
+        if flavour is None:
+            return {}
+        return {
+            "flavour": flavour.label,
+            "model_version": flavour.version,
+            "module": flavour.module,
+            "model_dir": os.path.abspath(self.options.model_dir),
+            "voice_cache": self._voices.stats(),
+        }
+
     # ---------------------------------------------------------- check
 
     def check(self, request: SynthesisRequest[Any]) -> None:
         """Everything that needs no model, on the event loop thread."""
-        if not request.text.strip():
-            raise RequestError("text is empty", field="$.text")
+        _check_text(request.text)
         if request.voice is None:
             raise RequestError(
                 "IndexTTS clones a voice: set voice to the path of a speaker reference clip", field="$.voice"
             )
         _check_readable(request.voice, "$.voice", "voice reference")
+        options = request.options
+        if options.do_sample is not None:
+            raise RequestError(
+                "do_sample has no effect: upstream IndexTTS always samples (it drops the option and passes True)",
+                field="$.options.do_sample",
+                code="unknown_option",
+            )
         emotion = request.emotion
         if isinstance(emotion, EmotionVector):
-            _check_vector(emotion)
+            _check_vector(emotion, normalize=self._normalize_emotion(request))
         elif isinstance(emotion, EmotionAudio):
             _check_readable(emotion.path, "$.emotion.path", "emotion reference")
             if not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
@@ -412,6 +573,10 @@ class _IndexTTSEngine(Engine[Any, Any]):
         elif isinstance(emotion, EmotionText) and not math.isfinite(emotion.alpha):
             raise RequestError(f"emotion alpha must be a finite number, got {emotion.alpha}", field="$.emotion.alpha")
         self._check_flavour(request)
+
+    def _normalize_emotion(self, request: SynthesisRequest[Any]) -> bool:
+        value = getattr(request.options, "normalize_emotion", None)
+        return bool(self.options.normalize_emotion if value is None else value)
 
     def _qwen_emo_enabled(self) -> Union[bool, None]:
         """Whether the Qwen emotion model is (or will be) loaded; None when not yet known."""
@@ -423,23 +588,60 @@ class _IndexTTSEngine(Engine[Any, Any]):
             return self._PREFER[0] != "2.5"
         return None
 
+    def _version(self) -> Union[str, None]:
+        """The model version this engine runs, once known (the flavour, else the directory)."""
+        if self.flavour is not None:
+            return self.flavour.version
+        if len(self._PREFER) == 1:
+            return self._PREFER[0]
+        return checkpoint_version(self.options.model_dir, self.options.cfg_path)
+
     def _check_flavour(self, request: SynthesisRequest[Any]) -> None:
-        """Checks that depend on the installed flavour: skipped until it is known."""
+        """Checks that depend on the model version or on the loaded flavour."""
+        options = request.options
         if isinstance(request.emotion, EmotionText) and self._qwen_emo_enabled() is False:
             raise RequestError(
                 "emotion from text needs the Qwen emotion model, which this engine runs without: "
                 f"start it with -o use_qwen_emo=true (and {QWEN_EMO_DIR}/ in the checkpoint directory)",
                 field="$.emotion",
             )
+        version = self._version()
+        if version == "2.5" and getattr(options, "more_segment_before", None) is not None:
+            raise RequestError(
+                "more_segment_before has no effect on IndexTTS-2.5 (its streaming never reads it)",
+                field="$.options.more_segment_before",
+                code="unknown_option",
+            )
+        if version == "2":
+            for name in ("lang", "duration_factor", "text_normalization"):
+                if getattr(options, name, None) is not None:
+                    raise RequestError(
+                        f"option {name!r} is for IndexTTS-2.5; this checkpoint is IndexTTS-2",
+                        field=f"$.options.{name}",
+                        code="unknown_option",
+                    )
         if not self.loaded or self.flavour is None:
             return
+        if isinstance(request.emotion, EmotionText) and "use_emo_text" not in self._infer_params:
+            raise RequestError(
+                f"the installed {self.flavour.label} has no emotion from text", field="$.emotion", code="unknown_option"
+            )
         for name in _INFER_KEYWORDS:
-            if getattr(request.options, name, None) is not None and name not in self._infer_params:
+            if getattr(options, name, None) is not None and name not in self._infer_params:
                 raise RequestError(
                     f"option {name!r} is not supported by the installed {self.flavour.label}",
                     field=f"$.options.{name}",
                     code="unknown_option",
                 )
+        if _accelerated(self._model):
+            for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
+                if getattr(options, name, None) is not None:
+                    raise RequestError(
+                        f"option {name!r} is ignored by upstream's accelerated GPT (use_accel), which honours "
+                        "only temperature and max_mel_tokens",
+                        field=f"$.options.{name}",
+                        code="unknown_option",
+                    )
 
     # ---------------------------------------------------------- load
 
@@ -450,9 +652,12 @@ class _IndexTTSEngine(Engine[Any, Any]):
         self.dropped_options = []
         opts = self.options
         progress("load", 0.0, "checking the installation and the checkpoint directory")
-        flavour = self._resolve_flavour()
+        version = self._directory_version()
+        flavour = self._resolve_flavour(version)
         qwen_emo = opts.use_qwen_emo if opts.use_qwen_emo is not None else flavour.qwen_emo_default
-        self._check_checkpoints(qwen_emo)
+        if flavour.kind == "pypi":
+            qwen_emo = True  # indextts2-inference always loads it, whatever use_qwen_emo says
+        self._check_checkpoints(flavour, qwen_emo)
         if cancelled():
             raise Cancelled
         progress("load", 0.1, f"importing {flavour.module} ({flavour.label})")
@@ -460,69 +665,105 @@ class _IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
-        self._infer_params = _named_parameters(cls.infer)
-        if "quick_streaming_tokens" in self._infer_params and "more_segment_before" not in self._infer_params:
-            flavour = Flavour(kind="pypi", module=flavour.module, location=flavour.location)
+        self._infer_params = _named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])
+        elif flavour.kind == "pypi":
+            self._qwen_emo = True
         else:
             default = _default_of(cls.__init__, "use_qwen_emo")
             self._qwen_emo = default if isinstance(default, bool) else None
-        if self._qwen_emo and opts.use_qwen_emo is None and not qwen_emo:
+        if self._qwen_emo and not qwen_emo:
             # The installed constructor turns it on where we assumed off: check for the folder now.
-            self._check_checkpoints(True)
+            self._check_checkpoints(flavour, True)
         lang = getattr(opts, "lang", None)
         if lang is not None and "lang" not in self._infer_params:
             self._drop("lang", flavour)
         log.info("constructing %s from %s with %s", flavour.label, flavour.module, kwargs)
         message = f"constructing {flavour.label} on {opts.device or 'the default device'}"
         progress("load", 0.3, message)
-        with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL):
+        with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), _offline(not opts.allow_download):
             model = cls(**kwargs)
         self._model = model
         self.flavour = flavour
+        self._voices.clear()
         self.sample_rate = NATIVE_SAMPLE_RATE
         progress("load", 1.0, f"loaded {flavour.label}")
         if cancelled():  # the model stays loaded: the next request uses it
             raise Cancelled
 
-    def _resolve_flavour(self) -> Flavour:
+    def _directory_version(self) -> str:
+        """The checkpoint directory's model version; refuses one this engine does not run."""
+        opts = self.options
+        version = checkpoint_version(opts.model_dir, opts.cfg_path)
+        if version is None:
+            # Nothing recognisable (often: no directory at all): list what this engine needs.
+            version = self._PREFER[-1] if len(self._PREFER) == 1 else "2"
+            self._check_checkpoints(Flavour(kind=version, module="", location=None), False)
+            return version
+        if version not in self._PREFER:
+            other = "indextts2.5" if version == "2.5" else "indextts2"
+            raise LoadError(
+                f"checkpoint directory {os.path.abspath(opts.model_dir)} holds an IndexTTS-{version} model, "
+                f"which engine {self.name!r} does not run: start the sidecar with --engine {other} "
+                "(or --engine indextts, which follows the directory)",
+                field="model_dir",
+            )
+        return version
+
+    def _resolve_flavour(self, version: str) -> Flavour:
         try:
-            flavour = find_flavour(self._PREFER)
+            flavour = find_flavour((version,))
         except ImportError as exc:
             raise LoadError(f"the indextts package is installed but fails to import: {exc}{_hint(exc)}") from exc
         if flavour is not None:
             return flavour
-        package_dir = _package_dir()
-        wanted = " or ".join({"2.5": "indextts.infer_v2_5", "2": "indextts.infer_v2"}[k] for k in self._PREFER)
-        if package_dir is None:
+        modules = " or ".join(module for module, _ in _MODULES[version])
+        other = find_flavour(("2.5", "2"))
+        if other is None and _package_dir() is None and _package_dir("indextts25") is None:
             raise LoadError(
-                f"indextts is not installed in this interpreter ({sys.executable}): install upstream IndexTTS "
+                f"IndexTTS is not installed in this interpreter ({sys.executable}): install upstream IndexTTS "
                 "into this venv (git clone https://github.com/index-tts/index-tts && pip install -e index-tts), "
+                f"or the PyPI package {PYPI25_DISTRIBUTION if version == '2.5' else PYPI_DISTRIBUTION}; "
                 "see docs/indextts.md; `python -m indextts_sidecar --doctor` checks the set-up"
             )
-        other = find_flavour(("2.5", "2"))
-        found = f" (it holds {other.label}: use --engine {other.engine})" if other is not None else ""
-        raise LoadError(f"the indextts package at {package_dir} has no {wanted}{found}")
+        found = f" (it has {other.label}, which cannot run this checkpoint)" if other is not None else ""
+        raise LoadError(
+            f"the checkpoint directory holds an IndexTTS-{version} model, and no {modules} is installed{found}"
+        )
 
-    def _check_checkpoints(self, qwen_emo: bool) -> None:
+    def _check_checkpoints(self, flavour: Flavour, qwen_emo: bool) -> None:
         opts = self.options
         model_dir = opts.model_dir
-        missing = missing_checkpoints(model_dir, cfg_path=opts.cfg_path, qwen_emo=qwen_emo)
+        aux = flavour.local_aux and not opts.allow_download
+        missing = missing_checkpoints(
+            model_dir, cfg_path=opts.cfg_path, qwen_emo=qwen_emo, version=flavour.version, aux=aux
+        )
         if not missing:
             return
         where = os.path.abspath(model_dir)
         state = "does not exist" if not os.path.isdir(model_dir) else "is incomplete"
-        note = f" ({QWEN_EMO_DIR}/ is needed because use_qwen_emo is on)" if QWEN_EMO_DIR + "/" in missing else ""
+        notes = []
+        if QWEN_EMO_DIR + "/" in missing:
+            why = "the PyPI package always loads it" if flavour.kind == "pypi" else "use_qwen_emo is on"
+            notes.append(f"{QWEN_EMO_DIR}/ is needed because {why}")
+        if any(name.startswith("hf_cache/") for name in missing):
+            notes.append(
+                "the hf_cache/ entries are auxiliary models that upstream would download: copy a filled hf_cache/ "
+                "over, or start once with -o allow_download=true on a machine with network access"
+            )
+        note = f" ({'; '.join(notes)})" if notes else ""
+        repo = "IndexTeam/IndexTTS-2.5" if flavour.version == "2.5" else "IndexTeam/IndexTTS-2"
         raise LoadError(
             f"checkpoint directory {where} {state}: missing {', '.join(missing)}{note}; download the model's "
-            "checkpoints into it (e.g. `hf download IndexTeam/IndexTTS-2 --local-dir DIR`) and set -o model_dir=DIR",
+            f"checkpoints into it (e.g. `hf download {repo} --local-dir DIR`) and set -o model_dir=DIR",
             field="model_dir",
         )
 
     def _import(self, flavour: Flavour) -> Any:
         try:
-            module = importlib.import_module(flavour.module)
+            with _preserved_process_state():
+                module = importlib.import_module(flavour.module)
         except ImportError as exc:
             raise LoadError(f"importing {flavour.module} failed: {type(exc).__name__}: {exc}{_hint(exc)}") from exc
         cls = getattr(module, "IndexTTS2", None)
@@ -543,13 +784,23 @@ class _IndexTTSEngine(Engine[Any, Any]):
             value = getattr(opts, option, None)
             if value is not None:
                 kwargs[keyword] = value
+        device = str(opts.device or "")
+        if device.startswith("mps") and kwargs.get("use_fp16"):
+            # Upstream turns half precision off on MPS only when it picks the device itself.
+            log.warning("fp16 is slower than float32 on MPS (upstream's own choice): fp16 dropped")
+            del kwargs["use_fp16"]
+            self.dropped_options.append("fp16")
+        if flavour.local_aux and "aux_paths" in accepted and not opts.allow_download:
+            # Hand upstream the auxiliary models checked above, so it never looks further.
+            kwargs["aux_paths"] = _aux_paths(opts.model_dir)
         if open_ended:
             return kwargs
-        options = {"model_dir": "model_dir", "cfg_path": "cfg_path", **_CONSTRUCTOR_KEYWORDS}
+        options = {"model_dir": "model_dir", "cfg_path": "cfg_path", "aux_paths": "aux_paths", **_CONSTRUCTOR_KEYWORDS}
         for option, keyword in options.items():
             if keyword in kwargs and keyword not in accepted:
                 del kwargs[keyword]
-                self._drop(option, flavour)
+                if keyword != "aux_paths":
+                    self._drop(option, flavour)
         return kwargs
 
     def _drop(self, option: str, flavour: Flavour) -> None:
@@ -577,53 +828,103 @@ class _IndexTTSEngine(Engine[Any, Any]):
         kwargs = self._infer_kwargs(request)
         if cancelled():
             raise Cancelled
-        progress("synthesize", 0.0, "synthesizing")
-        with heartbeat(progress, "synthesize", 0.0, "preparing the references", HEARTBEAT_INTERVAL):
-            result = model.infer(**kwargs)
-        if result is None:  # empty text after normalization
-            return
+        voice = request.voice
+        assert voice is not None
+        restored = self._voices.restore(model, voice)
+        emotion_path = kwargs.get("emo_audio_prompt")
+        with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL):
+            call = model.infer_generator if flavour.streams_with_generator else model.infer
+            result = call(**kwargs)
         if isinstance(result, tuple):
             rate, audio = result
             self._check_rate(rate)
             yield to_pcm16(audio, unit_scale=flavour.unit_scale and _peak(_as_numpy(audio)) <= _UNIT_SCALE_CEILING)
             progress("synthesize", 1.0, "done")
             return
-        if isinstance(result, (str, bytes, os.PathLike)):
-            raise EngineError(f"the model wrote a file ({result!r}) instead of returning audio", code="internal")
-        yield from self._stream(iter(result), flavour, progress, cancelled)
+        if result is None or isinstance(result, (str, bytes, os.PathLike)):
+            raise EngineError(f"the model returned {result!r} instead of audio", code="internal")
+
+        def remember() -> None:
+            if not restored:
+                self._voices.remember(model, voice, emotion_path)
+
+        yield from self._stream(iter(result), flavour, progress, cancelled, remember)
 
     def _stream(
-        self, chunks: Iterator[Any], flavour: Flavour, progress: ProgressFn, cancelled: Callable[[], bool]
+        self,
+        chunks: Iterator[Any],
+        flavour: Flavour,
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+        prepared: Callable[[], None],
     ) -> Iterator[Any]:
+        """Upstream's stream, segment by segment, with silence between segments only.
+
+        Upstream yields each segment followed by ``interval_silence`` of silence, the last
+        one too (and with ``interval_silence=0`` it yields its list of segments where the
+        silence belongs).  A silence is held back until the next segment arrives, so the
+        result matches upstream's non-streaming output sample for sample.
+        """
         unit_scale = flavour.unit_scale
         segments = 0
         samples = 0
+        held: Any = None
+        index = 0
         try:
             while True:
                 if cancelled():
                     raise Cancelled
-                with heartbeat(progress, "synthesize", None, f"generating segment {segments + 1}", HEARTBEAT_INTERVAL):
+                if index == 0:
+                    stage, message = "prepare", "preparing the references and the first segment"
+                else:
+                    stage, message = "synthesize", f"generating segment {segments + 1}"
+                if not (flavour.silence_after_each and index % 2):
+                    progress(stage, None, message)
+                with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
                     try:
                         chunk = next(chunks)
                     except StopIteration:
                         break
+                    except Exception as exc:
+                        if index == 0:
+                            raise _PrepareFailed(exc) from exc
+                        raise
+                is_silence = flavour.silence_after_each and index % 2 == 1
+                index += 1
+                if index == 1:
+                    prepared()
                 if cancelled():
                     raise Cancelled
+                if is_silence:
+                    held = None if isinstance(chunk, (list, tuple)) else chunk
+                    continue
+                if held is not None:
+                    pcm_silence = to_pcm16(held, unit_scale=False)
+                    held = None
+                    if pcm_silence.size:
+                        samples += pcm_silence.size
+                        yield pcm_silence
                 array = _as_numpy(chunk)
                 peak = _peak(array)
                 if unit_scale and peak > _UNIT_SCALE_CEILING:
                     log.warning("%s streamed PCM-scale floats (peak %.0f); treating it as such", flavour.label, peak)
                     unit_scale = False
                 pcm = to_pcm16(array, unit_scale=unit_scale)
-                if not pcm.size:
-                    continue
                 samples += pcm.size
-                if pcm.any():  # upstream follows each segment with a chunk of silence
-                    segments += 1
-                    progress(
-                        "synthesize", None, f"segment {segments} ready ({samples / NATIVE_SAMPLE_RATE:.2f} s of audio)"
-                    )
-                yield pcm
+                if not flavour.silence_after_each and pcm.size and not pcm.any():
+                    yield pcm  # indextts25 yields the silence between segments as an item of its own
+                    continue
+                segments += 1
+                ready = f"segment {segments} ready ({samples / NATIVE_SAMPLE_RATE:.2f} s of audio)"
+                progress("synthesize", None, ready)
+                if pcm.size:
+                    yield pcm
+        except _PrepareFailed as failed:
+            cause = failed.__cause__
+            raise EngineError(
+                f"preparing the references failed: {type(cause).__name__}: {cause}",
+                field="$.voice" if isinstance(cause, (OSError, EOFError)) else None,
+            ) from cause
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -643,7 +944,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         kwargs: dict[str, Any] = {"spk_audio_prompt": request.voice, "text": request.text, "output_path": None}
         if "stream_return" in params:
             kwargs["stream_return"] = True
-        kwargs.update(_emotion_kwargs(request.emotion))
+        kwargs.update(_emotion_kwargs(request.emotion, normalize=self._normalize_emotion(request)))
         opts = request.options
         for name in _INFER_KEYWORDS:
             value = getattr(opts, name, None)
@@ -664,6 +965,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         if self._model is None:
             return
         self._model = None
+        self._voices.clear()
         gc.collect()
         torch = sys.modules.get("torch")
         if torch is None:
@@ -717,15 +1019,174 @@ class IndexTTS25Engine(_IndexTTSEngine):
 
 
 class IndexTTSAuto(_IndexTTSEngine):
-    """Whichever IndexTTS is installed, 2.5 preferred, decided when the model loads."""
+    """IndexTTS-2 or 2.5, as the checkpoint directory says (its config's ``version``, its files)."""
 
     name = "indextts"
     Options = IndexTTSAutoOptions
     RequestOptions = IndexTTS25RequestOptions
-    _PREFER = ("2.5", "2")
+    _PREFER = ("2", "2.5")
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _PrepareFailed(Exception):
+    """Upstream failed before its first chunk: while processing the references."""
+
+
+def _check_text(text: str) -> None:
+    """Refuse text upstream cannot speak: it raises on empty text, and 2.5 turns text without
+    a letter or digit ("...") into audio from the language tag alone."""
+    if not text.strip():
+        raise RequestError("text is empty", field="$.text")
+    if not any(character.isalnum() for character in text):
+        raise RequestError(
+            "text has no letter or digit to speak (punctuation and spaces alone)",
+            field="$.text",
+        )
+
+
+def _accelerated(model: Any) -> bool:
+    """Whether upstream's GPT runs on its accel engine (``use_accel`` on CUDA)."""
+    return getattr(getattr(model, "gpt", None), "accel_engine", None) is not None
+
+
+def _aux_paths(model_dir: str) -> dict[str, str]:
+    """Upstream's ``aux_paths``: the auxiliary models in ``<model_dir>/hf_cache``."""
+    cache = os.path.join(model_dir, "hf_cache")
+    return {
+        "w2v_bert": os.path.join(cache, "w2v-bert-2.0"),
+        "semantic_codec": os.path.join(cache, "semantic_codec_model.safetensors"),
+        "campplus": os.path.join(cache, "campplus_cn_common.bin"),
+        "bigvgan": os.path.join(cache, "bigvgan"),
+    }
+
+
+@contextmanager
+def _preserved_process_state() -> Iterator[None]:
+    """Import upstream without letting it change this process for good.
+
+    Upstream's modules install warning filters and (2.5) set ``HF_HUB_CACHE`` to
+    ``./checkpoints/hf_cache``, relative to whatever the working directory is.
+    huggingface_hub reads that variable once, when first imported, so it is imported
+    first, under the environment the sidecar was given; both are restored afterwards.
+    """
+    with contextlib.suppress(ImportError):
+        importlib.import_module("huggingface_hub")
+    filters = list(warnings.filters)
+    saved = {name: os.environ.get(name) for name in ("HF_HUB_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
+    try:
+        yield
+    finally:
+        warnings.filters[:] = filters  # type: ignore[index]
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def _offline(offline: bool) -> Iterator[None]:
+    """While constructing: tell Hugging Face libraries not to reach the network."""
+    if not offline:
+        yield
+        return
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+#: Upstream's per-instance reference caches this adapter saves and restores, by the role
+#: they play.  Upstream keeps one speaker and one emotion reference, keyed by the path
+#: string; a conformance test fails loudly if these attributes are renamed.
+SPEAKER_CACHE_ATTRIBUTES = ("cache_spk_cond", "cache_s2mel_style", "cache_s2mel_prompt", "cache_mel")
+SPEAKER_KEY_ATTRIBUTE = "cache_spk_audio_prompt"
+EMOTION_CACHE_ATTRIBUTE = "cache_emo_cond"
+EMOTION_KEY_ATTRIBUTE = "cache_emo_audio_prompt"
+
+
+def _file_key(path: str) -> Union[tuple[str, int, int], None]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+class _VoiceCache:
+    """The conditioning of the last ``size`` voices, keyed by file content (path, size, mtime).
+
+    Upstream recomputes a voice's conditioning on every switch and, keyed by the path
+    alone, reuses a stale one when a file is overwritten.  Before each request the
+    adapter either restores a cached conditioning into upstream's one-slot cache, or
+    clears that slot so upstream recomputes; after the first chunk it saves what upstream
+    computed.  Runs on the engine thread only.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, int, int], tuple[Any, ...]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def stats(self) -> dict[str, int]:
+        return {"size": self.size, "entries": len(self._entries), "hits": self.hits, "misses": self.misses}
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def restore(self, model: Any, voice: str) -> bool:
+        """Put ``voice``'s conditioning in upstream's slot if cached; else empty the slot."""
+        if not all(hasattr(model, name) for name in (*SPEAKER_CACHE_ATTRIBUTES, SPEAKER_KEY_ATTRIBUTE)):
+            return False  # an upstream without these caches: nothing to manage
+        key = _file_key(voice)
+        entry = self._entries.get(key) if key is not None and self.size else None
+        if entry is None:
+            self.misses += 1
+            # Upstream compares path strings only: make it recompute, the file may have changed.
+            setattr(model, SPEAKER_KEY_ATTRIBUTE, None)
+            setattr(model, EMOTION_KEY_ATTRIBUTE, None)
+            return False
+        assert key is not None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        speaker, emotion = entry
+        for name, value in zip(SPEAKER_CACHE_ATTRIBUTES, speaker, strict=True):
+            setattr(model, name, value)
+        setattr(model, SPEAKER_KEY_ATTRIBUTE, voice)
+        setattr(model, EMOTION_CACHE_ATTRIBUTE, emotion)
+        setattr(model, EMOTION_KEY_ATTRIBUTE, voice)
+        return True
+
+    def remember(self, model: Any, voice: str, emotion_path: Union[str, None]) -> None:
+        """Save what upstream computed for ``voice`` (after its first chunk)."""
+        key = _file_key(voice)
+        if key is None or not self.size or getattr(model, SPEAKER_KEY_ATTRIBUTE, None) != voice:
+            return
+        speaker = tuple(getattr(model, name) for name in SPEAKER_CACHE_ATTRIBUTES)
+        # The emotion slot holds the speaker's own clip unless another emotion clip was used.
+        emotion = None
+        if emotion_path is None and getattr(model, EMOTION_KEY_ATTRIBUTE, None) == voice:
+            emotion = getattr(model, EMOTION_CACHE_ATTRIBUTE)
+        previous = self._entries.get(key)
+        if emotion is None and previous is not None:
+            emotion = previous[1]
+        if emotion is None:
+            return  # a restore must be complete; keep what upstream has for next time
+        self._entries[key] = (speaker, emotion)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
 
 
 def _check_readable(path: str, field: str, what: str) -> None:
@@ -739,13 +1200,13 @@ def _check_readable(path: str, field: str, what: str) -> None:
         raise RequestError(f"{what} {path!r} is not readable", field=field)
 
 
-def _check_vector(emotion: EmotionVector) -> None:
+def _check_vector(emotion: EmotionVector, *, normalize: bool) -> None:
     values = emotion.values()
     for name, value in zip(EMOTION_NAMES, values, strict=True):
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise RequestError(f"emotion weight {name} must be in [0, 1], got {value}", field=f"$.emotion.{name}")
     total = math.fsum(values)
-    if total > 1.0 + _SUM_TOLERANCE:
+    if not normalize and total > 1.0 + _SUM_TOLERANCE:
         raise RequestError(
             f"emotion weights sum to {total:g}; the sum must be at most 1 (IndexTTS mixes "
             "vector + (1 - sum) * speaker, so a larger sum inverts the speaker's own emotion)",
@@ -759,9 +1220,10 @@ def _clamp01(value: float) -> float:
     return min(1.0, max(0.0, float(value)))
 
 
-def _emotion_kwargs(emotion: Any) -> dict[str, Any]:
+def _emotion_kwargs(emotion: Any, *, normalize: bool) -> dict[str, Any]:
     if isinstance(emotion, EmotionVector):
-        return {"emo_vector": emotion.values(), "emo_alpha": _clamp01(emotion.alpha)}
+        weights = emotion_weights(list(emotion.values()), normalize=normalize)
+        return {"emo_vector": weights, "emo_alpha": _clamp01(emotion.alpha)}
     if isinstance(emotion, EmotionAudio):
         return {"emo_audio_prompt": emotion.path, "emo_alpha": float(emotion.alpha)}
     if isinstance(emotion, EmotionText):
