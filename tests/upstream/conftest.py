@@ -1,0 +1,113 @@
+"""The conformance suite: the real upstream IndexTTS code behind a real sidecar.
+
+These tests need a venv with upstream's pins (torch, transformers...), which the
+project's own test venv never has.  They run when the venv's interpreter is named:
+
+* ``INDEXTTS_UPSTREAM_PYTHON``: a venv built by ``build_venv.py github``; the flavours
+  ``2`` and ``2.5`` import the GitHub checkout (``INDEXTTS_UPSTREAM_SRC``, default
+  ``../shared/upstream/index-tts`` beside this repository) through ``PYTHONPATH``;
+* ``INDEXTTS_PYPI_PYTHON``: a venv built by ``build_venv.py pypi`` (``indextts2-inference``
+  2.1.1 and ``indextts25-inference`` 0.2.0 installed).
+
+Otherwise every test here is skipped, with the reason printed.  ``.ci/upstream`` builds
+(or reuses) both venvs and runs this suite.  Checkpoints are tiny random models built
+at session start by ``fixture.py`` inside the venv (seconds; nothing downloaded).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One way users get upstream: which venv, which import path, which checkpoint kind."""
+
+    name: str  # "2", "2.5", "pypi2", "pypi2.5"
+    python: str
+    checkout: str | None  # the GitHub checkout on PYTHONPATH, or None (installed package)
+    engine: str  # the sidecar engine that runs it
+
+    @property
+    def pypi(self) -> bool:
+        return self.checkout is None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The sidecar's environment: this checkout (and upstream's) importable, nothing online."""
+        paths = [str(ROOT)] + ([self.checkout] if self.checkout else [])
+        env = {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env.update(extra)
+        return env
+
+
+def upstream_src() -> str:
+    src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
+    return os.path.abspath(src)
+
+
+def _python(variable: str, flavour: str) -> str:
+    python = os.environ.get(variable)
+    if not python:
+        pytest.skip(
+            f"{variable} is not set: the {flavour} conformance tests need upstream's venv "
+            f"(`python tests/upstream/build_venv.py {flavour}` builds it; .ci/upstream runs this suite)"
+        )
+    if not os.access(python, os.X_OK):
+        pytest.fail(f"{variable}={python} is not an executable interpreter")
+    return python
+
+
+def flavour_named(name: str) -> Flavour:
+    if name in ("2", "2.5"):
+        python = _python("INDEXTTS_UPSTREAM_PYTHON", "github")
+        src = upstream_src()
+        if not os.path.isfile(os.path.join(src, "indextts", "infer_v2.py")):
+            pytest.fail(f"no upstream checkout at {src} (set INDEXTTS_UPSTREAM_SRC)")
+        return Flavour(name, python, src, "indextts2" if name == "2" else "indextts2.5")
+    python = _python("INDEXTTS_PYPI_PYTHON", "pypi")
+    return Flavour(name, python, None, "indextts2" if name == "pypi2" else "indextts2.5")
+
+
+def build_checkpoint(flavour: Flavour, out: Path) -> Path:
+    """Run fixture.py in the flavour's venv; returns the checkpoint directory."""
+    command = [flavour.python, str(HERE / "fixture.py"), flavour.name, str(out)]
+    if flavour.checkout:
+        command += ["--src", flavour.checkout]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": flavour.checkout or ""}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        sys.stderr.write(done.stdout + done.stderr)
+        pytest.fail(f"building the {flavour.name} fixture failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return out
+
+
+_CHECKPOINTS: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``checkpoints(flavour)`` -> that flavour's checkpoint directory, built once per session."""
+
+    def get(flavour: Flavour) -> Path:
+        if flavour.name not in _CHECKPOINTS:
+            out = tmp_path_factory.mktemp(f"ckpt-{flavour.name}")
+            _CHECKPOINTS[flavour.name] = build_checkpoint(flavour, out)
+        return _CHECKPOINTS[flavour.name]
+
+    return get
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.upstream)
