@@ -109,6 +109,13 @@ class CheckpointInfo(msgspec.Struct, kw_only=True):
     optional_missing: list[str] = msgspec.field(default_factory=list)
     #: Whether ``<model_dir>/hf_cache`` (auxiliary models for offline use) exists.
     hf_cache: bool = False
+    #: The model version the directory holds (``"2"``, ``"2.5"``), from its config and files.
+    model_version: Union[str, None] = None
+    #: The engine that runs it.
+    engine: Union[str, None] = None
+    #: Auxiliary models absent from ``hf_cache/`` (the sidecar refuses to download them
+    #: unless started with ``-o allow_download=true``).
+    aux_missing: list[str] = msgspec.field(default_factory=list)
 
 
 class DoctorReport(msgspec.Struct, kw_only=True):
@@ -188,33 +195,36 @@ def _probe_torch() -> TorchInfo:
     return info
 
 
-def _probe_indextts() -> IndexTTSInfo:
-    from .engines.indextts import PYPI_DISTRIBUTION, _hint, find_flavour
+def _probe_indextts(version: Union[str, None] = None) -> IndexTTSInfo:
+    """The installed code that runs ``version`` (the checkpoint directory's), else any."""
+    from .engines.indextts import PYPI25_DISTRIBUTION, PYPI_DISTRIBUTION, _hint, find_flavour
 
     info = IndexTTSInfo()
     try:
-        spec = importlib.util.find_spec("indextts")
+        spec = importlib.util.find_spec("indextts") or importlib.util.find_spec("indextts25")
     except (ImportError, ValueError) as exc:
         info.error = _describe(exc)
         return info
     if spec is None:
         return info
     info.found = True
+    modules = ("indextts.infer_v2", "indextts.infer_v2_5", "indextts25.infer_v2_5")
     try:
-        flavour = find_flavour(("2.5", "2"))
-        info.modules = [m for m in ("indextts.infer_v2", "indextts.infer_v2_5") if importlib.util.find_spec(m)]
+        flavour = find_flavour((version,) if version else ("2.5", "2"))
+        info.modules = [m for m in modules if _module_exists(m)]
     except (Exception, SystemExit) as exc:  # the package's __init__ failed
         info.error = f"importing the indextts package fails: {_describe(exc)}{_hint(exc)}"
         return info
     if flavour is None:
         info.location = next(iter(spec.submodule_search_locations or []), None) or spec.origin
-        info.error = "the indextts package has neither indextts.infer_v2 nor indextts.infer_v2_5"
+        wanted = f"code for IndexTTS-{version} checkpoints" if version else "indextts.infer_v2 nor indextts.infer_v2_5"
+        info.error = f"the installed IndexTTS has no {wanted} (it has: {', '.join(info.modules) or 'nothing'})"
         return info
     info.location = flavour.location
     info.flavour = flavour.kind
     info.label = flavour.label
     info.engine = flavour.engine
-    info.distribution = PYPI_DISTRIBUTION if flavour.kind == "pypi" else "indextts"
+    info.distribution = {"pypi": PYPI_DISTRIBUTION, "pypi2.5": PYPI25_DISTRIBUTION}.get(flavour.kind, "indextts")
     info.version = _version(info.distribution)
     try:
         importlib.import_module(flavour.module)
@@ -223,6 +233,13 @@ def _probe_indextts() -> IndexTTSInfo:
         return info
     info.imports = True
     return info
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _judge_transformers(info: IndexTTSInfo) -> TransformersInfo:
@@ -234,9 +251,9 @@ def _judge_transformers(info: IndexTTSInfo) -> TransformersInfo:
     if info.flavour is None:
         result.status = "unknown"
         result.note = "no IndexTTS found to check the version against"
-    elif info.flavour == "pypi":
+    elif info.flavour in ("pypi", "pypi2.5"):
         result.status = "ok" if _major(version) >= 5 else "too_old"
-        result.note = "indextts2-inference needs transformers>=5"
+        result.note = f"{info.distribution} needs transformers>=5"
     elif _major(version) >= 5:
         result.status = "conflict"
         result.note = f"upstream IndexTTS pins {TRANSFORMERS_PIN} and fails with transformers>=5 (OffloadedCache)"
@@ -249,21 +266,36 @@ def _judge_transformers(info: IndexTTSInfo) -> TransformersInfo:
 
 
 def _probe_checkpoints(model_dir: Union[str, None], flavour: Union[str, None]) -> CheckpointInfo:
-    from .engines.indextts import CHECKPOINT_FILES, QWEN_EMO_DIR, missing_checkpoints
+    from .engines.indextts import (
+        AUX_FILES,
+        AUX_FILES_25,
+        CHECKPOINT_FILES,
+        CHECKPOINT_FILES_25,
+        QWEN_EMO_DIR,
+        checkpoint_version,
+        missing_checkpoints,
+    )
 
     if model_dir is None:
         return CheckpointInfo()
     info = CheckpointInfo(model_dir=os.path.abspath(model_dir), checked=True, exists=os.path.isdir(model_dir))
-    # The Qwen emotion model is loaded by default on IndexTTS-2, not on 2.5.
-    needs_qwen = flavour != "2.5"
+    version = checkpoint_version(model_dir) or ("2.5" if flavour in ("2.5", "pypi2.5") else "2")
+    info.model_version = version
+    info.engine = "indextts2.5" if version == "2.5" else "indextts2"
+    # The Qwen emotion model is loaded by default on IndexTTS-2 (always by indextts2-inference), not on 2.5.
+    needs_qwen = version == "2"
     qwen = QWEN_EMO_DIR + "/"
-    info.missing = missing_checkpoints(model_dir, qwen_emo=needs_qwen)
-    required = [*CHECKPOINT_FILES, qwen] if needs_qwen else list(CHECKPOINT_FILES)
+    info.missing = missing_checkpoints(model_dir, qwen_emo=needs_qwen, version=version)
+    files = list(CHECKPOINT_FILES_25 if version == "2.5" else CHECKPOINT_FILES)
+    required = [*files, qwen] if needs_qwen else files
     info.present = [entry for entry in required if entry not in info.missing]
     for entry in ["glossary.yaml"] if needs_qwen else [qwen, "glossary.yaml"]:
         found = os.path.exists(os.path.join(model_dir, entry))
         (info.present if found else info.optional_missing).append(entry)
     info.hf_cache = os.path.isdir(os.path.join(model_dir, "hf_cache"))
+    if flavour != "pypi":  # indextts2-inference reads the Hugging Face cache instead
+        aux = AUX_FILES_25 if version == "2.5" else AUX_FILES
+        info.aux_missing = [name for name in aux if not os.path.isfile(os.path.join(model_dir, *name.split("/")))]
     return info
 
 
@@ -343,8 +375,8 @@ def _judge_checkpoints(report: DoctorReport) -> None:
     from .engines.indextts import QWEN_EMO_DIR
 
     ck = report.checkpoints
-    if report.indextts.flavour == "2.5":
-        download = f"download the IndexTTS-2.5 checkpoints into {ck.model_dir} (see the index-tts README)"
+    if ck.model_version == "2.5":
+        download = f"hf download IndexTeam/IndexTTS-2.5 --local-dir {ck.model_dir}"
     else:
         download = f"hf download IndexTeam/IndexTTS-2 --local-dir {ck.model_dir}"
     if not ck.exists:
@@ -364,12 +396,29 @@ def _judge_checkpoints(report: DoctorReport) -> None:
                 fix=download,
             )
         )
-    if not ck.hf_cache:
+    tts = report.indextts
+    if tts.engine is not None and ck.engine is not None and tts.engine != ck.engine:
+        report.problems.append(
+            Problem(
+                what=f"{ck.model_dir} holds an IndexTTS-{ck.model_version} model, but the installed code is "
+                f"{tts.label}",
+                fix=f"install the code for IndexTTS-{ck.model_version}, and run --engine {ck.engine}",
+            )
+        )
+    if tts.flavour == "pypi":
         report.warnings.append(
             Problem(
-                what=f"no {os.path.join(ck.model_dir or '', 'hf_cache')}: the first load downloads the auxiliary "
-                "models (w2v-bert-2.0, MaskGCT codec, campplus, BigVGAN)",
-                fix="let one load run online, or pre-fill hf_cache and set HF_HUB_OFFLINE=1 on offline machines",
+                what="indextts2-inference reads its auxiliary models (w2v-bert-2.0, MaskGCT codec, campplus, "
+                "BigVGAN) from the Hugging Face cache, not from hf_cache/, and downloads them when absent",
+                fix="fill the cache once online, then give the sidecar HF_HOME=<that cache> and HF_HUB_OFFLINE=1",
+            )
+        )
+    elif ck.aux_missing:
+        report.problems.append(
+            Problem(
+                what=f"{ck.model_dir} lacks auxiliary models: {', '.join(ck.aux_missing)}; the sidecar never "
+                "downloads them on its own",
+                fix="copy a filled hf_cache/ over, or run one load online with -o allow_download=true",
             )
         )
 
@@ -388,7 +437,11 @@ def build_report(model_dir: Union[str, None] = None) -> DoctorReport:
     report.torch = _probe_torch()
     if report.torch.version:
         report.packages["torch"] = report.torch.version
-    report.indextts = _probe_indextts()
+    from .engines.indextts import checkpoint_version
+
+    # The checkpoint directory decides which model version (and so which code) is wanted.
+    version = checkpoint_version(model_dir) if model_dir is not None else None
+    report.indextts = _probe_indextts(version)
     report.packages["indextts"] = report.indextts.version
     report.transformers = _judge_transformers(report.indextts)
     report.checkpoints = _probe_checkpoints(model_dir, report.indextts.flavour)

@@ -29,9 +29,9 @@ STANDIN = Path(__file__).resolve().parent / "standin"
 ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
 
 
-def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = True) -> Path:
+def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = True, version: str = "2") -> Path:
     """The doctor's checks include the auxiliary-model cache: present unless asked otherwise."""
-    return harness.make_checkpoints(root, skip=skip, hf_cache=hf_cache)
+    return harness.make_checkpoints(root, skip=skip, hf_cache=hf_cache, version=version)
 
 
 def fake_distribution(root: Path, name: str, version: str) -> Path:
@@ -112,9 +112,10 @@ def test_no_indextts_and_no_torch(tmp_path: Path) -> None:
 def test_a_ready_venv_for_each_flavour(
     flavour: str, transformers: str, kind: str, engine: str, modules: list[str], version: str, tmp_path: Path
 ) -> None:
-    ckpt = make_checkpoints(tmp_path / "ckpt")
+    ckpt = make_checkpoints(tmp_path / "ckpt", version="2.5" if kind == "2.5" else "2")
     report = doctor(doctor_env(tmp_path, flavour, transformers=transformers), ckpt)
     assert report["problems"] == [] and report["ok"] is True, report["problems"]
+    assert report["checkpoints"]["engine"] == engine
     tts = report["indextts"]
     assert (tts["found"], tts["imports"], tts["flavour"], tts["engine"]) == (True, True, kind, engine)
     assert tts["modules"] == modules and tts["version"] == version
@@ -141,7 +142,8 @@ def test_transformers_5_conflicts_with_upstream(tmp_path: Path) -> None:
     [("v25", "4.51.3", "mismatch"), ("pypi", "4.52.1", "too_old")],
 )
 def test_other_transformers_versions_warn(flavour: str, transformers: str, status: str, tmp_path: Path) -> None:
-    report = doctor(doctor_env(tmp_path, flavour, transformers=transformers), make_checkpoints(tmp_path / "ckpt"))
+    ckpt = make_checkpoints(tmp_path / "ckpt", version="2.5" if flavour == "v25" else "2")
+    report = doctor(doctor_env(tmp_path, flavour, transformers=transformers), ckpt)
     assert report["ok"] is True and report["transformers"]["status"] == status
     assert f"transformers {transformers}" in whats(report["warnings"])
 
@@ -158,14 +160,22 @@ def test_missing_checkpoints_are_each_listed(tmp_path: Path) -> None:
     ck = report["checkpoints"]
     assert ck["missing"] == ["gpt.pth", "feat1.pt", "qwen0.6bemo4-merge/"]
     assert set(ck["present"]) == set(CHECKPOINT_FILES) - {"gpt.pth", "feat1.pt"}
-    (problem,) = report["problems"]
+    problem, aux = report["problems"]
     assert "lacks: gpt.pth, feat1.pt, qwen0.6bemo4-merge/" in problem["what"]
     assert "hf download IndexTeam/IndexTTS-2" in problem["fix"]
-    assert "HF_HUB_OFFLINE=1" in "\n".join(w["fix"] for w in report["warnings"])
+    assert "hf_cache/campplus_cn_common.bin" in aux["what"] and "never downloads them" in aux["what"]
+    assert "allow_download=true" in aux["fix"]
+
+
+def test_a_checkpoint_of_the_other_version_is_a_problem(tmp_path: Path) -> None:
+    report = doctor(doctor_env(tmp_path, "v2"), make_checkpoints(tmp_path / "ckpt", version="2.5"))
+    assert report["ok"] is False and report["checkpoints"]["model_version"] == "2.5"
+    assert report["checkpoints"]["missing"] == []
+    assert "has no code for IndexTTS-2.5 checkpoints (it has: indextts.infer_v2)" in whats(report["problems"])
 
 
 def test_qwen_folder_is_optional_on_25(tmp_path: Path) -> None:
-    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",))
+    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",), version="2.5")
     report = doctor(doctor_env(tmp_path, "v25"), ckpt)
     assert report["ok"] is True and report["checkpoints"]["missing"] == []
     assert "qwen0.6bemo4-merge/" in report["checkpoints"]["optional_missing"]
@@ -213,7 +223,7 @@ def _rendered(report: DoctorReport) -> str:
 
 @pytest.mark.anyio
 async def test_run_doctor_with_a_ready_venv(tmp_path: Path) -> None:
-    ckpt = make_checkpoints(tmp_path / "ckpt")
+    ckpt = make_checkpoints(tmp_path / "ckpt", version="2.5")
     with anyio.fail_after(60):
         report = await run_doctor(sys.executable, str(ckpt), env=doctor_env(tmp_path, "v25"))
     assert isinstance(report, DoctorReport) and report.ran and report.ok
