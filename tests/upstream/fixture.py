@@ -316,8 +316,10 @@ def _bigvgan(folder: str, package: str) -> None:
     bigvgan = importlib.import_module(f"{package}.s2mel.modules.bigvgan.bigvgan")
     env = importlib.import_module(f"{package}.s2mel.modules.bigvgan.env")
     config_path = os.path.join(os.path.dirname(bigvgan.__file__), "config.json")
-    if not os.path.isfile(config_path):  # indextts25 ships none: the GitHub checkout's is the same
-        config_path = os.path.join(_upstream_src(), "indextts", "s2mel", "modules", "bigvgan", "config.json")
+    if not os.path.isfile(config_path):
+        # indextts25 ships none; indextts (installed beside it) and the GitHub checkout have the same one.
+        other = importlib.import_module("indextts.s2mel.modules.bigvgan.bigvgan")
+        config_path = os.path.join(os.path.dirname(other.__file__), "config.json")
     with open(config_path) as f:
         hparams = json.load(f)
     hparams["upsample_initial_channel"] = 64
