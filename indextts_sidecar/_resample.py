@@ -1,20 +1,55 @@
 """Streaming sample-rate conversion for requests that ask for a rate.
 
-Linear interpolation, chunk by chunk with state carried across chunk boundaries, so a
-streamed request converts exactly as a whole one would.  It is cheap and adds no
-dependency; it is not a band-limited resampler (downsampling by a large factor can
-alias), so the sidecar only resamples when a request asks for ``sample_rate``, and a
-parent that needs studio quality should take the native rate and resample itself.
+Two converters, both chunk by chunk with state carried across chunk boundaries, so a
+streamed request converts exactly as a whole one would:
+
+* :class:`BlockResampler` wraps a band-limited whole-signal resampler (torchaudio's
+  Kaiser-windowed sinc ``resample``) and feeds it blocks aligned to the rate ratio, each with
+  enough context on both sides that its output equals that of the whole signal.  Used
+  when torchaudio is already loaded in this process (the IndexTTS engine's venv always
+  has it; importing torch only to resample would cost seconds and hundreds of MB).
+* :class:`LinearResampler`: linear interpolation, cheap and dependency-free, but not
+  band-limited (downsampling can alias audibly).  The fallback elsewhere.
+
+:func:`resampled` converts an engine's chunk iterator with whichever applies.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LinearResampler"]
+__all__ = ["BlockResampler", "LinearResampler", "Resampler", "make_resampler", "resampled"]
+
+_FloatArray = npt.NDArray[np.float32]
+#: ``resample(samples, source_rate, target_rate)`` over a whole (float32, mono) signal.
+WholeResample = Callable[[_FloatArray, int, int], _FloatArray]
+
+
+#: The band-limited filter (librosa's "kaiser_best"): a Kaiser-windowed sinc with 64 zero
+#: crossings a side, cut off at 0.9476 of the lower Nyquist frequency.  Measured through
+#: torchaudio, 22050 -> 16000 Hz: a 10 kHz tone down by 105 dB, 7.2 kHz (0.9 of the new
+#: Nyquist) down by 0.02 dB; torchaudio's default filter gives 45 dB and 2.4 dB.
+ZERO_CROSSINGS = 64
+_ROLLOFF = 0.9475937167399596
+_KAISER_BETA = 14.769656459379492
+
+
+class Resampler(Protocol):
+    def feed(self, chunk: Any) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def _to_pcm16(samples: npt.NDArray[Any]) -> bytes:
+    converted: bytes = np.clip(np.rint(samples), -32768, 32767).astype("<i2").tobytes()
+    return converted
 
 
 class LinearResampler:
@@ -41,5 +76,116 @@ class LinearResampler:
         keep = min(int(following), last)
         self._pending = x[keep:]
         self._position = following - keep
-        converted: bytes = np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
-        return converted
+        return _to_pcm16(y)
+
+    def flush(self) -> bytes:
+        """Nothing is held back that the input determines."""
+        return b""
+
+
+class BlockResampler:
+    """A whole-signal resampler made streaming.
+
+    With the rates reduced to ``p`` input and ``q`` output samples per period, a block
+    of ``k * p`` input samples maps onto exactly ``k * q`` output samples, with the same
+    filter phases as in the whole signal.  Each block is resampled with ``context``
+    samples of real signal on each side (zeros before the start, as the whole-signal
+    resampler pads), and only its own span of output is kept; ``context`` must cover the
+    filter's half-width.  :meth:`flush` ends the signal and trims the output to the
+    whole signal's length, ``ceil(n * q / p)``.
+    """
+
+    def __init__(self, source_rate: int, target_rate: int, resample: WholeResample, *, zero_crossings: int = 8) -> None:
+        divisor = math.gcd(source_rate, target_rate)
+        self._p, self._q = source_rate // divisor, target_rate // divisor
+        self._source, self._target = source_rate, target_rate
+        self._resample = resample
+        # A windowed sinc with ``zero_crossings`` on each side at the lower of the two rates
+        # spans that many periods of it, in input samples: the context, in whole periods.
+        wanted = math.ceil(zero_crossings * self._p / (min(self._p, self._q) * _ROLLOFF)) + 1
+        self._context = self._p * math.ceil(max(wanted, 64) / self._p)
+        self._pending: _FloatArray = np.zeros(self._context, dtype=np.float32)
+        self._received = 0
+        self._emitted = 0
+
+    def feed(self, chunk: Any) -> bytes:
+        samples = np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2").astype(np.float32)
+        self._received += len(samples)
+        self._pending = np.concatenate((self._pending, samples))
+        return self._convert(final=False)
+
+    def flush(self) -> bytes:
+        return self._convert(final=True)
+
+    def _convert(self, *, final: bool) -> bytes:
+        c, p, q = self._context, self._p, self._q
+        if final:
+            # The signal ends: zeros beyond it, and enough of them to close the last period.
+            body = len(self._pending) - c
+            padded = p * math.ceil(max(body, 0) / p)
+            self._pending = np.concatenate((self._pending, np.zeros(padded - body + c, dtype=np.float32)))
+        usable = (len(self._pending) - 2 * c) // p * p
+        if usable <= 0:
+            return b""
+        block = self._pending[: c + usable + c]
+        out = self._resample(block, self._source, self._target)
+        first = c // p * q
+        kept = out[first : first + usable // p * q]
+        self._pending = self._pending[usable:]
+        if final:
+            total = math.ceil(self._received * q / p)
+            kept = kept[: max(0, total - self._emitted)]
+        self._emitted += len(kept)
+        return _to_pcm16(kept)
+
+
+def _torchaudio_resample() -> Union[WholeResample, None]:
+    """torchaudio's band-limited resampler, only if torch is already loaded here."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        torch: Any = importlib.import_module("torch")
+        functional: Any = importlib.import_module("torchaudio.functional")
+    except ImportError:
+        return None
+
+    def resample(samples: _FloatArray, source: int, target: int) -> _FloatArray:
+        with torch.no_grad():
+            out = functional.resample(
+                torch.from_numpy(samples),
+                source,
+                target,
+                lowpass_filter_width=ZERO_CROSSINGS,
+                rolloff=_ROLLOFF,
+                resampling_method="sinc_interp_kaiser",
+                beta=_KAISER_BETA,
+            )
+        result: _FloatArray = out.numpy()
+        return result
+
+    return resample
+
+
+def make_resampler(source_rate: int, target_rate: int) -> Resampler:
+    """The best converter available in this process (see the module's docstring)."""
+    whole = _torchaudio_resample()
+    if whole is not None:
+        return BlockResampler(source_rate, target_rate, whole, zero_crossings=ZERO_CROSSINGS)
+    return LinearResampler(source_rate, target_rate)
+
+
+def resampled(chunks: Iterator[Any], source_rate: int, target_rate: int) -> Iterator[bytes]:
+    """``chunks`` (int16 mono) converted to ``target_rate``; closing it closes ``chunks``."""
+    converter = make_resampler(source_rate, target_rate)
+    try:
+        for chunk in chunks:
+            out = converter.feed(chunk)
+            if out:
+                yield out
+        tail = converter.flush()
+        if tail:
+            yield tail
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()

@@ -526,16 +526,15 @@ class Server:
         if native is None:
             raise EngineError("the engine reported no sample rate after loading", code="internal")
         rate = request.sample_rate or native
-        resampler = None
-        if rate != native:
-            from ._resample import LinearResampler  # numpy, only when asked for
-
-            resampler = LinearResampler(native, rate)
         ring = self.shared_audio
         began = time.monotonic()
         samples = 0
         seq = 0
         chunks: Iterator[Any] = iter(engine.synthesize(request, progress, job.cancel.is_set))
+        if rate != native:
+            from ._resample import resampled  # numpy, only when asked for
+
+            chunks = resampled(chunks, native, rate)
         try:
             for chunk in chunks:
                 if job.cancel.is_set():
@@ -545,8 +544,6 @@ class Server:
                     raise EngineError(
                         f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
                     )
-                if resampler is not None:
-                    view = memoryview(resampler.feed(view))
                 if seq == 0 and len(view):
                     timings["first_audio"] = time.monotonic() - job.enqueued
                 step = self._audio_frame_bytes

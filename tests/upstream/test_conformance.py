@@ -13,6 +13,7 @@ trio is covered by the main suite (against stand-ins that now match upstream).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -98,6 +99,12 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         first_audio = next(i for i, e in enumerate(events) if " ready (" in e.message)
         assert "prepare" in stages[:first_audio], stages
         assert all(e.stage != "prepare" for e in events[first_audio:])
+        native = len(audio.samples)
+
+        # A requested rate: torchaudio's band-limited resampler, streamed, every sample there.
+        resampled = await c.synthesize("Hello.", voice=voice, sample_rate=16000, **FAST)
+        assert resampled.sample_rate == 16000
+        assert len(resampled.samples) == math.ceil(native * 16000 / 22050)
 
         # Several segments: one silence between each pair, none after the last.
         events = []
