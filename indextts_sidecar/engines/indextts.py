@@ -699,7 +699,8 @@ class _IndexTTSEngine(Engine[Any, Any]):
         if version is None:
             # Nothing recognisable (often: no directory at all): list what this engine needs.
             version = self._PREFER[-1] if len(self._PREFER) == 1 else "2"
-            self._check_checkpoints(Flavour(kind=version, module="", location=None), False)
+            qwen_emo = opts.use_qwen_emo if opts.use_qwen_emo is not None else version == "2"
+            self._check_checkpoints(Flavour(kind=version, module="", location=None), bool(qwen_emo))
             return version
         if version not in self._PREFER:
             other = "indextts2.5" if version == "2.5" else "indextts2"
