@@ -881,11 +881,6 @@ def test_errors_of_the_first_next_are_reported_as_preparing_the_references(
     assert len(_speak(engine, _request(IndexTTS2Engine, voice))) == 1, "the model stays usable"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adapter bug: _stream reports every OSError of upstream's first next() with field $.voice, "
-    "also when the emotion reference clip is the file that failed",
-)
 def test_a_failing_emotion_clip_is_named_as_such(
     ckpt: Path, voice: str, tmp_path: Path, standin: Callable[[str], None]
 ) -> None:
@@ -1205,11 +1200,6 @@ def test_voice_cache_0_keeps_no_conditionings(
     assert engine.info()["voice_cache"]["entries"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adapter bug: with voice_cache=0, _VoiceCache.restore counts every request a miss and clears "
-    "upstream's slot, so even the same voice twice in a row is reprocessed (the option says 0 keeps upstream's own)",
-)
 def test_voice_cache_0_still_reuses_upstreams_slot_for_a_repeated_voice(
     ckpt: Path, voice: str, standin: Callable[[str], None], calls: Callable[[], list[dict[str, Any]]]
 ) -> None:
