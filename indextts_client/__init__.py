@@ -38,6 +38,7 @@ from ._exceptions import (
     StartError,
     VersionMismatchError,
 )
+from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
 from ._types import Health, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
@@ -59,6 +60,9 @@ __all__ = [
     "InvalidRequestError",
     "LoadFailedError",
     "LossInfo",
+    "MemberHealth",
+    "Pool",
+    "PoolStream",
     "ProgressCallback",
     "ProgressEvent",
     "ProtocolError",

@@ -61,6 +61,9 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     #: Exit the whole process with ``exit_code`` before chunk N (a crash).
     crash_at: Union[_Count, None] = None
     exit_code: Annotated[int, msgspec.Meta(ge=0, le=255)] = 70
+    #: With ``crash_at``: crash only the first time, across every process, by creating
+    #: this marker file (a crash that a retry on another sidecar survives).
+    crash_once: Union[str, None] = None
     #: Block before chunk N until the request is cancelled (a hang).
     hang_at: Union[_Count, None] = None
     #: Lines printed per request, half through ``print`` and half written to fd 1 directly.
@@ -183,7 +186,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 _sleep_unless_cancelled(opts.delay, cancelled)
             if index == opts.fail_at:
                 raise EngineError(opts.fail_message)
-            if index == opts.crash_at:
+            if index == opts.crash_at and (opts.crash_once is None or _first_time(opts.crash_once)):
                 sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
                 sys.stderr.flush()
                 os._exit(opts.exit_code)
@@ -195,6 +198,15 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             progress("synthesize", (index + 1) / count)
             yield audio[index * chunk : (index + 1) * chunk]
+
+
+def _first_time(marker: str) -> bool:
+    """Create ``marker``; False if it already existed."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _sleep_unless_cancelled(seconds: float, cancelled: Callable[[], bool]) -> None:
