@@ -312,11 +312,31 @@ class Server:
                 return EXIT_OK
             try:
                 message = protocol.decode_request(body)
-            except msgspec.MsgspecError as exc:
-                error = protocol.describe_invalid(body, exc)
-                if error.id is not None and error.id in self._inflight:
-                    error.id = None  # never a second terminal frame for a live id
-                self._send(error)
+            except (msgspec.MsgspecError, RecursionError) as exc:
+                # RecursionError: nested deeper than msgspec can follow. One bad message
+                # costs that message only, never the connection.
+                self._reject(protocol.describe_invalid(body, exc))
+                continue
+            if message.id in self._inflight:
+                # Checked first, for every op: a ping, cancel or shutdown reusing a live
+                # id would otherwise give that id a second terminal frame.
+                self._send(
+                    Error(
+                        code="duplicate_id",
+                        message=f"request id {message.id} is already in flight",
+                        detail={"field": "$.id"},
+                    )
+                )
+                continue
+            if isinstance(message, Cancel) and message.target == message.id:
+                self._send(
+                    Error(
+                        code="invalid_message",
+                        id=message.id,
+                        message=f"cancel {message.id} names itself as its target",
+                        detail={"field": "$.target"},
+                    )
+                )
                 continue
             if isinstance(message, Shutdown):
                 await self._stop_jobs()
@@ -326,6 +346,12 @@ class Server:
 
     # ----------------------------------------------------------- dispatch
 
+    def _reject(self, error: Error) -> None:
+        """Answer a message that could not be decoded."""
+        if error.id is not None and error.id in self._inflight:
+            error.id = None  # never a second terminal frame for a live id
+        self._send(error)
+
     def _dispatch(self, message: protocol.Request) -> None:
         if isinstance(message, Ping):
             self._send(self._pong(message.id))
@@ -333,15 +359,6 @@ class Server:
         if isinstance(message, Cancel):
             found = self._cancel(message.target)
             self._send(Ok(id=message.id, info={"found": found}))
-            return
-        if message.id in self._inflight:
-            self._send(
-                Error(
-                    code="duplicate_id",
-                    message=f"request id {message.id} is already in flight",
-                    detail={"field": "$.id"},
-                )
-            )
             return
         job: _Job
         if isinstance(message, Synthesize):
