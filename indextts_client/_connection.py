@@ -542,6 +542,24 @@ class Connection(Requester):
             raise InvalidRequestError(
                 f"the request cannot be encoded: {exc}", code="invalid_option", request_id=request_id
             ) from None
+        except RecursionError:
+            raise InvalidRequestError(
+                f"the request is nested too deep to encode (at most {protocol.MAX_DEPTH} levels)",
+                code="invalid_option",
+                request_id=request_id,
+                detail={"field": "$"},
+            ) from None
+        if isinstance(message, protocol.Synthesize) and message.options:
+            # Only engine options can nest without limit; the sidecar may refuse deeper ones.
+            depth = protocol.peek(data[protocol.HEADER :]).depth
+            if depth > protocol.MAX_DEPTH:
+                raise InvalidRequestError(
+                    f"the request is nested {depth} levels deep, more than the {protocol.MAX_DEPTH} "
+                    "a sidecar must accept",
+                    code="invalid_option",
+                    request_id=request_id,
+                    detail={"field": "$", "depth": depth},
+                )
         size = len(data) - protocol.HEADER
         if size > self.ready.max_frame_size:
             raise InvalidRequestError(

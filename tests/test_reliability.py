@@ -6,7 +6,9 @@ import anyio
 import msgspec
 import pytest
 from harness import sidecar
+from test_client_support import expected, fake_client
 
+from indextts_client import InvalidRequestError
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
 
@@ -116,3 +118,29 @@ async def test_ids_outside_the_range_are_rejected_not_echoed(bad_id: int) -> Non
             assert (error.id, error.code, error.detail["field"]) == (None, "invalid_message", "$.id")
             assert str(bad_id) in error.message
             await assert_alive(peer, protocol.MAX_ID)  # the largest id is fine
+
+
+async def test_client_refuses_deep_options_before_sending() -> None:
+    def nest(depth: int) -> list[object]:
+        value: list[object] = []
+        for _ in range(depth - 1):
+            value = [value]
+        return value
+
+    cycle: list[object] = []
+    cycle.append(cycle)
+    with anyio.fail_after(20):
+        async with fake_client() as client:
+            pid = client.pid
+            # 980: the reproducer on trio (too deep even to encode, depending on the stack).
+            for value in (nest(200), nest(980), nest(100_000), cycle):
+                with pytest.raises(InvalidRequestError) as caught:
+                    await client.synthesize("hi", nested=value)
+                assert caught.value.code == "invalid_option" and caught.value.detail["field"] == "$"
+                assert "nested" in caught.value.message
+            # 64 levels (the top-level map and options count) are sent and decoded.
+            with pytest.raises(InvalidRequestError) as caught:
+                await client.synthesize("hi", nested=nest(protocol.MAX_DEPTH - 2))
+            assert caught.value.code == "unknown_option" and caught.value.detail["field"] == "$.options.nested"
+            assert (await client.synthesize("after")).samples.tobytes() == expected("after")
+            assert client.pid == pid and client.restarts == 0
