@@ -118,7 +118,7 @@ class _Session:
             self.resolved.is_set()
             and self.failure is None
             and self.conn is not None
-            and not self.conn.closed
+            and self.conn.accepting
             and not self.stop_requested.is_set()
         )
 
@@ -134,6 +134,8 @@ class _Session:
             return self.failure
         if self.conn is not None and self.conn.error is not None:
             return self.conn.error
+        if self.conn is not None and self.conn.ending is not None:
+            return self.conn.ending
         return None
 
     @property

@@ -45,6 +45,7 @@ from ._exceptions import (
     ProtocolError,
     SidecarError,
     StartError,
+    UnreadError,
     VersionMismatchError,
     describe_exit,
     fresh,
@@ -189,6 +190,9 @@ class Connection(Requester):
         self._fatal: Union[protocol.Error, None] = None
         self._error: Union[SidecarError, None] = None
         self._closing = False
+        #: Set when the sidecar announced it stopped reading (an ``error`` without id,
+        #: code ``shutting_down``): no request may be sent on this connection any more.
+        self._ending: Union[ClosedError, None] = None
         self._started = False
         self._ready_event = anyio.Event()
         self._reader_done = anyio.Event()
@@ -215,6 +219,16 @@ class Connection(Requester):
     def closed(self) -> bool:
         """Whether the connection has ended (failed or closed); see :attr:`error`."""
         return self._error is not None
+
+    @property
+    def accepting(self) -> bool:
+        """Whether requests may be sent: open, and the sidecar has not announced its end."""
+        return self._error is None and self._ending is None
+
+    @property
+    def ending(self) -> Union[ClosedError, None]:
+        """Why the sidecar stopped reading, when it announced it before its stream ended."""
+        return self._ending
 
     @property
     def error(self) -> Union[SidecarError, None]:
@@ -476,6 +490,16 @@ class Connection(Requester):
 
     def _connection_error(self, error: protocol.Error) -> None:
         message = self._redact(error.message)
+        if error.code == "shutting_down":
+            # The sidecar stopped reading (SIGTERM, end of input) and has already sent
+            # the terminal frame of every request it read: those still pending never
+            # reached it, and a supervisor may send them to a new sidecar.
+            log.info("the sidecar is stopping on its own: %s", message)
+            self._ending = ClosedError(f"the sidecar stopped on its own: {message}")
+            for exchange in list(self._pending.values()):
+                del self._pending[exchange.id]
+                exchange.fail(UnreadError(f"the sidecar stopped before reading request {exchange.id}"))
+            return
         if error.detail.get("fatal") or error.code in ("frame_too_large", "truncated_frame"):
             self._fatal = error
             log.error("the sidecar lost framing: %s: %s", error.code, message)
@@ -529,6 +553,8 @@ class Connection(Requester):
             raise fresh(self._error)
         if self.ready is None:
             raise RuntimeError("the connection has not received 'ready' yet")
+        if self._ending is not None:
+            raise UnreadError(self._ending.message)
 
     def _register(self, build: _Build) -> _Exchange:
         """Allocate an id, encode the request and register it; nothing is sent yet."""
@@ -583,6 +609,10 @@ class Connection(Requester):
         async with self._send_lock:
             if self._error is not None:
                 raise fresh(self._error)
+            if self._ending is not None:
+                if exchange is not None:
+                    self._pending.pop(exchange.id, None)
+                raise UnreadError(self._ending.message)
             with anyio.CancelScope(shield=True):
                 if exchange is not None:
                     exchange.sent_at = anyio.current_time()
@@ -658,6 +688,8 @@ class Connection(Requester):
                 target.cancel_sent.set()
 
     async def _connection(self) -> Connection:
+        if self._ending is not None and self._error is None:
+            raise fresh(self._ending)  # nothing can restart this sidecar
         self._check_open()
         return self
 

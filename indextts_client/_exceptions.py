@@ -241,6 +241,10 @@ class ClosedError(SidecarError):
     """The client or connection is closed (or closing)."""
 
 
+class UnreadError(ClosedError):
+    """The sidecar stopped without reading this request; a client sends it to a new sidecar."""
+
+
 _INVALID_CODES = frozenset(
     {"invalid_option", "unknown_option", "invalid_input", "invalid_message", "unknown_op", "duplicate_id"}
 )

@@ -186,6 +186,7 @@ class Server:
         self._audio_slots = threading.Semaphore(_AUDIO_SLOTS)
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._read_scope = anyio.CancelScope()
+        self._shutdown_requested = False
         self._writer_done = anyio.Event()
 
     # ------------------------------------------------------------ output
@@ -273,6 +274,15 @@ class Server:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._stop_jobs()
+                        if code == EXIT_OK and not self._shutdown_requested:
+                            # After every terminal frame: a request without one was never
+                            # read, and the parent may send it to a new sidecar.
+                            self._send(
+                                Error(
+                                    code="shutting_down",
+                                    message="the sidecar is stopping; it read no request after those it ended",
+                                )
+                            )
                         self._out_send.close()
                         # The writer flushes what is queued, then ends.
                         with anyio.move_on_after(self.shutdown_grace):
@@ -339,6 +349,7 @@ class Server:
                 )
                 continue
             if isinstance(message, Shutdown):
+                self._shutdown_requested = True
                 await self._stop_jobs()
                 self._send(Ok(id=message.id, info={"exit_code": EXIT_OK}))
                 return EXIT_OK

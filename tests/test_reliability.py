@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+
 import anyio
 import msgspec
 import pytest
 from harness import sidecar
 from test_client_support import expected, fake_client
 
-from indextts_client import InvalidRequestError
+from indextts_client import InvalidRequestError, RequestCancelledError
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
 
@@ -144,3 +148,47 @@ async def test_client_refuses_deep_options_before_sending() -> None:
             assert caught.value.code == "unknown_option" and caught.value.detail["field"] == "$.options.nested"
             assert (await client.synthesize("after")).samples.tobytes() == expected("after")
             assert client.pid == pid and client.restarts == 0
+
+
+# ---------------------------------------------------------------- defect 3
+
+
+class _Seen(logging.Handler):
+    """Sets an event when a log record's message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+async def test_first_call_after_the_sidecar_stops_on_its_own_restarts_it() -> None:
+    seen = _Seen("received signal")
+    logger = logging.getLogger("indextts_client.sidecar")
+    logger.addHandler(seen)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with anyio.fail_after(20):
+            async with fake_client() as client:
+                await client.load()
+                old = client.pid
+                assert old is not None
+                async with client.request("long", seconds=30, chunk_seconds=0.01, delay=0.01) as running:
+                    await running.__anext__()
+                    os.kill(old, signal.SIGTERM)
+                    await seen.event.wait()  # the sidecar has stopped reading
+                    # Sent to the dying sidecar, which will never read it: sent again to a new one.
+                    audio = await client.synthesize("after")
+                    assert audio.samples.tobytes() == expected("after")
+                    with pytest.raises(RequestCancelledError) as caught:
+                        await running.result()
+                    assert caught.value.code == "shutting_down"
+                assert client.pid != old and client.restarts == 1
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
