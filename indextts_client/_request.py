@@ -197,15 +197,16 @@ class _Tracked:
         while True:
             if ex.items:
                 return ex.items.popleft()
-            if ex.error is not None:
-                if isinstance(ex.error, UnreadError) and self._resends < _MAX_RESENDS:
+            error = ex.error
+            if error is not None:
+                if isinstance(error, UnreadError) and self._resends < _MAX_RESENDS:
                     # The sidecar stopped on its own before reading this request.
                     self._resends += 1
                     await self._send()
                     ex, conn = self._ex, self._conn
                     assert ex is not None and conn is not None
                     continue
-                raise ex.error
+                raise error
             deadline, which = self._next_deadline(ex, conn)
             if anyio.current_time() >= deadline:
                 self._fire(which)
