@@ -52,7 +52,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--shared-audio-fd",
-        type=int,
         default=None,
         metavar="FD",
         help="inherited shared memory file to carry large audio chunks in (see docs/protocol.md)",
@@ -81,6 +80,17 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
         except msgspec.DecodeError:
             options[key.replace("-", "_")] = raw
     return options
+
+
+_SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
+
+
+def _fd_number(text: str) -> Union[int, None]:
+    """``text`` as a descriptor number (ASCII decimal digits, below 2^31), else None."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    number = int(text)
+    return number if number < 2**31 else None
 
 
 def _startup_error(write_fd: int, code: str, message: str, field: Union[str, None]) -> int:
@@ -128,18 +138,28 @@ def main(argv: Union[list[str], None] = None) -> int:
         return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
     ring = None
-    shared_fd = args.shared_audio_fd
-    named = os.environ.pop("INDEXTTS_SIDECAR_SHARED_AUDIO_FD", None)  # not for the engine's children
-    if shared_fd is None and named is not None and named.isdigit():
-        shared_fd = int(named)
-    if shared_fd is not None:
+    raw_fd, source = args.shared_audio_fd, "--shared-audio-fd"
+    named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
+    if raw_fd is None and named is not None:
+        if named.isdigit():
+            raw_fd, source = named, _SHARED_FD_ENV
+        else:
+            # Not a descriptor number at all ('', 'abc', ' 3', '-1'): a sidecar too old to
+            # know the variable ignores it, and so does this one, but it says so.
+            sys.stderr.write(f"indextts_sidecar: ignoring {_SHARED_FD_ENV}={named!r}: not a file descriptor number\n")
+    if raw_fd is not None:
         from ._shm import AudioRing
 
+        shared_fd = _fd_number(raw_fd)
+        if shared_fd is None:
+            return _startup_error(
+                write_fd, "invalid_option", f"{source}: {raw_fd!r} is not a file descriptor number", source
+            )
         try:
             ring = AudioRing(shared_fd)
             os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
-        except (OSError, ValueError) as exc:
-            return _startup_error(write_fd, "invalid_option", f"--shared-audio-fd: {exc}", "--shared-audio-fd")
+        except (OSError, ValueError, OverflowError) as exc:
+            return _startup_error(write_fd, "invalid_option", f"{source}: {exc}", source)
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,

@@ -9,7 +9,7 @@ import signal
 import anyio
 import msgspec
 import pytest
-from harness import sidecar
+from harness import sidecar, spawn
 from test_client_support import expected, fake_client
 
 from indextts_client import InvalidRequestError, RequestCancelledError
@@ -192,3 +192,42 @@ async def test_first_call_after_the_sidecar_stops_on_its_own_restarts_it() -> No
     finally:
         logger.removeHandler(seen)
         logger.setLevel(level)
+
+
+# ---------------------------------------------------------------- defect 4
+
+_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "source"),
+    [
+        ((), {_FD_ENV: "\u00b2"}, _FD_ENV),  # passes str.isdigit()
+        ((), {_FD_ENV: "99999999999999999999"}, _FD_ENV),
+        (("--shared-audio-fd", "\u00b2"), {}, "--shared-audio-fd"),
+        (("--shared-audio-fd", "99999999999999999999"), {}, "--shared-audio-fd"),
+        (("--shared-audio-fd", "-1"), {}, "--shared-audio-fd"),
+        (("--shared-audio-fd", "2147483647"), {}, "--shared-audio-fd"),  # a number, but no such descriptor
+    ],
+)
+async def test_bad_shared_audio_fd_is_a_startup_error(args: tuple[str, ...], env: dict[str, str], source: str) -> None:
+    with anyio.fail_after(20):
+        async with spawn("fake", *args, env=env) as peer:
+            error = await peer.expect(Error)
+            assert (error.id, error.code, error.detail) == (None, "invalid_option", {"field": source})
+            assert error.message.startswith(f"{source}: ")
+            assert await peer.recv() is None
+            assert await peer.process.wait() == 2
+            assert "Traceback" not in peer.stderr()
+
+
+@pytest.mark.parametrize("value", ["abc", " 3", "-1", ""])
+async def test_ignored_shared_audio_fd_values_are_logged(value: str) -> None:
+    with anyio.fail_after(20):
+        async with spawn("fake", env={_FD_ENV: value}) as peer:
+            ready = await peer.expect(protocol.Ready)
+            assert "shared_audio" not in ready.capabilities
+            await assert_alive(peer, 1)
+            await peer.stdin.aclose()
+            assert await peer.process.wait() == 0
+            assert f"ignoring {_FD_ENV}={value!r}: not a file descriptor number" in peer.stderr()
