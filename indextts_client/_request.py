@@ -250,12 +250,14 @@ class _Tracked:
     def _frame_error(self, reply: protocol.Error) -> Exception:
         assert self._conn is not None
         self._state = "failed"
+        redact = self._conn._redact
         self._failure = error_for_frame(
             reply.code,
-            self._conn._redact(reply.message),
+            redact(reply.message),
             request_id=reply.id,
             retryable=reply.retryable,
-            detail=reply.detail,
+            # detail["traceback"] quotes the engine's locals and arguments: secrets too.
+            detail={key: redact(value) if isinstance(value, str) else value for key, value in reply.detail.items()},
         )
         return self._failure
 

@@ -12,7 +12,7 @@ import pytest
 from harness import sidecar, spawn
 from test_client_support import expected, fake_client
 
-from indextts_client import InvalidRequestError, RequestCancelledError
+from indextts_client import EngineError, InvalidRequestError, RequestCancelledError
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
 
@@ -231,3 +231,21 @@ async def test_ignored_shared_audio_fd_values_are_logged(value: str) -> None:
             await peer.stdin.aclose()
             assert await peer.process.wait() == 0
             assert f"ignoring {_FD_ENV}={value!r}: not a file descriptor number" in peer.stderr()
+
+
+# ---------------------------------------------------------------- defect 5
+
+
+async def test_tracebacks_from_the_sidecar_are_redacted() -> None:
+    secret = "hunter2-in-a-traceback"
+    token = "hf_" + "a1B2c3D4" * 5
+    with anyio.fail_after(20):
+        async with fake_client(env={"SERVICE_API_KEY": secret}) as client:
+            with pytest.raises(EngineError) as caught:
+                await client.synthesize("x", fail_at=0, fail_raw=True, fail_message=f"key={secret} token={token}")
+    error = caught.value
+    assert error.code == "engine_error"
+    traceback = error.detail["traceback"]
+    assert "RuntimeError: key=*** token=***" in traceback and "Traceback" in traceback
+    for text in (traceback, error.message, str(error)):
+        assert secret not in text and token not in text

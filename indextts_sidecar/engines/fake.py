@@ -58,6 +58,8 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     #: Raise an ``engine_error`` before chunk N, with ``fail_message``.
     fail_at: Union[_Count, None] = None
     fail_message: str = "injected failure"
+    #: Raise a plain ``RuntimeError`` instead: an engine bug, reported with ``detail.traceback``.
+    fail_raw: bool = False
     #: Exit the whole process with ``exit_code`` before chunk N (a crash).
     crash_at: Union[_Count, None] = None
     exit_code: Annotated[int, msgspec.Meta(ge=0, le=255)] = 70
@@ -182,6 +184,8 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             if opts.delay:
                 _sleep_unless_cancelled(opts.delay, cancelled)
             if index == opts.fail_at:
+                if opts.fail_raw:
+                    raise RuntimeError(opts.fail_message)
                 raise EngineError(opts.fail_message)
             if index == opts.crash_at:
                 sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
