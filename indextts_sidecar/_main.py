@@ -56,6 +56,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FD",
         help="inherited shared memory file to carry large audio chunks in (see docs/protocol.md)",
     )
+    parser.add_argument(
+        "--max-text",
+        type=int,
+        default=100_000,
+        help="longest request text in characters; longer ones get invalid_input (default 100000)",
+    )
+    parser.add_argument(
+        "--max-outgoing",
+        type=int,
+        default=1024,
+        help="replies queued for a parent that does not read them before requests stop being read (default 1024)",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
@@ -119,6 +131,9 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
+    for name, value in (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing)):
+        if value < 1:
+            return _startup_error(write_fd, "invalid_option", f"{name} must be at least 1", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -191,6 +206,8 @@ def main(argv: Union[list[str], None] = None) -> int:
             max_frame_size=args.max_frame_size,
             frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
             shared_audio=ring,
+            max_text=args.max_text,
+            max_outgoing=args.max_outgoing,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)

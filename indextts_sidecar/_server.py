@@ -44,6 +44,11 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FRAMING = 3
 
+#: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
+DEFAULT_MAX_TEXT = 100_000
+#: Frames queued for the parent past which the reader stops reading requests (``--max-outgoing``).
+DEFAULT_MAX_OUTGOING = 1024
+
 _AUDIO_SLOTS = 4
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
 #: Chunks smaller than this travel in the frame: the pipe moves them as fast, and the ring
@@ -166,8 +171,12 @@ class Server:
         frame_timeout: Union[float, None] = 10.0,
         shutdown_grace: float = 0.5,
         shared_audio: Union[AudioRing, None] = None,
+        max_text: int = DEFAULT_MAX_TEXT,
+        max_outgoing: int = DEFAULT_MAX_OUTGOING,
     ) -> None:
         self.engine = engine
+        self.max_text = max_text
+        self.max_outgoing = max_outgoing
         self.shared_audio = shared_audio
         self.max_queue = max_queue
         self.max_frame_size = max_frame_size
@@ -187,6 +196,7 @@ class Server:
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._read_scope = anyio.CancelScope()
         self._shutdown_requested = False
+        self._drained = anyio.Event()
         self._writer_done = anyio.Event()
 
     # ------------------------------------------------------------ output
@@ -248,6 +258,8 @@ class Server:
                 finally:
                     for _ in range(audio):
                         self._audio_slots.release()
+                if self._out_receive.statistics().current_buffer_used <= self.max_outgoing // 2:
+                    self._drained.set()
 
     # ------------------------------------------------------------- serve
 
@@ -311,6 +323,12 @@ class Server:
 
     async def _read_loop(self, reader: FrameReader) -> int:
         while True:
+            while self._out_send.statistics().current_buffer_used >= self.max_outgoing:
+                # The parent is not reading replies: stop reading requests (which make
+                # more replies) until half the queue is written. The pipe then fills up,
+                # and the parent's writes wait, instead of our memory growing.
+                self._drained = anyio.Event()
+                await self._drained.wait()
             try:
                 body = await reader.receive()
             except FramingError as exc:
@@ -405,6 +423,12 @@ class Server:
             text = str(exc)
             code = "unknown_option" if "unknown field" in text else "invalid_option"
             raise EngineError(f"options: {text}", code=code, field=protocol.field_of(exc, "$.options")) from None
+        if len(message.text) > self.max_text:
+            raise EngineError(
+                f"text of {len(message.text)} characters is longer than the limit of {self.max_text} (--max-text)",
+                code="invalid_input",
+                field="$.text",
+            )
         if message.sample_rate is not None and not 1000 <= message.sample_rate <= 384000:
             raise EngineError(
                 f"sample_rate {message.sample_rate} is outside 1000..384000 Hz",

@@ -9,11 +9,13 @@ import signal
 import anyio
 import msgspec
 import pytest
-from harness import sidecar, spawn
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from harness import pcm_of, sidecar, spawn
 from test_client_support import expected, fake_client
 
 from indextts_client import EngineError, InvalidRequestError, RequestCancelledError
 from indextts_sidecar import protocol
+from indextts_sidecar.engines.fake import render_bytes
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
 
 pytestmark = pytest.mark.anyio
@@ -249,3 +251,71 @@ async def test_tracebacks_from_the_sidecar_are_redacted() -> None:
     assert "RuntimeError: key=*** token=***" in traceback and "Traceback" in traceback
     for text in (traceback, error.message, str(error)):
         assert secret not in text and token not in text
+
+
+# ---------------------------------------------------------------- bounds
+
+
+async def test_text_longer_than_the_limit_is_invalid_input() -> None:
+    with anyio.fail_after(20):
+        async with sidecar("fake", "--max-text", "10") as peer:
+            await peer.send(Synthesize(id=1, text="x" * 11))
+            error = await peer.expect(Error)
+            assert (error.id, error.code, error.detail) == (1, "invalid_input", {"field": "$.text"})
+            assert "11 characters" in error.message and "limit of 10" in error.message
+            frames = await peer.request(Synthesize(id=2, text="y" * 10))
+            assert pcm_of(frames) == render_bytes("y" * 10, 24000)
+        async with fake_client() as client:  # the default: 100,000 characters
+            with pytest.raises(InvalidRequestError) as caught:
+                await client.synthesize("z" * 100_001)
+            assert caught.value.code == "invalid_input" and caught.value.detail["field"] == "$.text"
+
+
+class _Feed(ByteReceiveStream):
+    """Requests that are all there at once, then a parent that neither writes nor closes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.consumed = 0
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self.consumed >= len(self.data):
+            await anyio.sleep_forever()
+        chunk = self.data[self.consumed : self.consumed + max_bytes]
+        self.consumed += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Stalled(ByteSendStream):
+    """A parent that never reads its replies: the first write never completes."""
+
+    async def send(self, item: bytes) -> None:
+        await anyio.sleep_forever()
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_replies_nobody_reads_stop_the_reading_of_requests() -> None:
+    from indextts_sidecar._server import Server
+    from indextts_sidecar.engines.fake import FakeEngine, FakeOptions
+
+    ping = protocol.frame(Ping(id=1))
+    count = 200_000  # 2.4 MB of pings: the issue's 53 MB of queued pongs
+    feed = _Feed(ping * count)
+    server = Server(FakeEngine(FakeOptions()), max_outgoing=256, shutdown_grace=0)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, feed, _Stalled())
+            await anyio.wait_all_tasks_blocked()
+            # Every task waits: the writer on the parent, the reader on the queue draining.
+            read = feed.consumed // len(ping)
+            assert read < 256 + 2 * 65536 // len(ping), read
+            assert server._out_send.statistics().current_buffer_used <= 256
+            tg.cancel_scope.cancel()
