@@ -205,6 +205,7 @@ class Client(Requester):
         frame_timeout: Union[float, None] = 10.0,
         redact: Iterable[str] = (),
         shared_audio: int = 4 * 1024 * 1024,
+        max_buffered: int = 64 * 1024 * 1024,
     ) -> None:
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
@@ -236,6 +237,7 @@ class Client(Requester):
         self._max_restart_backoff = max_restart_backoff
         self._on_restart = on_restart
         self._frame_timeout = frame_timeout
+        self._max_buffered = max_buffered
         # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
         self._shared_audio = shared_audio if command is None else 0
         self._streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
@@ -532,6 +534,7 @@ class Client(Requester):
             redact=self._redact,
             ids=self._ids,
             shared_audio=child.ring if child is not None else None,
+            max_buffered=self._max_buffered,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:

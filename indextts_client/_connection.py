@@ -39,6 +39,7 @@ from indextts_sidecar._shm import AudioRing, RingError
 
 from ._audio import AudioAssembler
 from ._exceptions import (
+    BufferFullError,
     ClosedError,
     CrashedError,
     InvalidRequestError,
@@ -56,6 +57,8 @@ from ._types import SidecarInfo
 __all__ = ["Connection", "LossInfo"]
 
 _NO_SAMPLES = memoryview(b"")
+#: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
+DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
 
 log = logging.getLogger("indextts_client")
 
@@ -85,6 +88,7 @@ class _Exchange:
 
     __slots__ = (
         "abandoned",
+        "buffered",
         "cancel_sent",
         "data",
         "error",
@@ -105,6 +109,8 @@ class _Exchange:
         self.wakeup = anyio.Event()
         self.error: Union[SidecarError, None] = None
         self.abandoned = False
+        #: Bytes of audio in ``items``, not yet consumed.
+        self.buffered = 0
         self.sent = False
         self.sent_at = anyio.current_time()
         #: Arrival time of the last frame for this id (None until the first one).
@@ -170,8 +176,10 @@ class Connection(Requester):
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,
         shared_audio: Union[AudioRing, None] = None,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
     ) -> None:
         self._receive_stream = receive_stream
+        self._max_buffered = max_buffered
         self._ring = shared_audio
         self._send_stream = send_stream
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
@@ -418,7 +426,25 @@ class Connection(Requester):
         else:
             self.last_activity = now
         exchange.deliver(reply, now, terminal)
+        if isinstance(reply, protocol.Audio) and not exchange.abandoned:
+            exchange.buffered += len(reply.pcm)
+            if exchange.buffered > self._max_buffered and not terminal:
+                self._overflow(exchange)
         return None
+
+    def _overflow(self, exchange: _Exchange) -> None:
+        """A consumer fell too far behind: cancel its request, fail it; nobody else waits."""
+        error = BufferFullError(
+            f"request {exchange.id}: {exchange.buffered} bytes of audio arrived that its consumer did not take, "
+            f"more than max_buffered ({self._max_buffered}); the request was cancelled",
+            request_id=exchange.id,
+            limit=self._max_buffered,
+        )
+        log.warning("%s", error.message)
+        self._forget(exchange)  # cancels it on the sidecar; its later frames are dropped
+        exchange.buffered = 0
+        exchange.error = error
+        exchange.wakeup.set()
 
     def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
         """Samples out of the shared ring (which must keep flowing), or into the request's assembler."""

@@ -196,7 +196,10 @@ class _Tracked:
         assert ex is not None and conn is not None
         while True:
             if ex.items:
-                return ex.items.popleft()
+                item = ex.items.popleft()
+                if isinstance(item, protocol.Audio):
+                    ex.buffered -= len(item.pcm)
+                return item
             error = ex.error
             if error is not None:
                 if isinstance(error, UnreadError) and self._resends < _MAX_RESENDS:

@@ -13,7 +13,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from harness import pcm_of, sidecar, spawn
 from test_client_support import expected, fake_client
 
-from indextts_client import EngineError, InvalidRequestError, RequestCancelledError
+from indextts_client import BufferFullError, EngineError, InvalidRequestError, RequestCancelledError
 from indextts_sidecar import protocol
 from indextts_sidecar.engines.fake import render_bytes
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
@@ -319,3 +319,22 @@ async def test_replies_nobody_reads_stop_the_reading_of_requests() -> None:
             assert read < 256 + 2 * 65536 // len(ping), read
             assert server._out_send.statistics().current_buffer_used <= 256
             tg.cancel_scope.cancel()
+
+
+async def test_a_stalled_stream_consumer_fails_its_own_request_only() -> None:
+    with anyio.fail_after(30):
+        async with fake_client(max_buffered=1_000_000) as client:
+            # 100 s at 8 kHz: 1.6 MB of audio, in 0.5 s chunks of 8 kB.
+            async with client.stream("stalled", seconds=100) as stalled:
+                # The engine runs one request at a time: this one starts only once the
+                # stalled stream was cancelled (or finished).
+                other = await client.synthesize("other")
+                assert other.samples.tobytes() == expected("other")
+                with pytest.raises(BufferFullError) as caught:
+                    async for _ in stalled:
+                        pass
+            error = caught.value
+            assert error.limit == 1_000_000 and error.request_id is not None
+            assert "max_buffered (1000000)" in error.message and "cancelled" in error.message
+            health = await client.ping()
+            assert health.active is None and health.queue_depth == 0 and client.restarts == 0
