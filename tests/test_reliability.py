@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 import anyio
 import msgspec
 import pytest
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from harness import pcm_of, sidecar, spawn
-from test_client_support import expected, fake_client
+from test_client_support import assert_gone, expected, fake_client
 
-from indextts_client import BufferFullError, EngineError, InvalidRequestError, RequestCancelledError
+from indextts_client import BufferFullError, CrashedError, EngineError, InvalidRequestError, RequestCancelledError
 from indextts_sidecar import protocol
 from indextts_sidecar.engines.fake import render_bytes
 from indextts_sidecar.protocol import Cancel, Error, Ok, Ping, Pong, Shutdown, Synthesize
@@ -338,3 +339,36 @@ async def test_a_stalled_stream_consumer_fails_its_own_request_only() -> None:
             assert "max_buffered (1000000)" in error.message and "cancelled" in error.message
             health = await client.ping()
             assert health.active is None and health.queue_depth == 0 and client.restarts == 0
+
+
+async def test_heartbeat_kills_a_stopped_sidecar_and_the_next_call_restarts() -> None:
+    with anyio.fail_after(30):
+        # A pong takes about a millisecond: 0.5 s is a margin of hundreds.
+        async with fake_client(heartbeat=0.5, heartbeat_misses=2) as client:
+            await client.load()
+            old = client.pid
+            assert old is not None
+            async with client.request("hang", hang_at=0, idle_timeout=None) as hanging:
+                os.kill(old, signal.SIGSTOP)
+                with pytest.raises(CrashedError) as caught:
+                    await hanging.result()
+            error = caught.value
+            assert error.signal == signal.SIGKILL
+            assert "no pong to 2 heartbeats in a row (0.5 s each)" in error.message
+            assert (await client.synthesize("after")).samples.tobytes() == expected("after")
+            assert client.pid != old and client.restarts == 1
+        assert_gone(old)
+
+
+async def test_aclose_of_a_stopped_sidecar_is_quick() -> None:
+    with anyio.fail_after(30):
+        client = fake_client(shutdown_timeout=5.0)
+        await client.start()
+        pid = client.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        began = time.monotonic()
+        await client.aclose()
+        # Before: 'shutdown' went unanswered for shutdown_timeout, then SIGTERM waited as long.
+        assert time.monotonic() - began < 5.0
+    assert_gone(pid)
