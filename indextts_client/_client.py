@@ -39,6 +39,8 @@ from ._types import RestartCallback, SidecarInfo
 
 __all__ = ["Client"]
 
+PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
+
 log = logging.getLogger("indextts_client")
 
 _NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
@@ -211,6 +213,7 @@ class Client(Requester):
         max_buffered: int = 64 * 1024 * 1024,
         heartbeat: Union[float, None] = None,
         heartbeat_misses: int = 3,
+        exit_with_parent: bool = True,
     ) -> None:
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
@@ -233,6 +236,10 @@ class Client(Requester):
         """The sidecar's command line."""
         child_env = dict(os.environ) if inherit_env else {}
         child_env.update(env or {})
+        if exit_with_parent:
+            # The sidecar stops once this process is gone, even if a process forked from
+            # it keeps the pipes open. An environment variable: older sidecars ignore it.
+            child_env[PARENT_ENV] = str(os.getpid())
         self._env = child_env
         self._cwd = cwd
         self._redact = Redactor(child_env, redact)

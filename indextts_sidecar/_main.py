@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1024,
         help="replies queued for a parent that does not read them before requests stop being read (default 1024)",
     )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help=f"stop (as on SIGTERM) once process PID is gone; also {_PARENT_ENV} (see docs/protocol.md)",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
@@ -95,6 +102,9 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 
 
 _SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
+_PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
+#: Seconds between two looks at the parent process.
+_PARENT_POLL = 0.5
 
 
 def _fd_number(text: str) -> Union[int, None]:
@@ -175,6 +185,12 @@ def main(argv: Union[list[str], None] = None) -> int:
             os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
         except (OSError, ValueError, OverflowError) as exc:
             return _startup_error(write_fd, "invalid_option", f"{source}: {exc}", source)
+    parent_pid = args.parent_pid
+    named_parent = os.environ.pop(_PARENT_ENV, None)
+    if parent_pid is None and named_parent:
+        parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
+        if parent_pid is None:
+            sys.stderr.write(f"indextts_sidecar: ignoring {_PARENT_ENV}={named_parent!r}: not a process id\n")
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
@@ -211,6 +227,8 @@ def main(argv: Union[list[str], None] = None) -> int:
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)
+            if parent_pid is not None and parent_pid > 0:
+                tg.start_soon(_stop_without_parent, server, parent_pid)
             code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd))
             tg.cancel_scope.cancel()
         return code
@@ -227,6 +245,37 @@ def engine_thread_busy() -> bool:
     import threading
 
     return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a zombie has exited: its parent has not reaped it yet
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+    except OSError:
+        return False
+
+
+async def _stop_without_parent(server: Any, pid: int) -> None:
+    """Stop once process ``pid`` is gone, even if a process it forked keeps our pipes open."""
+    import logging
+
+    import anyio
+
+    # Our own parent: its end shows as a new parent id (no pid reuse can fool that).
+    direct = os.getppid() == pid
+    while True:
+        await anyio.sleep(_PARENT_POLL)
+        if os.getppid() != pid if direct else _process_gone(pid):
+            break
+    logging.getLogger("indextts_sidecar").warning("parent process %d is gone; stopping", pid)
+    server.stop()
 
 
 async def _stop_on_signal(server: Any) -> None:

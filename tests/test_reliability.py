@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 
 import anyio
 import msgspec
 import pytest
 from anyio.abc import ByteReceiveStream, ByteSendStream
-from harness import pcm_of, sidecar, spawn
+from harness import REPO, Peer, pcm_of, sidecar, spawn
 from test_client_support import assert_gone, expected, fake_client
 
 from indextts_client import BufferFullError, CrashedError, EngineError, InvalidRequestError, RequestCancelledError
@@ -372,3 +373,51 @@ async def test_aclose_of_a_stopped_sidecar_is_quick() -> None:
         # Before: 'shutdown' went unanswered for shutdown_timeout, then SIGTERM waited as long.
         assert time.monotonic() - began < 5.0
     assert_gone(pid)
+
+
+# ------------------------------------------------------------ parent death
+
+_FORKING_PARENT = """
+import os, signal, subprocess, sys
+sidecar = subprocess.Popen(
+    [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"],
+    stdin=subprocess.PIPE,
+    env={**os.environ, "INDEXTTS_SIDECAR_PARENT_PID": str(os.getpid())},
+)
+worker = os.fork()
+if worker == 0:  # keeps the sidecar's stdin open, and nothing else of ours
+    os.close(1)
+    signal.pause()
+    os._exit(0)
+sys.stderr.write(f"{sidecar.pid} {worker}\\n")
+sys.stderr.flush()
+signal.pause()
+"""
+
+
+async def test_the_sidecar_stops_when_its_parent_dies_despite_a_forked_worker() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    worker = 0
+    with anyio.fail_after(20):
+        parent = await anyio.open_process([sys.executable, "-c", _FORKING_PARENT], env=env)
+        try:
+            assert parent.stderr is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await parent.stderr.receive()
+            _sidecar, worker = map(int, line.split())
+            peer = Peer(parent, "")
+            await peer.expect(protocol.Ready)  # the sidecar writes to the stdout it got from the parent
+            parent.kill()
+            await parent.wait()
+            # The worker still holds the sidecar's stdin: only the parent watch can end it.
+            notice = await peer.expect(Error)
+            assert (notice.id, notice.code) == (None, "shutting_down")
+            assert await peer.recv() is None  # the sidecar closed its end: it exited
+        finally:
+            with anyio.CancelScope(shield=True):
+                if worker:
+                    os.kill(worker, signal.SIGKILL)
+                if parent.returncode is None:
+                    parent.kill()
+                await parent.aclose()
