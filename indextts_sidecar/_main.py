@@ -69,6 +69,19 @@ def _parser() -> argparse.ArgumentParser:
         help="replies queued for a parent that does not read them before requests stop being read (default 1024)",
     )
     parser.add_argument(
+        "--voice-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any)",
+    )
+    parser.add_argument(
+        "--max-voice-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="largest voice or emotion reference file, in bytes (default 64 MiB)",
+    )
+    parser.add_argument(
         "--parent-pid",
         type=int,
         default=None,
@@ -141,7 +154,13 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
-    for name, value in (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing)):
+    for directory in args.voice_dir:
+        if not os.path.isdir(directory):
+            return _startup_error(
+                write_fd, "invalid_option", f"--voice-dir {directory!r} is not a directory", "--voice-dir"
+            )
+    limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
+    for name, value in (*limits, ("--max-voice-bytes", args.max_voice_bytes)):
         if value < 1:
             return _startup_error(write_fd, "invalid_option", f"{name} must be at least 1", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
@@ -212,6 +231,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     import anyio
 
+    from ._paths import PathPolicy
     from ._server import Server
     from ._stdio import FdReceiveStream, FdSendStream
 
@@ -224,6 +244,7 @@ def main(argv: Union[list[str], None] = None) -> int:
             shared_audio=ring,
             max_text=args.max_text,
             max_outgoing=args.max_outgoing,
+            paths=PathPolicy(args.voice_dir, args.max_voice_bytes),
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)

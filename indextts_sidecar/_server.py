@@ -30,9 +30,23 @@ from anyio.lowlevel import current_token
 
 from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
+from ._paths import PathPolicy
 from ._shm import AudioRing
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
-from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
+from .protocol import (
+    Cancel,
+    Done,
+    EmotionAudio,
+    Error,
+    Load,
+    Ok,
+    Ping,
+    Pong,
+    Progress,
+    Shutdown,
+    Synthesize,
+    Unload,
+)
 
 __all__ = ["EngineThread", "Server"]
 
@@ -173,8 +187,10 @@ class Server:
         shared_audio: Union[AudioRing, None] = None,
         max_text: int = DEFAULT_MAX_TEXT,
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
+        paths: Union[PathPolicy, None] = None,
     ) -> None:
         self.engine = engine
+        self.paths = paths if paths is not None else PathPolicy()
         self.max_text = max_text
         self.max_outgoing = max_outgoing
         self.shared_audio = shared_audio
@@ -435,6 +451,11 @@ class Server:
                 code="invalid_option",
                 field="$.sample_rate",
             )
+        if engine.reads_paths:
+            if message.voice is not None:
+                self.paths.check(message.voice, "$.voice", "voice reference")
+            if isinstance(message.emotion, EmotionAudio):
+                self.paths.check(message.emotion.path, "$.emotion.path", "emotion reference")
         request = SynthesisRequest(
             id=message.id,
             text=message.text,

@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -421,3 +423,81 @@ async def test_the_sidecar_stops_when_its_parent_dies_despite_a_forked_worker() 
                 if parent.returncode is None:
                     parent.kill()
                 await parent.aclose()
+
+
+# ------------------------------------------------ the fake engine validates
+
+
+async def test_the_fake_engine_rejects_what_real_engines_reject(tmp_path: Path) -> None:
+    clip = tmp_path / "speaker.wav"
+    clip.write_bytes(b"RIFF a stand-in clip")
+    nan = float("nan")
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"text": ""}, "$.text", "text is empty"),
+        ({"text": " \n\t"}, "$.text", "text is empty"),
+        ({"emotion": {"happy": 5.0}}, "$.emotion.happy", "must be in [0, 1], got 5.0"),
+        ({"emotion": {"sad": -1.0}}, "$.emotion.sad", "must be in [0, 1], got -1.0"),
+        ({"emotion": {"calm": nan}}, "$.emotion.calm", "got nan"),
+        ({"emotion": {"happy": 0.7, "sad": 0.7}}, "$.emotion", "sum to 1.4"),
+        ({"emotion": {"happy": 0.5, "alpha": nan}}, "$.emotion.alpha", "got nan"),
+        ({"voice": str(tmp_path / "nobody.wav")}, "$.voice", "does not exist"),
+        ({"emotion": {"kind": "audio", "path": str(tmp_path)}}, "$.emotion.path", "is a directory"),
+    ]
+    with anyio.fail_after(30):
+        async with fake_client() as client:
+            for kwargs, field, fragment in cases:
+                text = kwargs.pop("text", "x")
+                with pytest.raises(InvalidRequestError) as caught:
+                    await client.synthesize(text, **kwargs)
+                assert caught.value.code == "invalid_input", kwargs
+                assert caught.value.detail["field"] == field and fragment in caught.value.message, caught.value
+            audio = await client.synthesize("ok", voice=str(clip), emotion={"happy": 0.6, "calm": 0.4})
+            assert audio.samples.tobytes() == expected("ok")
+        # validate=false: the old, permissive double, with its fault injection.
+        async with fake_client(engine_options={"validate": False}) as client:
+            assert len(await client.synthesize("", voice="anything", emotion={"happy": 5.0})) > 0
+            with pytest.raises(EngineError) as failed:
+                await client.synthesize("", fail_at=0)
+            assert failed.value.code == "engine_error"
+
+
+async def test_the_path_policy(tmp_path: Path) -> None:
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    inside = voices / "ok.wav"
+    inside.write_bytes(b"x" * 100)
+    big = voices / "big.wav"
+    with open(big, "wb") as f:  # sparse: 10 GB of nothing
+        f.truncate(10 * 1024**3)
+    outside = tmp_path / "outside.wav"
+    outside.write_bytes(b"x")
+    (voices / "link.wav").symlink_to(outside)
+    fifo = voices / "fifo.wav"
+    os.mkfifo(fifo)
+    cases = [
+        (str(outside), "outside the allowed directories"),
+        (str(voices / ".." / "outside.wav"), "outside the allowed directories"),
+        (str(voices / "link.wav"), "outside the allowed directories"),
+        (str(fifo), "not a regular file"),
+        (str(voices), "is a directory"),
+        (str(big), "more than the limit of 67108864 (--max-voice-bytes)"),
+        (str(voices / "none.wav"), "does not exist"),
+    ]
+    with anyio.fail_after(30):
+        async with fake_client(sidecar_args=["--voice-dir", str(voices)]) as client:
+            for path, fragment in cases:
+                for kwargs, field in (
+                    ({"voice": path}, "$.voice"),
+                    ({"emotion": {"kind": "audio", "path": path}}, "$.emotion.path"),
+                ):
+                    with pytest.raises(InvalidRequestError) as caught:
+                        await client.synthesize("x", **kwargs)
+                    assert caught.value.code == "invalid_input" and caught.value.detail["field"] == field
+                    assert fragment in caught.value.message, (path, caught.value.message)
+            assert len(await client.synthesize("x", voice=str(inside))) > 0
+        async with fake_client() as client:  # no allow-list: special files are still refused
+            for path, fragment in (("/proc/self/mem", "special file"), ("/dev/zero", "special file")):
+                with pytest.raises(InvalidRequestError) as caught:
+                    await client.synthesize("x", voice=path)
+                assert fragment in caught.value.message
+            assert len(await client.synthesize("x", voice=str(outside))) > 0

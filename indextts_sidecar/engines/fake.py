@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
+from ..protocol import EMOTION_NAMES, EmotionVector
 from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seconds_per_char: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.06
     #: Seconds of audio per chunk.
     chunk_seconds: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+    #: Reject what the real engines reject: empty text, emotion weights outside [0, 1] or
+    #: NaN, a ``voice`` that is not a readable file (the sidecar's path policy).
+    validate: bool = True
 
 
 class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -129,9 +133,29 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     def loaded(self) -> bool:
         return self._loaded
 
+    @property
+    def reads_paths(self) -> bool:
+        return self.options.validate
+
     def check(self, request: SynthesisRequest[FakeRequestOptions]) -> None:
         if request.voice is not None and request.voice.startswith("missing:"):
-            raise RequestError(f"voice {request.voice!r} does not exist", field="voice")
+            raise RequestError(f"voice {request.voice!r} does not exist", field="$.voice")
+        if not self.options.validate:
+            return
+        if not request.text.strip():
+            raise RequestError("text is empty", field="$.text")
+        emotion = request.emotion
+        if isinstance(emotion, EmotionVector):
+            for name, value in zip(EMOTION_NAMES, emotion.values(), strict=True):
+                if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                    raise RequestError(
+                        f"emotion weight {name} must be in [0, 1], got {value}", field=f"$.emotion.{name}"
+                    )
+            total = math.fsum(emotion.values())
+            if total > 1.0 + 1e-6:
+                raise RequestError(f"emotion weights sum to {total:g}; the sum must be at most 1", field="$.emotion")
+        if emotion is not None and not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
+            raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
 
     def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
         self._loads += 1
