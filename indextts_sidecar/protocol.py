@@ -501,7 +501,7 @@ def peek(body: Union[bytes, bytearray, memoryview]) -> Peek:
             depth = max(depth, deepest)
     except _Malformed:
         pass
-    raw_id = raw_ids[0] if len(raw_ids) == 1 else None  # two ids: none can be trusted
+    raw_id = raw_ids[-1] if raw_ids else None  # the last one, as the decoder takes it
     valid = raw_id if raw_id is not None and 0 <= raw_id <= MAX_ID else None
     return Peek(depth >= 1, op, has_op, valid, raw_id, depth)
 
