@@ -198,6 +198,8 @@ class Connection(Requester):
         self._fatal: Union[protocol.Error, None] = None
         self._error: Union[SidecarError, None] = None
         self._closing = False
+        #: Whether this side asked the sidecar to stop (``shutdown``, :meth:`aclose`).
+        self._stop_asked = False
         #: Set when the sidecar announced it stopped reading (an ``error`` without id,
         #: code ``shutting_down``): no request may be sent on this connection any more.
         self._ending: Union[ClosedError, None] = None
@@ -303,6 +305,7 @@ class Connection(Requester):
     async def aclose(self) -> None:
         """Close both streams; pending requests fail with :class:`ClosedError`.  Idempotent."""
         self._closing = True
+        self._stop_asked = True
         self.abort("the connection was closed")
         with anyio.CancelScope(shield=True):
             await self.close_send()
@@ -725,6 +728,7 @@ class Connection(Requester):
         Returns when the sidecar acknowledged it; the stream ends right after.
         """
         self.mark_closing()
+        self._stop_asked = True
         await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
 
 

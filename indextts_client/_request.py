@@ -123,6 +123,8 @@ class _Tracked:
         self._failure: Union[Exception, None] = None
         self._cancel_sent: Union[anyio.Event, None] = None
         self._resends = 0
+        #: Frames of this request handed to the caller so far.
+        self._received = 0
 
     @property
     def request_id(self) -> Union[int, None]:
@@ -199,6 +201,21 @@ class _Tracked:
                 item = ex.items.popleft()
                 if isinstance(item, protocol.Audio):
                     ex.buffered -= len(item.pcm)
+                if (
+                    isinstance(item, protocol.Error)
+                    and item.code == "shutting_down"
+                    and not self._received
+                    and not conn._stop_asked
+                    and self._resends < _MAX_RESENDS
+                ):
+                    # The sidecar stopped on its own (SIGTERM, its parent watch) before this
+                    # request produced anything, and nobody here asked it to: a new one serves it.
+                    self._resends += 1
+                    await self._send()
+                    ex, conn = self._ex, self._conn
+                    assert ex is not None and conn is not None
+                    continue
+                self._received += 1
                 return item
             error = ex.error
             if error is not None:

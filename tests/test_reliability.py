@@ -186,11 +186,16 @@ async def test_first_call_after_the_sidecar_stops_on_its_own_restarts_it() -> No
                 assert old is not None
                 async with client.request("long", seconds=30, chunk_seconds=0.01, delay=0.01) as running:
                     await running.__anext__()
+                    queued = client.request("queued")
+                    await queued.start()  # waits behind "long": it will end without a frame
                     os.kill(old, signal.SIGTERM)
                     await seen.event.wait()  # the sidecar has stopped reading
                     # Sent to the dying sidecar, which will never read it: sent again to a new one.
                     audio = await client.synthesize("after")
                     assert audio.samples.tobytes() == expected("after")
+                    # Ended with shutting_down before it produced anything: served by the new one too.
+                    assert (await queued.result()).samples.tobytes() == expected("queued")
+                    # Had produced audio: ends, as documented.
                     with pytest.raises(RequestCancelledError) as caught:
                         await running.result()
                     assert caught.value.code == "shutting_down"
