@@ -236,10 +236,6 @@ class Client(Requester):
         """The sidecar's command line."""
         child_env = dict(os.environ) if inherit_env else {}
         child_env.update(env or {})
-        if exit_with_parent:
-            # The sidecar stops once this process is gone, even if a process forked from
-            # it keeps the pipes open. An environment variable: older sidecars ignore it.
-            child_env[PARENT_ENV] = str(os.getpid())
         self._env = child_env
         self._cwd = cwd
         self._redact = Redactor(child_env, redact)
@@ -254,6 +250,7 @@ class Client(Requester):
         self._on_restart = on_restart
         self._frame_timeout = frame_timeout
         self._max_buffered = max_buffered
+        self._exit_with_parent = exit_with_parent
         self._heartbeat = heartbeat
         self._heartbeat_misses = heartbeat_misses
         # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
@@ -585,9 +582,15 @@ class Client(Requester):
         return False
 
     async def _process_session(self, session: _Session) -> None:
+        env = self._env
+        if self._exit_with_parent:
+            # The sidecar stops once the spawning process is gone, even if a process forked
+            # from it keeps the pipes open. The pid at spawn time: a client may be created
+            # before a fork. An environment variable: older sidecars ignore it.
+            env = {**env, PARENT_ENV: str(os.getpid())}
         child = await SidecarProcess.spawn(
             self.argv,
-            env=self._env,
+            env=env,
             cwd=self._cwd,
             redact=self._redact,
             exit_grace=self._shutdown_timeout,

@@ -506,3 +506,49 @@ async def test_the_path_policy(tmp_path: Path) -> None:
                     await client.synthesize("x", voice=path)
                 assert fragment in caught.value.message
             assert len(await client.synthesize("x", voice=str(outside))) > 0
+
+
+_FORKING_CLIENT = """
+import os, signal, anyio
+from indextts_client import Client
+
+async def main():
+    client = Client("fake", sidecar_args=["--log-level", "WARNING"])
+    await client.start()
+    worker = os.fork()
+    if worker == 0:  # holds every descriptor of the parent, the sidecar's pipes included
+        signal.pause()
+        os._exit(0)
+    print(client.pid, worker, flush=True)
+    await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits for the sidecar's exit with a pidfd (Linux)")
+async def test_a_client_spawned_sidecar_does_not_outlive_its_parent() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    worker = 0
+    with anyio.fail_after(20):
+        parent = await anyio.open_process([sys.executable, "-c", _FORKING_CLIENT], env=env)
+        try:
+            assert parent.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await parent.stdout.receive()
+            sidecar_pid, worker = map(int, line.split())
+            exited = os.pidfd_open(sidecar_pid)  # readable once the sidecar has exited
+            try:
+                parent.kill()
+                await parent.wait()
+                await anyio.wait_readable(exited)
+            finally:
+                os.close(exited)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if worker:
+                    os.kill(worker, signal.SIGKILL)
+                if parent.returncode is None:
+                    parent.kill()
+                await parent.aclose()
