@@ -387,7 +387,13 @@ class Server:
                 await self._stop_jobs()
                 self._send(Ok(id=message.id, info={"exit_code": EXIT_OK}))
                 return EXIT_OK
-            self._dispatch(message)
+            try:
+                self._dispatch(message)
+            except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
+                log.exception("internal error dispatching request %d", message.id)
+                self._inflight.pop(message.id, None)
+                self._queue.pop(message.id, None)
+                self._send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
 
     # ----------------------------------------------------------- dispatch
 

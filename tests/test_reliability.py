@@ -552,3 +552,55 @@ async def test_a_client_spawned_sidecar_does_not_outlive_its_parent() -> None:
                 if parent.returncode is None:
                     parent.kill()
                 await parent.aclose()
+
+
+class _Collect(ByteSendStream):
+    """A parent that reads every reply."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    async def send(self, item: bytes) -> None:
+        self.data += item
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _EndingFeed(_Feed):
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self.consumed >= len(self.data):
+            raise anyio.EndOfStream
+        return await super().receive(max_bytes)
+
+
+async def test_a_bug_in_an_engine_check_costs_that_request_only() -> None:
+    from indextts_sidecar._server import Server
+    from indextts_sidecar.engines.fake import FakeEngine, FakeOptions
+
+    class Buggy(FakeEngine):
+        def check(self, request: Any) -> None:
+            if request.text == "boom":
+                raise ZeroDivisionError("a bug in check()")
+
+    requests = [Synthesize(id=1, text="boom"), Ping(id=2), Synthesize(id=3, text="fine")]
+    sent = _Collect()
+    server = Server(Buggy(FakeOptions()), shutdown_grace=5)
+    with anyio.fail_after(20):
+        code = await server.serve(_EndingFeed(b"".join(map(protocol.frame, requests))), sent)
+    assert code == 0
+    replies, data = [], bytes(sent.data)
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        replies.append(protocol.decode_reply(data[4 : 4 + size]))
+        data = data[4 + size :]
+    terminal = {reply.id: reply for reply in replies if protocol.is_terminal(reply)}  # type: ignore[union-attr]
+    assert set(terminal) == {1, 2, 3}
+    boom = terminal[1]
+    assert isinstance(boom, Error) and (boom.code, boom.message) == ("internal", "ZeroDivisionError: a bug in check()")
+    assert isinstance(terminal[2], Pong)
+    # Request 3 was read after the bug: it was served, or ended by the end of input.
+    assert type(terminal[3]).__name__ in ("Done", "Error")
