@@ -115,3 +115,32 @@ def test_every_readable_id_gets_exactly_one_terminal_frame(stream: tuple[list[by
     assert sorted(terminal) == sorted(planted), (terminal, planted)
     assert not any(isinstance(r, protocol.Error) and r.code == "duplicate_id" for r in replies)
     assert "Traceback" not in result.stderr.decode(errors="replace")
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=5)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=20,
+)
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+@given(st.integers(0, protocol.MAX_ID), st.text(max_size=20), st.dictionaries(st.text(max_size=4), json_values))
+def test_peek_reads_what_the_decoder_reads(request_id: int, text: str, options: dict[str, object]) -> None:
+    body = protocol.encode(protocol.Synthesize(id=request_id, text=text, options=options))
+    peeked = protocol.peek(body)
+    assert (peeked.is_map, peeked.op, peeked.has_op, peeked.id, peeked.raw_id) == (
+        True, "synthesize", True, request_id, request_id
+    )  # fmt: skip
+    # The top-level map is level 1; options, when present (not empty), add their own depth.
+    assert peeked.depth == 1 + (_depth(options) if options else 0)
+    # Cut short anywhere, a message never makes peek raise.
+    for cut in range(len(body)):
+        protocol.peek(body[:cut])
