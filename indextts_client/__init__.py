@@ -24,6 +24,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
+    BufferFullError,
     BusyError,
     ClosedError,
     CrashedError,
@@ -46,6 +47,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Audio",
     "AudioChunk",
+    "BufferFullError",
     "BusyError",
     "Client",
     "ClosedError",
