@@ -54,13 +54,32 @@ def _to_pcm16(samples: npt.NDArray[Any]) -> bytes:
 
 class LinearResampler:
     def __init__(self, source_rate: int, target_rate: int) -> None:
+        self._rates = (source_rate, target_rate)
         self._step = source_rate / target_rate  # input samples per output sample
         self._position = 0.0  # of the next output sample, relative to self._pending[0]
         self._pending: npt.NDArray[Any] = np.zeros(0, dtype=np.float64)
+        self._received = 0
+        self._emitted = 0
 
     def feed(self, chunk: Any) -> bytes:
         """Convert the next int16 chunk; returns the int16 samples that are now determined."""
         samples = np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2").astype(np.float64)
+        self._received += len(samples)
+        out = self._convert(samples)
+        self._emitted += len(out) // 2
+        return out
+
+    def flush(self) -> bytes:
+        """The signal ends (zeros beyond it): the last samples, to ``ceil(n * target / source)`` in all."""
+        source, target = self._rates
+        wanted = -(-self._received * target // source) - self._emitted
+        if wanted <= 0:
+            return b""
+        out = self._convert(np.zeros(math.ceil(self._step) + 1, dtype=np.float64))[: wanted * 2]
+        self._emitted += len(out) // 2
+        return out
+
+    def _convert(self, samples: npt.NDArray[Any]) -> bytes:
         x = np.concatenate((self._pending, samples))
         last = len(x) - 1
         if last < self._position:
@@ -77,10 +96,6 @@ class LinearResampler:
         self._pending = x[keep:]
         self._position = following - keep
         return _to_pcm16(y)
-
-    def flush(self) -> bytes:
-        """Nothing is held back that the input determines."""
-        return b""
 
 
 class BlockResampler:
