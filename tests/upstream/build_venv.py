@@ -33,7 +33,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-FLAVOURS = ("github", "pypi")
+#: Each venv's pins: upstream's two, and Ray's (its own venv: Ray is large and optional).
+PINS = {
+    "github": HERE / "pins-github.txt",
+    "pypi": HERE / "pins-pypi.txt",
+    "ray": ROOT / "tests" / "ray" / "requirements.txt",
+}
+FLAVOURS = tuple(PINS)
 #: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml).
 SUPPORTED = ((3, 10), (3, 11))
 MARKER = ".complete"
@@ -78,7 +84,7 @@ def interpreter_version(python: str) -> str:
 
 
 def venv_dir(flavour: str, python: str) -> tuple[Path, list[str]]:
-    pins = (HERE / f"pins-{flavour}.txt").read_text()
+    pins = PINS[flavour].read_text()
     core = core_requirements()
     key = "\n".join([flavour, interpreter_version(python), pins, *core])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -106,7 +112,7 @@ def build(flavour: str, python: str) -> Path:
         pip = [str(venv_python(path)), "-m", "pip", "--disable-pip-version-check", "--no-input"]
         log = path / "build.log"
         _run([*pip, "install", "--upgrade", "pip"], log)
-        _run([*pip, "install", "-r", str(HERE / f"pins-{flavour}.txt"), *core], log)
+        _run([*pip, "install", "-r", str(PINS[flavour]), *core], log)
         (path / MARKER).write_text("ok\n")
     return venv_python(path)
 

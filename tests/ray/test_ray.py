@@ -1,0 +1,137 @@
+"""Sidecars on a local Ray Serve cluster: replicas of the fake engine, through RayClient.
+
+Needs Ray (extra ``[ray]``), which the project's own test venv does not have: ``bash
+.ci/ray`` builds a venv with it (cached) and runs this file.  Without Ray, it is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ray` runs these tests in a Ray venv")
+from ray import serve  # noqa: E402
+
+from indextts_client.ray import RayClient, deployment  # noqa: E402
+from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    # Workers import indextts_client from this checkout.
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        yield
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def run(app: Any, name: str) -> Any:
+    return serve.run(app, name=name, route_prefix=None)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_two_replicas_share_requests_and_stream(cluster: None) -> None:
+    handle = run(deployment("fake", num_replicas=2, num_cpus=0.5, max_ongoing_requests=1), "two")
+    client = RayClient(handle)
+    with anyio.fail_after(TIMEOUT):
+        # Each replica takes one request at a time: four slow ones must use both.
+        pids = set()
+
+        async def one(i: int) -> None:
+            result = await handle.synthesize.remote(f"text {i}", delay=0.2)
+            assert result["samples"] == render_bytes(f"text {i}")
+            pids.add(result["pid"])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+        assert len(pids) == 2
+
+        audio = await client.synthesize("hello ray")
+        assert audio.samples.tobytes() == render_bytes("hello ray") and audio.sample_rate == 24000
+        received = b""
+        async with client.stream("a streamed text", chunk_seconds=0.2) as chunks:
+            seqs = []
+            async for chunk in chunks:
+                received += chunk.samples.tobytes()
+                seqs.append(chunk.seq)
+        assert received == render_bytes("a streamed text") and seqs == list(range(len(seqs))) and len(seqs) > 1
+    serve.delete("two")
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_caller_cancels_the_request_on_the_sidecar(cluster: None) -> None:
+    # One replica, one request at a time: the second request can only run if the first,
+    # which would hang forever, was cancelled on the sidecar.
+    handle = run(deployment("fake", num_replicas=1, num_cpus=0.5, max_ongoing_requests=1), "cancel")
+    client = RayClient(handle)
+    with anyio.fail_after(TIMEOUT):
+        await client.ping()  # started
+        with anyio.move_on_after(3):
+            await client.synthesize("abcdefghij", chunk_seconds=0.2, hang_at=1)
+            pytest.fail("a hung request returned")
+        audio = await client.synthesize("after")
+        assert audio.samples.tobytes() == render_bytes("after")
+    serve.delete("cancel")
+
+
+@pytest.mark.anyio
+async def test_a_replica_whose_sidecar_died_is_replaced(cluster: None) -> None:
+    app = deployment("fake", num_replicas=1, num_cpus=0.5, health_check_period_s=0.5, health_check_timeout_s=5)
+    handle = run(app, "replace")
+    client = RayClient(handle)
+    with anyio.fail_after(TIMEOUT):
+        before = (await client.ping())["pid"]
+        os.kill(before, signal.SIGKILL)
+        # Serve notices through check_health and starts a new replica with a new sidecar.
+        # Waiting for another system to recover is a bounded poll, nothing else to wait on.
+        while True:
+            try:
+                after = (await client.ping())["pid"]
+            except Exception:  # the dying replica answers with its error until replaced
+                after = before
+            if after != before:
+                break
+            await anyio.sleep(0.2)
+        audio = await client.synthesize("replaced")
+        assert audio.samples.tobytes() == render_bytes("replaced")
+    serve.delete("replace")
+
+
+def test_ray_client_under_trio(cluster: None) -> None:
+    """Ray's handles do not run under trio: RayClient waits in a worker thread there."""
+    handle = run(deployment("fake", num_replicas=1, num_cpus=0.5), "trio")
+
+    async def main() -> bytes:
+        with anyio.fail_after(TIMEOUT):
+            client = RayClient(handle)
+            audio = await client.synthesize("from trio")
+            received = b""
+            async with client.stream("streamed in trio", chunk_seconds=0.2) as chunks:
+                async for chunk in chunks:
+                    received += chunk.samples.tobytes()
+            assert received == render_bytes("streamed in trio")
+            return audio.samples.tobytes()
+
+    started = time.monotonic()
+    assert anyio.run(main, backend="trio") == render_bytes("from trio")
+    assert time.monotonic() - started < TIMEOUT
+    serve.delete("trio")
