@@ -100,3 +100,20 @@ def test_pytest_example(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("engine", ["fake", "espeak"])
+def test_pool(tmp_path: Path, engine: str) -> None:
+    if engine == "espeak":
+        pytest.importorskip("espeakng_loader")
+    out = run_example("pool.py", engine, "2", cwd=tmp_path)
+    assert len(re.findall(r"^line \d: \d+\.\d\d s of audio$", out, re.M)) == 4
+    served = [int(n) for n in re.findall(r"served (\d+)", out)]
+    assert len(served) == 2 and sum(served) == 4
+
+
+def test_serve_http(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    out = run_example("serve_http.py", "fake", cwd=tmp_path)
+    assert re.search(r"^got \d+ bytes of audio/wav$", out, re.M)

@@ -7,7 +7,10 @@ Needs Ray (extra ``[ray]``), which the project's own test venv does not have: ``
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +27,20 @@ from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
 pytestmark = pytest.mark.timeout(240)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 120
+
+
+def test_the_example_runs() -> None:
+    """examples/ray_serve.py starts its own local cluster: run it before this module's."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "ray_serve.py"), "fake", "2"],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert re.search(r"^1\.86 s of audio at 24000 Hz$", done.stdout, re.M), done.stdout  # 31 characters
+    assert len(re.findall(r"^chunk \d+: \d+ samples$", done.stdout, re.M)) >= 2
 
 
 @pytest.fixture(scope="module")

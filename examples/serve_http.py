@@ -1,0 +1,40 @@
+"""An OpenAI-compatible speech endpoint, and a request to it, in one script.
+
+    python examples/serve_http.py [ENGINE]      (default: espeak; needs the [server] extra and httpx)
+
+The same server from a shell: ``indextts-client serve --engine espeak --port 8000``; any
+OpenAI client then works with ``base_url="http://127.0.0.1:8000/v1"``.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import anyio
+import httpx
+import uvicorn
+
+from indextts_client.http import create_app
+
+
+async def main(engine: str) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # bound and listening first: requests wait in the backlog until the app is up
+    port = listener.getsockname()[1]
+    config = uvicorn.Config(create_app(engine, size=1), log_level="warning")
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [listener])
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            answer = await http.post(
+                "/v1/audio/speech", json={"model": "indextts", "input": "Hello over HTTP.", "voice": "alloy"}
+            )
+            answer.raise_for_status()
+            print(f"got {len(answer.content)} bytes of {answer.headers['content-type']}")
+        server.should_exit = True
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "espeak")
