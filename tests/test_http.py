@@ -224,3 +224,23 @@ def test_wav_header_streaming_sizes() -> None:
     assert len(header) == 44 and header[40:44] == (20).to_bytes(4, "little")
     streamed = _wav_header(22050, None)
     assert streamed[4:8] == b"\xff\xff\xff\xff" and np.frombuffer(streamed[24:28], "<u4")[0] == 22050
+
+
+async def test_espeak_speaks_through_the_endpoint() -> None:
+    pytest.importorskip("espeakng_loader")
+    with server("--engine", "espeak") as base:
+        async with ready(base) as http:
+            body = speech(input="Hello from the endpoint.")
+            wav = await http.post("/v1/audio/speech", json=body)
+            assert wav.status_code == 200
+            with wave.open(io.BytesIO(wav.content)) as w:
+                assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (22050, 1, 2)
+            native = (len(wav.content) - 44) // 2  # streamed: the header cannot know the length
+            assert native > 22050 // 2  # about a second and a half of speech
+            pcm = await http.post("/v1/audio/speech", json={**body, "response_format": "pcm"})
+            # 24 kHz: the same duration in more samples.  (espeak-ng's output varies by a few
+            # milliseconds from one call to the next, hence the 1% tolerance.)
+            expected = -(-native * 24000 // 22050)
+            assert abs(len(pcm.content) // 2 - expected) <= expected // 100
+            faster = await http.post("/v1/audio/speech", json={**body, "speed": 2.0})
+            assert faster.status_code == 200 and (len(faster.content) - 44) // 2 < native * 0.75
