@@ -37,7 +37,7 @@ ROOT = HERE.parent.parent
 PINS = {
     "github": HERE / "pins-github.txt",
     "pypi": HERE / "pins-pypi.txt",
-    "ray": ROOT / "tests" / "ray" / "requirements.txt",
+    "ray": ROOT / "tests" / "ray_serve" / "requirements.txt",
 }
 FLAVOURS = tuple(PINS)
 #: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml).
