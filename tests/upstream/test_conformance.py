@@ -238,9 +238,7 @@ async def test_the_pypi_repackagings(name: str, checkpoints: Any) -> None:
         assert len(audio.samples) > 0 and len(audio.samples) % SEGMENT == 0
         # Every segment arrives, not only the first (indextts25's infer() returns one).
         events = []
-        audio = await c.synthesize(
-            THREE, voice=voice, max_text_tokens_per_segment=6, on_progress=events.append, **FAST
-        )
+        audio = await c.synthesize(THREE, voice=voice, max_text_tokens_per_segment=6, on_progress=events.append, **FAST)
         segments = segment_count(events)
         assert segments >= 2, [e.message for e in events]
         assert (len(audio.samples) - (segments - 1) * SILENCE_200MS) % SEGMENT == 0
