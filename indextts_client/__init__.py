@@ -39,7 +39,7 @@ from ._exceptions import (
     VersionMismatchError,
 )
 from ._request import EmotionLike, Synthesis
-from ._types import Health, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
+from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -58,6 +58,7 @@ __all__ = [
     "Health",
     "InvalidRequestError",
     "LoadFailedError",
+    "LoadInfo",
     "LossInfo",
     "ProgressCallback",
     "ProgressEvent",

@@ -30,7 +30,7 @@ from ._exceptions import (
     RequestTimeoutError,
     error_for_frame,
 )
-from ._types import Health, ProgressCallback, ProgressEvent
+from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent
 
 if TYPE_CHECKING:
     from ._connection import Connection, _Exchange
@@ -582,8 +582,8 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,  # noqa: ASYNC109 - a request deadline that also cancels it on the sidecar
         idle_timeout: TimeoutArg = ...,
-    ) -> dict[str, Any]:
-        """Load the model now (warm-up), reporting progress; returns the sidecar's info map.
+    ) -> LoadInfo:
+        """Load the model now (warm-up), reporting progress; returns a :class:`LoadInfo`.
 
         Raises :class:`LoadFailedError` (retryable) when the model fails to load.
         """
@@ -594,7 +594,7 @@ class Requester:
             on_progress=on_progress,
         )
         assert call._reply is not None
-        return dict(getattr(call._reply, "info", {}))
+        return LoadInfo.from_reply(getattr(call._reply, "info", {}))
 
     async def unload(self, *, timeout: TimeoutArg = ...) -> None:  # noqa: ASYNC109
         """Drop the model and free its memory (the next request loads it again)."""
@@ -603,3 +603,17 @@ class Requester:
             timeout=_resolve(timeout, self._default_timeout),
             idle_timeout=self._default_idle_timeout,
         )
+
+    async def voices(self, *, timeout: TimeoutArg = ...) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """The engine's named voices, each a map with at least ``name`` (espeak: also
+        ``identifier`` and ``languages``).  Answered at once, without loading the model;
+        an engine without named voices raises :class:`InvalidRequestError`.
+        """
+        call = await self._call(
+            lambda i: protocol.Voices(id=i),
+            timeout=_resolve(timeout, self._default_timeout),
+            idle_timeout=self._default_idle_timeout,
+            cancellable=False,
+        )
+        assert isinstance(call._reply, protocol.Ok)
+        return [dict(voice) for voice in call._reply.info.get("voices", [])]

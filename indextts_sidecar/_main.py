@@ -69,13 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse."""
+def parse_options(pairs: list[str], kind: str = "engine option") -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse.
+
+    ``kind`` names what the pairs are in the error for a malformed one.
+    """
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"engine option {pair!r} is not KEY=VALUE")
+            raise ValueError(f"{kind} {pair!r} is not KEY=VALUE")
         try:
             options[key.replace("-", "_")] = msgspec.json.decode(raw)
         except msgspec.DecodeError:

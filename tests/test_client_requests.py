@@ -23,6 +23,7 @@ from indextts_client import (
     EngineError,
     InvalidRequestError,
     LoadFailedError,
+    LoadInfo,
     ProgressEvent,
     RequestCancelledError,
     RequestTimeoutError,
@@ -191,7 +192,14 @@ async def test_load_with_progress_and_unload() -> None:
     with anyio.fail_after(20):
         async with fake_client(engine_options={"load_delay": 0.05}) as client:
             info = await client.load(on_progress=events.append)
-            assert info["loaded"] is True and info["sample_rate"] == RATE
+            assert isinstance(info, LoadInfo)
+            assert info.loaded is True and info.sample_rate == RATE
+            assert set(info.timings) == {"queued", "load"} and info.timings["load"] >= 0.05
+            # Still the map the sidecar sent, as load() returned before it was typed.
+            assert info["loaded"] is True and info["sample_rate"] == RATE and info["load"] == info.timings["load"]
+            assert dict(info) == {"loaded": True, "sample_rate": RATE, **info.timings, **info.info}
+            again = await client.load()
+            assert again.loaded and "load" not in again.timings  # already loaded: nothing to time
             assert (await client.ping()).loaded
             await client.unload()
             assert not (await client.ping()).loaded
@@ -485,3 +493,12 @@ async def test_two_hundred_concurrent_requests_with_interleaved_cancels() -> Non
     assert len(results) > count // 2
     for i, audio in results.items():
         assert audio.samples.tobytes() == expected(f"request number {i}"), i
+
+
+async def test_voices_of_an_engine_without_named_voices_are_refused_at_once() -> None:
+    with anyio.fail_after(20):
+        async with fake_client() as client:
+            with pytest.raises(InvalidRequestError) as caught:
+                await client.voices()
+            assert caught.value.code == "invalid_input" and "has no named voices" in caught.value.message
+            assert not (await client.ping()).loaded
