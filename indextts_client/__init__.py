@@ -17,6 +17,8 @@ transport-agnostic core for a sidecar reached over any anyio byte streams.  Ever
 error derives from :class:`SidecarError`.
 """
 
+import logging
+
 from indextts_sidecar._version import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
@@ -74,3 +76,7 @@ __all__ = [
     "VersionMismatchError",
     "__version__",
 ]
+
+# A library logs; the application decides where that goes.  Without this, an application
+# that never set up logging would see our warnings on stderr through logging's last resort.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
