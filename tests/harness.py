@@ -26,18 +26,33 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STANDIN = Path(REPO) / "tests" / "standin"
 
 
-def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = False) -> Path:
-    """An IndexTTS checkpoint folder of placeholder files, without those named in ``skip``."""
-    from indextts_sidecar.engines.indextts import CHECKPOINT_FILES, QWEN_EMO_DIR
+def make_checkpoints(root: Path, *, skip: tuple[str, ...] = (), hf_cache: bool = True, version: str = "2") -> Path:
+    """An IndexTTS checkpoint folder of placeholder files, without those named in ``skip``.
+
+    ``version`` ("2" or "2.5") picks the file list and the config's ``version``;
+    ``hf_cache`` adds the auxiliary models upstream would otherwise download.
+    """
+    from indextts_sidecar.engines.indextts import (
+        AUX_FILES,
+        AUX_FILES_25,
+        CHECKPOINT_FILES,
+        CHECKPOINT_FILES_25,
+        QWEN_EMO_DIR,
+    )
 
     root.mkdir(parents=True, exist_ok=True)
-    for name in CHECKPOINT_FILES:
+    files = CHECKPOINT_FILES_25 if version == "2.5" else CHECKPOINT_FILES
+    if hf_cache:
+        files = files + (AUX_FILES_25 if version == "2.5" else AUX_FILES)
+    for name in files:
         if name not in skip:
-            (root / name).write_bytes(b"stand-in")
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"stand-in")
+    if "config.yaml" not in skip:
+        (root / "config.yaml").write_text(f"# stand-in\nversion: {'2.5' if version == '2.5' else '2.0'}\n")
     if f"{QWEN_EMO_DIR}/" not in skip:
         (root / QWEN_EMO_DIR).mkdir(exist_ok=True)
-    if hf_cache:
-        (root / "hf_cache").mkdir(exist_ok=True)
     return root
 
 

@@ -20,7 +20,7 @@ import pytest
 from harness import STANDIN, Peer, make_checkpoints, spawn
 
 from indextts_sidecar import protocol
-from indextts_sidecar.engines.indextts import CHECKPOINT_FILES
+from indextts_sidecar.engines.indextts import AUX_FILES, CHECKPOINT_FILES
 from indextts_sidecar.protocol import (
     Audio,
     Cancel,
@@ -84,6 +84,12 @@ async def child(
         yield peer
 
 
+@pytest.fixture
+def ckpt25(tmp_path: Path) -> Path:
+    """A complete stand-in IndexTTS-2.5 checkpoint folder."""
+    return make_checkpoints(tmp_path / "checkpoints-2.5", version="2.5")
+
+
 def _audio(frames: list[Reply]) -> list[Audio]:
     audio = [f for f in frames if isinstance(f, Audio)]
     assert [a.seq for a in audio] == list(range(len(audio)))
@@ -117,17 +123,23 @@ async def test_synthesis_streams_segments_and_survives_upstream_prints(tmp_path:
             frames = await peer.request(Load(id=1))
             load = [f for f in frames if isinstance(f, Progress)]
             assert [p.fraction for p in load][:3] == [0.0, 0.1, 0.3] and load[-1].fraction == 1.0
-            assert isinstance(frames[-1], Ok) and frames[-1].info["sample_rate"] == 22050
+            info = frames[-1].info if isinstance(frames[-1], Ok) else {}
+            assert info["sample_rate"] == 22050 and info["loaded"] is True
+            assert (info["model_version"], info["module"]) == ("2", "indextts.infer_v2")
             for request_id in (2, 3, 4):  # upstream prints about ten lines per request
                 options = {"max_text_tokens_per_segment": 2, "interval_silence": 100}
                 frames = await peer.request(Synthesize(id=request_id, text="a b c d e", voice=voice, options=options))
                 done = frames[-1]
                 assert isinstance(done, Done), frames
                 audio = _audio(frames)
-                assert [len(a.pcm) // 2 for a in audio] == [4410, 2205, 4410, 2205, 2205, 2205]
-                assert done.sample_rate == 22050 and done.samples == 17640 and done.chunks == 6
+                # Silence between segments only: none after the last, as without streaming.
+                assert [len(a.pcm) // 2 for a in audio] == [4410, 2205, 4410, 2205, 2205]
+                assert done.sample_rate == 22050 and done.samples == 15435 and done.chunks == 5
                 assert all(a.sample_rate == 22050 for a in audio)
-                assert bytes(audio[1].pcm) == bytes(4410)
+                assert bytes(audio[1].pcm) == bytes(audio[3].pcm) == bytes(4410)
+                assert bytes(audio[4].pcm) != bytes(4410)
+                stages = [f.stage for f in frames if isinstance(f, Progress)]
+                assert "prepare" in stages and stages.index("prepare") < stages.index("synthesize")
                 segments = [f.message for f in frames if isinstance(f, Progress) and f.message.startswith("segment")]
                 assert segments == [
                     "segment 1 ready (0.20 s of audio)",
@@ -172,7 +184,6 @@ async def test_every_option_reaches_upstream_as_a_keyword(tmp_path: Path, ckpt: 
         "interval_silence": 50,
         "max_text_tokens_per_segment": 60,
         "more_segment_before": 1,
-        "do_sample": True,
         "temperature": 0.6,
         "top_p": 0.95,
         "top_k": 20,
@@ -208,25 +219,36 @@ async def test_every_option_reaches_upstream_as_a_keyword(tmp_path: Path, ckpt: 
             "use_accel": True,
             "use_torch_compile": True,
             "use_qwen_emo": True,
+            "aux_paths": {
+                "w2v_bert": str(ckpt / "hf_cache" / "w2v-bert-2.0"),
+                "semantic_codec": str(ckpt / "hf_cache" / "semantic_codec_model.safetensors"),
+                "campplus": str(ckpt / "hf_cache" / "campplus_cn_common.bin"),
+                "bigvgan": str(ckpt / "hf_cache" / "bigvgan"),
+            },
         }
         plain, vector, audio, text = peer.calls("infer")
         base = {"spk_audio_prompt": voice, "text": "hi", "output_path": None, "stream_return": True}
         assert all(c["args"] == [] for c in (plain, vector, audio, text))
         assert plain["kwargs"] == {**base, **request_options}
-        assert vector["kwargs"] == {**base, "emo_vector": [0.25, 0, 0, 0, 0, 0, 0.5, 0], "emo_alpha": 0.5}
+        # Scaled as upstream's web UI does (happy x 0.9375, surprised x 0.6875; sum under 0.8).
+        assert vector["kwargs"] == {**base, "emo_vector": [0.234375, 0, 0, 0, 0, 0, 0.34375, 0], "emo_alpha": 0.5}
         assert audio["kwargs"] == {**base, "emo_audio_prompt": str(clip), "emo_alpha": 0.75}
         assert text["kwargs"] == {**base, "use_emo_text": True, "emo_text": "wistful", "emo_alpha": 0.9}
 
 
-async def test_25_options_reach_upstream(tmp_path: Path, ckpt: Path, voice: str) -> None:
+async def test_25_options_reach_upstream(tmp_path: Path, ckpt25: Path, voice: str) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with child(tmp_path, "indextts2.5", f"model_dir={ckpt}", "bf16=true", "lang=zh", flavour="v25") as peer:
-            options = {"lang": "JA", "duration_factor": 0.5, "text_normalization": False, "more_segment_before": 2}
+        async with child(tmp_path, "indextts2.5", f"model_dir={ckpt25}", "bf16=true", "lang=zh", flavour="v25") as peer:
+            options = {"lang": "JA", "duration_factor": 0.5, "text_normalization": False}
             assert isinstance((await peer.request(Synthesize(id=1, text="a", voice=voice, options=options)))[-1], Done)
             assert isinstance((await peer.request(Synthesize(id=2, text="a", voice=voice)))[-1], Done)
+            # 2.5 never reads more_segment_before: refused rather than silently ignored.
+            frames = await peer.request(Synthesize(id=3, text="a", voice=voice, options={"more_segment_before": 2}))
+            error = _error(frames)
+            assert (error.code, error.detail["field"]) == ("unknown_option", "$.options.more_segment_before")
         (init,) = peer.calls("__init__")
         assert init["module"] == "indextts.infer_v2_5"
-        assert init["kwargs"] == {"model_dir": str(ckpt), "cfg_path": str(ckpt / "config.yaml"), "use_bf16": True}
+        assert init["kwargs"] == {"model_dir": str(ckpt25), "cfg_path": str(ckpt25 / "config.yaml"), "use_bf16": True}
         explicit, default = peer.calls("infer")
         assert {k: explicit["kwargs"][k] for k in options} == {**options, "lang": "ja"}
         assert default["kwargs"]["lang"] == "zh", "the engine option lang is the default"
@@ -241,20 +263,21 @@ async def test_pypi_flavour_mapping(tmp_path: Path, ckpt: Path, voice: str) -> N
             options = {"quick_streaming_tokens": 4}
             assert isinstance((await peer.request(Synthesize(id=1, text="a", voice=voice, options=options)))[-1], Done)
             pong = await peer.ping(2)
-            assert pong.dropped_options == ["use_accel"]
+            assert pong.dropped_options == [], "2.1.1 takes use_accel"
             frames = await peer.request(Synthesize(id=3, text="a", voice=voice, options={"more_segment_before": 1}))
             error = _error(frames)
             assert (error.code, error.detail["field"]) == ("unknown_option", "$.options.more_segment_before")
             assert "indextts2-inference" in error.message
         (init,) = peer.calls("__init__")
-        assert init["kwargs"] == {"model_dir": str(ckpt), "cfg_path": str(ckpt / "config.yaml"), "use_fp16": True}
+        expected = {"model_dir": str(ckpt), "cfg_path": str(ckpt / "config.yaml"), "use_fp16": True, "use_accel": True}
+        assert init["kwargs"] == expected, "no aux_paths: 2.1.1 reads the Hugging Face cache"
         (infer,) = peer.calls("infer")
         assert infer["kwargs"]["quick_streaming_tokens"] == 4
 
 
-async def test_dropped_options_are_reported_in_pong(tmp_path: Path, ckpt: Path, voice: str) -> None:
+async def test_dropped_options_are_reported_in_pong(tmp_path: Path, ckpt25: Path, voice: str) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with child(tmp_path, "indextts", f"model_dir={ckpt}", "fp16=true", "bf16=true", flavour="v25") as peer:
+        async with child(tmp_path, "indextts", f"model_dir={ckpt25}", "fp16=true", "bf16=true", flavour="v25") as peer:
             assert (await peer.ping(1)).dropped_options == []
             assert isinstance((await peer.request(Load(id=2)))[-1], Ok)
             assert (await peer.ping(3)).dropped_options == ["fp16"]
@@ -279,11 +302,18 @@ REJECTED = [
     ({"options": {"max_text_tokens_per_segment": 0}}, "invalid_option", "$.options.max_text_tokens_per_segment"),
     ({"options": {"more_segment_before": -1}}, "invalid_option", "$.options.more_segment_before"),
     ({"options": {"use_random": "maybe"}}, "invalid_option", "$.options.use_random"),
+    ({"options": {"do_sample": False}}, "unknown_option", "$.options.do_sample"),  # upstream always samples
+    ({"options": {"normalize_emotion": "no"}}, "invalid_option", "$.options.normalize_emotion"),
     ({"voice": None}, "invalid_input", "$.voice"),
     ({"voice": "/nonexistent/speaker.wav"}, "invalid_input", "$.voice"),
     ({"text": "   "}, "invalid_input", "$.text"),
+    ({"text": "..."}, "invalid_input", "$.text"),
     ({"emotion": EmotionVector(happy=1.2)}, "invalid_input", "$.emotion.happy"),
-    ({"emotion": EmotionVector(angry=0.7, sad=0.4)}, "invalid_input", "$.emotion"),
+    (
+        {"emotion": EmotionVector(angry=0.7, sad=0.4), "options": {"normalize_emotion": False}},
+        "invalid_input",
+        "$.emotion",
+    ),
     ({"emotion": EmotionAudio(path="/nonexistent/e.wav")}, "invalid_input", "$.emotion.path"),
     ({"emotion": EmotionText(text="x")}, "invalid_input", "$.emotion"),  # -o use_qwen_emo=false below
 ]
@@ -303,9 +333,9 @@ async def test_invalid_requests_are_rejected_naming_the_field(tmp_path: Path, ck
         assert peer.calls() == []
 
 
-async def test_flavour_dependent_rejections_after_load(tmp_path: Path, ckpt: Path, voice: str) -> None:
+async def test_flavour_dependent_rejections_after_load(tmp_path: Path, ckpt25: Path, voice: str) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with child(tmp_path, "indextts2.5", f"model_dir={ckpt}", flavour="v25") as peer:
+        async with child(tmp_path, "indextts2.5", f"model_dir={ckpt25}", flavour="v25") as peer:
             frames = await peer.request(Synthesize(id=1, text="hi", voice=voice, emotion=EmotionText(text="joy")))
             error = _error(frames)
             assert (error.code, error.detail["field"]) == ("invalid_input", "$.emotion")
@@ -321,14 +351,22 @@ async def test_flavour_dependent_rejections_after_load(tmp_path: Path, ckpt: Pat
         assert peer.calls("infer") == [], "upstream never saw a request it would have failed on"
 
 
-async def test_auto_on_a_2_install_rejects_25_options(tmp_path: Path, ckpt: Path, voice: str) -> None:
+async def test_auto_on_a_2_directory_rejects_25_options(tmp_path: Path, ckpt: Path, voice: str) -> None:
+    # The code of both versions is installed: the checkpoint directory decides, before any load.
     with anyio.fail_after(TIMEOUT):
-        async with child(tmp_path, "indextts", f"model_dir={ckpt}", "lang=zh", flavour="v2") as peer:
+        async with child(tmp_path, "indextts", f"model_dir={ckpt}", "lang=zh", flavour="v25") as peer:
             frames = await peer.request(Synthesize(id=1, text="hi", voice=voice, options={"lang": "en"}))
+            assert len(frames) == 1
             error = _error(frames)
             assert (error.code, error.detail["field"]) == ("unknown_option", "$.options.lang")
-            assert (await peer.ping(2)).dropped_options == ["lang"]
+            assert "IndexTTS-2" in error.message
+            assert (await peer.ping(2)).loaded is False
             assert isinstance((await peer.request(Synthesize(id=3, text="hi", voice=voice)))[-1], Done)
+            assert (await peer.ping(4)).dropped_options == ["lang"]
+        (init,) = peer.calls("__init__")
+        assert init["module"] == "indextts.infer_v2"
+        (infer,) = peer.calls("infer")
+        assert "lang" not in infer["kwargs"]
 
 
 # ----------------------------------------------------------------- streaming and cancel
@@ -352,7 +390,8 @@ async def test_first_audio_arrives_before_the_second_of_ten_segments(tmp_path: P
             (gate / "open").touch()
             frames = [frame, *await peer.until_terminal(1)]
             done = frames[-1]
-            assert isinstance(done, Done) and done.chunks == 20  # ten segments, each followed by silence
+            assert isinstance(done, Done) and done.chunks == 19  # ten segments, a silence between each two
+            assert done.samples == 10 * 2205 + 9 * 4410
             assert done.timings["first_audio"] < done.timings["total"]
             assert all((gate / f"produced-{k}").exists() for k in range(1, 11))
 
@@ -366,7 +405,8 @@ async def test_cancel_takes_effect_between_segments(tmp_path: Path, ckpt: Path, 
             text = " ".join(f"w{i}" for i in range(10))
             await peer.send(Synthesize(id=1, text=text, voice=voice, options={"max_text_tokens_per_segment": 1}))
             frames: list[Reply] = []
-            while len(_audio(frames)) < 2:  # segment 1 and its silence; segment 2 is gated
+            # Segment 1; its silence is held back until segment 2 arrives, and segment 2 is gated.
+            while len(_audio(frames)) < 1:
                 frames.append(await peer.reply())
             await peer.send(Cancel(id=2, target=1))
             # Let the stand-in produce segment 2 (only) in case the engine was already waiting for it.
@@ -376,7 +416,8 @@ async def test_cancel_takes_effect_between_segments(tmp_path: Path, ckpt: Path, 
             acks = [f for f in frames if isinstance(f, Ok) and f.id == 2]
             assert acks and acks[0].info == {"found": True}
             assert _error(frames).code == "cancelled"
-            assert len(_audio(frames)) == 2, "nothing after the cancel reached the wire"
+            assert len(_audio(frames)) == 1, "nothing after the cancel reached the wire"
+            assert len(_audio(frames)[0].pcm) == 2 * 2205
             assert not (gate / "produced-3").exists()
             # The sidecar and the model stay usable.
             (gate / "open").touch()
@@ -387,7 +428,76 @@ async def test_cancel_takes_effect_between_segments(tmp_path: Path, ckpt: Path, 
         assert len(peer.calls("finished")) == 1, "only request 3 ran to the end"
 
 
+async def test_a_failure_while_preparing_the_references(tmp_path: Path, ckpt: Path, voice: str) -> None:
+    # Upstream reads the references at the first next() of its stream: a voice that passed the
+    # checks and is gone by then fails there, reported as such, and the sidecar serves on.
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    doomed = tmp_path / "doomed.wav"
+    doomed.write_bytes(b"RIFF doomed")
+    env = {"INDEXTTS_STANDIN_GATE_DIR": str(gate)}
+    with anyio.fail_after(TIMEOUT):
+        async with child(tmp_path, "indextts2", f"model_dir={ckpt}", env=env) as peer:
+            # Request 1 holds the engine thread: its segment 2 waits for the gate.
+            await peer.send(Synthesize(id=1, text="a b", voice=voice, options={"max_text_tokens_per_segment": 1}))
+            await peer.send(Synthesize(id=2, text="hi", voice=str(doomed)))
+            await peer.send(Ping(id=3))  # answered once request 2 has passed its checks
+            frames: list[Reply] = []
+            while not any(isinstance(f, Pong) for f in frames):
+                frames.append(await peer.reply())
+            doomed.unlink()
+            (gate / "open").touch()
+            while not {1, 2} <= {f.id for f in frames if protocol.is_terminal(f) and isinstance(f, (Done, Error))}:
+                frames.append(await peer.reply())
+            error = _error([f for f in frames if getattr(f, "id", None) == 2])
+            assert error.code == "engine_error" and error.detail["field"] == "$.voice"
+            assert error.message.startswith("preparing the references failed: FileNotFoundError: ")
+            stages = [f.stage for f in frames if isinstance(f, Progress) and f.id == 2]
+            assert "prepare" in stages and "synthesize" not in stages
+            assert not [f for f in frames if isinstance(f, Audio) and f.id == 2]
+            assert isinstance([f for f in frames if getattr(f, "id", None) == 1][-1], Done)
+            assert isinstance((await peer.request(Synthesize(id=4, text="hi", voice=voice)))[-1], Done)
+        assert [e["index"] for e in peer.calls("segment")] == [1, 2, 1], "request 2 produced nothing"
+
+
+async def test_voices_are_cached_and_load_reports_it(tmp_path: Path, ckpt: Path) -> None:
+    voices = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.wav"
+        path.write_bytes(f"RIFF voice {name}".encode())
+        voices.append(str(path))
+    with anyio.fail_after(TIMEOUT):
+        async with child(tmp_path, "indextts2", f"model_dir={ckpt}") as peer:
+            for request_id, voice in enumerate([*voices, voices[0], voices[1]], start=1):
+                assert isinstance((await peer.request(Synthesize(id=request_id, text="hi", voice=voice)))[-1], Done)
+            ok = (await peer.request(Load(id=9)))[-1]
+            assert isinstance(ok, Ok) and ok.info["loaded"] is True
+            assert ok.info["voice_cache"] == {"size": 4, "entries": 2, "hits": 2, "misses": 2}
+            assert ok.info["model_dir"] == str(ckpt) and ok.info["model_version"] == "2"
+        speakers = [e["path"] for e in peer.calls("reference") if e["role"] == "speaker"]
+        assert speakers == voices, "each voice processed once"
+
+
 # ----------------------------------------------------------------- load failures
+
+
+@pytest.mark.parametrize(
+    ("engine", "version", "other"), [("indextts2.5", "2", "indextts2"), ("indextts2", "2.5", "indextts2.5")]
+)
+async def test_the_directory_decides_the_version(
+    engine: str, version: str, other: str, tmp_path: Path, voice: str
+) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt", version=version)
+    with anyio.fail_after(TIMEOUT):
+        async with child(tmp_path, engine, f"model_dir={ckpt}", flavour="v25") as peer:
+            error = _error(await peer.request(Synthesize(id=1, text="hi", voice=voice)))
+            assert (error.code, error.detail["field"]) == ("load_failed", "model_dir")
+            assert f"holds an IndexTTS-{version} model" in error.message and f"--engine {other}" in error.message
+        assert peer.calls() == [], "refused before importing upstream"
+        async with child(tmp_path, "indextts", f"model_dir={ckpt}", flavour="v25") as peer:
+            ok = (await peer.request(Load(id=1)))[-1]
+            assert isinstance(ok, Ok) and ok.info["model_version"] == version
+            assert ok.info["module"] == ("indextts.infer_v2_5" if version == "2.5" else "indextts.infer_v2")
 
 
 async def test_load_failure_then_retry(tmp_path: Path, ckpt: Path, voice: str) -> None:
@@ -448,15 +558,19 @@ async def test_every_missing_file_of_an_empty_directory(tmp_path: Path, voice: s
     with anyio.fail_after(TIMEOUT):
         async with child(tmp_path, "indextts2", f"model_dir={empty}") as peer:
             error = _error(await peer.request(Load(id=1)))
-            assert error.code == "load_failed"
-            assert f"missing {', '.join([*CHECKPOINT_FILES, 'qwen0.6bemo4-merge/'])}" in error.message
+            assert error.code == "load_failed" and error.detail["field"] == "model_dir"
+            expected = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/", *AUX_FILES]
+            assert f"missing {', '.join(expected)} (" in error.message
+            assert "allow_download=true" in error.message
+        assert peer.calls() == [], "nothing imported or constructed"
 
 
 async def test_no_indextts_installed(tmp_path: Path, ckpt: Path) -> None:
     with anyio.fail_after(TIMEOUT):
         async with child(tmp_path, "indextts", f"model_dir={ckpt}", flavour=None) as peer:
             error = _error(await peer.request(Load(id=1)))
-            assert error.code == "load_failed" and "indextts is not installed" in error.message
+            assert error.code == "load_failed" and "IndexTTS is not installed in this interpreter" in error.message
+            assert "--doctor" in error.message
 
 
 # ----------------------------------------------------------------- memory

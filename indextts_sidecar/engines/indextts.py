@@ -853,7 +853,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
             if not restored:
                 self._voices.remember(model, voice, emotion_path)
 
-        yield from self._stream(iter(result), flavour, progress, cancelled, remember)
+        yield from self._stream(iter(result), flavour, progress, cancelled, remember, (voice, emotion_path))
 
     def _stream(
         self,
@@ -862,6 +862,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         progress: ProgressFn,
         cancelled: Callable[[], bool],
         prepared: Callable[[], None],
+        references: tuple[str, Union[str, None]] = ("", None),
     ) -> Iterator[Any]:
         """Upstream's stream, segment by segment, with silence between segments only.
 
@@ -871,6 +872,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         result matches upstream's non-streaming output sample for sample.
         """
         unit_scale = flavour.unit_scale
+        voice, emotion_path = references
         segments = 0
         samples = 0
         held: Any = None
@@ -928,7 +930,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
             cause = failed.__cause__
             raise EngineError(
                 f"preparing the references failed: {type(cause).__name__}: {cause}",
-                field="$.voice" if isinstance(cause, (OSError, EOFError)) else None,
+                field=_failed_reference(cause, voice, emotion_path),
             ) from cause
         finally:
             close = getattr(chunks, "close", None)
@@ -1064,6 +1066,18 @@ def _check_text(text: str) -> None:
         )
 
 
+def _failed_reference(exc: Union[BaseException, None], voice: str, emotion_path: Union[str, None]) -> Union[str, None]:
+    """The request field naming the reference clip an error is about, when it says which."""
+    if not isinstance(exc, (OSError, EOFError)):
+        return None
+    filename = getattr(exc, "filename", None)
+    if filename is not None and emotion_path is not None and os.fspath(filename) == emotion_path:
+        return "$.emotion.path"
+    if filename is not None and os.fspath(filename) != voice:
+        return None
+    return "$.voice" if filename is not None or emotion_path is None else None
+
+
 def _accelerated(model: Any) -> bool:
     """Whether upstream's GPT runs on its accel engine (``use_accel`` on CUDA)."""
     return getattr(getattr(model, "gpt", None), "accel_engine", None) is not None
@@ -1154,6 +1168,8 @@ class _VoiceCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self._entries: OrderedDict[tuple[str, int, int], tuple[Any, ...]] = OrderedDict()
+        #: The file whose conditioning upstream's own slot holds, as far as this cache knows.
+        self._slot: Union[tuple[str, int, int], None] = None
         self.hits = 0
         self.misses = 0
 
@@ -1162,18 +1178,23 @@ class _VoiceCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._slot = None
 
     def restore(self, model: Any, voice: str) -> bool:
         """Put ``voice``'s conditioning in upstream's slot if cached; else empty the slot."""
         if not all(hasattr(model, name) for name in (*SPEAKER_CACHE_ATTRIBUTES, SPEAKER_KEY_ATTRIBUTE)):
             return False  # an upstream without these caches: nothing to manage
         key = _file_key(voice)
+        if key is not None and key == self._slot and getattr(model, SPEAKER_KEY_ATTRIBUTE, None) == voice:
+            self.hits += 1  # upstream's own slot already holds this very file
+            return True
         entry = self._entries.get(key) if key is not None and self.size else None
         if entry is None:
             self.misses += 1
             # Upstream compares path strings only: make it recompute, the file may have changed.
             setattr(model, SPEAKER_KEY_ATTRIBUTE, None)
             setattr(model, EMOTION_KEY_ATTRIBUTE, None)
+            self._slot = None
             return False
         assert key is not None
         self._entries.move_to_end(key)
@@ -1184,12 +1205,16 @@ class _VoiceCache:
         setattr(model, SPEAKER_KEY_ATTRIBUTE, voice)
         setattr(model, EMOTION_CACHE_ATTRIBUTE, emotion)
         setattr(model, EMOTION_KEY_ATTRIBUTE, voice)
+        self._slot = key
         return True
 
     def remember(self, model: Any, voice: str, emotion_path: Union[str, None]) -> None:
         """Save what upstream computed for ``voice`` (after its first chunk)."""
         key = _file_key(voice)
-        if key is None or not self.size or getattr(model, SPEAKER_KEY_ATTRIBUTE, None) != voice:
+        if key is None or getattr(model, SPEAKER_KEY_ATTRIBUTE, None) != voice:
+            return
+        self._slot = key
+        if not self.size:
             return
         speaker = tuple(getattr(model, name) for name in SPEAKER_CACHE_ATTRIBUTES)
         # The emotion slot holds the speaker's own clip unless another emotion clip was used.

@@ -1,13 +1,34 @@
 """Shared implementation of the stand-in ``indextts`` flavours.  See README.md.
 
 Each flavour directory (v2, v25, pypi) holds an ``indextts`` package whose classes copy
-upstream's signatures exactly and forward to :class:`StandIn`.  Nothing here imports
-torch: chunks are :class:`FakeTensor` objects (numpy inside) with the ``.cpu().numpy()``
-surface the adapter uses.  Behaviour is steered by environment variables, read on every
-call so one process can be steered between requests through files:
+upstream's signatures exactly and forward to this module, which reproduces upstream's
+behaviour as read from upstream's source (commit ee40fa7) and verified by running it:
 
-INDEXTTS_STANDIN_LOG               JSON lines: every constructor and infer call (args and
-                                   kwargs as passed), every segment produced, generator close
+* ``infer(stream_return=True)`` returns an unstarted generator: nothing runs, and nothing
+  fails, before the first ``next()`` (reference processing happens lazily).
+* The stream yields each segment followed by a silence, the last segment too.  With
+  ``interval_silence=0`` the "silence" is upstream's list of the segments so far.
+* ``infer(stream_return=False)`` is ``list(infer_generator(...))[0]``: the (22050, int16 of
+  shape (N, 1)) tuple with silence between segments only, or the path when writing a file.
+* Empty or whitespace-only text raises RuntimeError (``torch.cat`` of no segments), in both
+  modes; ``infer`` never returns None for it.
+* ``do_sample`` and the other documented sampling keys are popped; any other generation
+  keyword reaches Hugging Face ``generate``, which raises ValueError at the first segment
+  (not with ``use_accel`` on CUDA, whose engine ignores them).
+* ``use_emo_text`` without the Qwen model raises RuntimeError (at the first ``next()``).
+* One reference slot per role, keyed by the prompt path string: ``cache_spk_cond``,
+  ``cache_s2mel_style``, ``cache_s2mel_prompt``, ``cache_mel``, ``cache_spk_audio_prompt``,
+  ``cache_emo_cond``, ``cache_emo_audio_prompt``, reused while the path is unchanged (even
+  when the file has changed, as upstream does).
+
+Nothing here imports torch: chunks are :class:`FakeTensor` objects (numpy inside) with the
+``.cpu().numpy()`` surface the adapter uses.  Behaviour is steered by environment
+variables, read on every call so one process can be steered between requests:
+
+INDEXTTS_STANDIN_LOG               JSON lines: every constructor, infer and infer_generator call
+                                   (args and kwargs as passed), every reference processed
+                                   (``reference``), every segment produced (with the digests of
+                                   the references it used), generator close and end
 INDEXTTS_STANDIN_CONSTRUCT_SECONDS the constructor sleeps this long (slow construction)
 INDEXTTS_STANDIN_CONSTRUCT_GATE    the constructor blocks until this file exists
 INDEXTTS_STANDIN_FAIL_CONSTRUCTS   the first N constructions raise RuntimeError, counted in
@@ -18,20 +39,34 @@ INDEXTTS_STANDIN_AUDIO             raw int16 LE file: its samples are the speech
                                    the segments (instead of the default tones)
 INDEXTTS_STANDIN_NO_STREAM         "1": ignore stream_return and return the (sr, int16) tuple,
                                    like an upstream from before streaming
-INDEXTTS_STANDIN_INFER_ERROR       infer raises RuntimeError with this message
+INDEXTTS_STANDIN_INFER_ERROR       the first next() raises RuntimeError with this message
+INDEXTTS_STANDIN_CUDA              "1": CUDA is "available" (as in ../torchstub), so use_accel
+                                   gives the GPT an accel engine
 """
 
+import hashlib
 import json
 import math
 import os
 import sys
 import time
+import types
 import wave
 
 import numpy as np
 
 SAMPLE_RATE = 22050
 _GATE_TIMEOUT = 60.0
+#: Sampling keys upstream pops from ``generation_kwargs`` (``do_sample`` is popped and ignored).
+GENERATION_KEYS = (
+    "do_sample", "top_p", "top_k", "temperature", "length_penalty", "num_beams", "repetition_penalty",
+    "max_mel_tokens",
+)
+#: Auxiliary models read from ``<model_dir>/hf_cache`` (downloaded there when absent).
+AUX_2 = ("w2v-bert-2.0/", "semantic_codec_model.safetensors", "campplus_cn_common.bin", "bigvgan/")
+AUX_25 = ("w2v-bert-2.0/", "campplus_cn_common.bin", "bigvgan/")
+#: What each model version's constructor reads from the checkpoint directory (besides config).
+VERSION_FILES = {"2": ("gpt.pth", "bpe.model"), "2.5": ("gpt.pth", "codec.pth")}
 
 
 def _env(name, default=None):
@@ -105,8 +140,36 @@ def recorded(fn):
     return wrapper
 
 
-def construct(model, cfg_path, model_dir, use_qwen_emo):
-    """What the stand-in constructors share: noise, delays, failures, file checks."""
+def _cuda_on():
+    return _env("CUDA") == "1"
+
+
+def _offline_env():
+    """What the caller set around construction (the adapter: HF_HUB_OFFLINE=1 unless downloads are allowed)."""
+    return {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+
+
+def _auxiliary(model_dir, names, aux_paths):
+    """Upstream reads the auxiliary models from ``aux_paths`` or ``<model_dir>/hf_cache``, and
+    downloads the missing ones there: tests have no network, so a download is an error here."""
+    if aux_paths is not None:
+        for key, path in aux_paths.items():
+            if not os.path.exists(path):
+                raise OSError(f"stand-in: aux_paths[{key!r}] {path} does not exist (local_files_only=True)")
+        return
+    cache = os.path.join(model_dir, "hf_cache")
+    missing = [name for name in names if not os.path.exists(os.path.join(cache, name.rstrip("/")))]
+    if missing:
+        record("download", names=missing, env=_offline_env())
+        raise RuntimeError(f"stand-in: upstream would download {', '.join(missing)} into {cache} (no network here)")
+
+
+def construct(model, *, cfg_path, model_dir, use_qwen_emo, use_accel, version, aux=None, aux_paths=None):
+    """What the stand-in constructors share: noise, delays, failures, the files upstream reads.
+
+    ``aux``: the auxiliary models read from ``<model_dir>/hf_cache`` (None: the default
+    Hugging Face cache, as the PyPI repackaging does, never checked).
+    """
     print(">> stand-in: loading GPT weights")
     os.write(1, b">> stand-in: loading semantic codec\n")
     seconds = float(_env("CONSTRUCT_SECONDS", "0") or 0)
@@ -127,16 +190,31 @@ def construct(model, cfg_path, model_dir, use_qwen_emo):
             f.write(str(count))
         if count <= failures:
             raise RuntimeError(f"stand-in: injected construct failure {count} of {failures}")
+    if model_dir is None:
+        raise RuntimeError("stand-in: model_dir=None would download the model from a hub (no network here)")
     if cfg_path is not None and not os.path.isfile(cfg_path):
         raise FileNotFoundError(cfg_path)
-    if model_dir is not None and not os.path.isfile(os.path.join(model_dir, "gpt.pth")):
-        raise FileNotFoundError(os.path.join(model_dir, "gpt.pth"))
-    if use_qwen_emo and model_dir is not None and not os.path.isdir(os.path.join(model_dir, "qwen0.6bemo4-merge")):
+    if use_qwen_emo and not os.path.isdir(os.path.join(model_dir, "qwen0.6bemo4-merge")):
         raise FileNotFoundError(os.path.join(model_dir, "qwen0.6bemo4-merge"))
+    for name in VERSION_FILES[version]:
+        if not os.path.isfile(os.path.join(model_dir, name)):
+            raise FileNotFoundError(os.path.join(model_dir, name))
+    if aux is not None:
+        _auxiliary(model_dir, aux, aux_paths)
     model.cfg_path = cfg_path
     model.model_dir = model_dir
-    model.use_qwen_emo = use_qwen_emo
-    record("constructed", flavour=model.FLAVOUR)
+    model.qwen_emo = "stand-in QwenEmotion" if use_qwen_emo else None
+    model.use_accel = use_accel
+    model.gpt = types.SimpleNamespace(accel_engine="stand-in accel engine" if use_accel and _cuda_on() else None)
+    model.cache_spk_cond = None
+    model.cache_s2mel_style = None
+    model.cache_s2mel_prompt = None
+    model.cache_spk_audio_prompt = None
+    model.cache_emo_cond = None
+    model.cache_emo_audio_prompt = None
+    model.cache_mel = None
+    model.gr_progress = None
+    record("constructed", flavour=model.FLAVOUR, env=_offline_env())
 
 
 def _segments(text, max_tokens, first_tokens):
@@ -161,40 +239,125 @@ def _tone(index, words):
 def _speech(segments):
     """int16 audio per segment."""
     path = _env("AUDIO")
-    if not path:
+    if not path or not segments:
         return [_tone(i, words) for i, words in enumerate(segments)]
     with open(path, "rb") as f:
         data = np.frombuffer(f.read(), dtype="<i2").astype(np.int16)
     return [piece for piece in np.array_split(data, len(segments))]
 
 
-def infer(model, *, spk_audio_prompt, text, output_path, emo_audio_prompt, emo_alpha, emo_vector, use_emo_text,
-          emo_text, interval_silence, max_text_tokens_per_segment, stream_return, first_tokens, unit_scale):
-    """Upstream's infer: returns a generator when streaming, else the tuple (or path, or None)."""
+def _digest(path):
+    with open(path, "rb") as f:  # upstream: librosa.load, which fails on a missing file
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def _speaker(model, path):
+    """Upstream's speaker slot: recomputed only when the path string differs."""
+    if model.cache_spk_cond is None or model.cache_spk_audio_prompt != path:
+        model.cache_spk_cond = model.cache_s2mel_style = model.cache_s2mel_prompt = model.cache_mel = None
+        digest = _digest(path)
+        record("reference", role="speaker", path=path, digest=digest)
+        model.cache_spk_cond = f"spk_cond:{digest}"
+        model.cache_s2mel_style = f"style:{digest}"
+        model.cache_s2mel_prompt = f"prompt:{digest}"
+        model.cache_mel = f"mel:{digest}"
+        model.cache_spk_audio_prompt = path
+    return model.cache_spk_cond.partition(":")[2]
+
+
+def _emotion(model, path):
+    """Upstream's emotion slot: recomputed only when the path string differs."""
+    if model.cache_emo_cond is None or model.cache_emo_audio_prompt != path:
+        model.cache_emo_cond = None
+        digest = _digest(path)
+        record("reference", role="emotion", path=path, digest=digest)
+        model.cache_emo_cond = f"emo_cond:{digest}"
+        model.cache_emo_audio_prompt = path
+    return model.cache_emo_cond.partition(":")[2]
+
+
+def infer(model, *, stream_return, **kwargs):
+    """Upstream's ``infer``: the generator itself when streaming, else its first (only) item."""
+    if _env("NO_STREAM") == "1":
+        stream_return = False
+    generator = infer_generator(model, stream_return=stream_return, **kwargs)
+    if stream_return:
+        return generator
+    try:
+        return list(generator)[0]
+    except IndexError:
+        return None
+
+
+def infer_generator(model, *, spk_audio_prompt, text, output_path, emo_audio_prompt, emo_alpha, emo_vector,
+                    use_emo_text, emo_text, interval_silence, max_text_tokens_per_segment, stream_return,
+                    first_tokens, unit_scale, generation_kwargs):
+    """Upstream's ``infer_generator``, in upstream's order; see the module docstring."""
     _stdout_noise("infer", 10)
     error = _env("INFER_ERROR")
     if error:
         raise RuntimeError(error)
-    with open(spk_audio_prompt, "rb"):
-        pass
+    if use_emo_text or emo_vector is not None:
+        emo_audio_prompt = None
     if use_emo_text:
-        if not model.use_qwen_emo:
-            raise RuntimeError("use_emo_text requires use_qwen_emo=True")
-    elif emo_vector is None and emo_audio_prompt is not None:
-        with open(emo_audio_prompt, "rb"):
-            pass
+        if model.qwen_emo is None:
+            raise RuntimeError(
+                "use_emo_text=True requires QwenEmotion, but it was not loaded at init "
+                "(use_qwen_emo=False). Re-construct IndexTTS2 with use_qwen_emo=True."
+            )
+        emo_vector = [0.0] * 7 + [1.0]  # the stand-in's QwenEmotion always hears "calm"
+    if emo_audio_prompt is None:
+        emo_audio_prompt = spk_audio_prompt
+    speaker = _speaker(model, spk_audio_prompt)
     if emo_vector is not None and len(emo_vector) != 8:
-        raise ValueError("emo_vector must have 8 values")
+        raise RuntimeError(
+            f"The size of tensor a ({len(emo_vector)}) must match the size of tensor b (8) at non-singleton dimension 0"
+        )
+    emotion = _emotion(model, emo_audio_prompt)
     segments = _segments(text, max_text_tokens_per_segment, first_tokens)
-    if stream_return and _env("NO_STREAM") != "1":
-        return _generate(segments, interval_silence, unit_scale)
-    if not segments:
-        return None
+    generation = dict(generation_kwargs)
+    for key in GENERATION_KEYS:
+        generation.pop(key, None)
+    gate_dir = _env("GATE_DIR")
+    wavs = []
+    silence = None
+    produced = 0
+    try:
+        speech = _speech(segments)
+        for k, audio in enumerate(speech, start=1):
+            if gate_dir and k >= 2:
+                _wait_for([os.path.join(gate_dir, f"segment-{k}"), os.path.join(gate_dir, "open")], f"segment {k}")
+            if generation and model.gpt.accel_engine is None:
+                raise ValueError(
+                    f"The following `model_kwargs` are not used by the model: {sorted(generation)} "
+                    "(note: typos in the generate arguments will also show up in this list)"
+                )
+            if gate_dir:
+                with open(os.path.join(gate_dir, f"produced-{k}"), "w"):
+                    pass
+            record("segment", index=k, of=len(speech), samples=int(audio.size), speaker=speaker, emotion=emotion)
+            produced = k
+            wav = _chunk(audio, unit_scale)
+            wavs.append(wav)
+            if stream_return:
+                yield wav
+                if silence is None:
+                    # upstream's interval_silence(): the list of wavs itself when interval_silence <= 0
+                    silence = wavs if interval_silence <= 0 else _chunk(_zeros(interval_silence), unit_scale)
+                yield silence
+    except GeneratorExit:
+        record("closed", produced=produced)
+        raise
+    record("finished", produced=produced)
+    if not wavs:
+        raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
+    _stdout_noise("timings", 4)
+    if stream_return:
+        return
     parts = []
-    silence = np.zeros(int(SAMPLE_RATE * interval_silence / 1000), dtype=np.int16)
-    for i, audio in enumerate(_speech(segments)):
-        if i:
-            parts.append(silence)
+    for i, audio in enumerate(speech):
+        if i and interval_silence > 0:
+            parts.append(_zeros(interval_silence))
         parts.append(audio)
     wav = np.concatenate(parts).reshape(-1, 1)
     if output_path:
@@ -203,33 +366,17 @@ def infer(model, *, spk_audio_prompt, text, output_path, emo_audio_prompt, emo_a
             w.setsampwidth(2)
             w.setframerate(SAMPLE_RATE)
             w.writeframes(wav.astype("<i2").tobytes())
-        return output_path
-    return (SAMPLE_RATE, wav)
+        yield output_path
+        return
+    yield (SAMPLE_RATE, wav)
+
+
+def _zeros(interval_silence):
+    return np.zeros(int(SAMPLE_RATE * interval_silence / 1000.0), dtype=np.int16)
 
 
 def _chunk(int16, unit_scale):
+    """A streamed chunk: float32 (1, n) on PCM scale, or in [-1, 1] for the PyPI repackaging."""
     if unit_scale:
-        return FakeTensor((int16.astype(np.float32) / np.float32(32768.0)).astype(np.float32))
+        return FakeTensor((int16.astype(np.float32) / np.float32(32768.0)).reshape(1, -1))
     return FakeTensor(int16.astype(np.float32).reshape(1, -1))
-
-
-def _generate(segments, interval_silence, unit_scale):
-    gate_dir = _env("GATE_DIR")
-    produced = 0
-    try:
-        speech = _speech(segments)
-        silence = np.zeros(int(SAMPLE_RATE * interval_silence / 1000), dtype=np.int16)
-        for k, audio in enumerate(speech, start=1):
-            if gate_dir and k >= 2:
-                _wait_for([os.path.join(gate_dir, f"segment-{k}"), os.path.join(gate_dir, "open")], f"segment {k}")
-            if gate_dir:
-                with open(os.path.join(gate_dir, f"produced-{k}"), "w"):
-                    pass
-            record("segment", index=k, of=len(speech), samples=int(audio.size))
-            produced = k
-            yield _chunk(audio, unit_scale)
-            yield _chunk(silence, unit_scale)
-    except GeneratorExit:
-        record("closed", produced=produced)
-        raise
-    record("finished", produced=produced)

@@ -10,15 +10,19 @@ project's own test venv never has.  They run when the venv's interpreter is name
   2.1.1 and ``indextts25-inference`` 0.2.0 installed).
 
 Otherwise every test here is skipped, with the reason printed.  ``.ci/upstream`` builds
-(or reuses) both venvs and runs this suite.  Checkpoints are tiny random models built
-at session start by ``fixture.py`` inside the venv (seconds; nothing downloaded).
+(or reuses) both venvs and runs this suite.  Checkpoints are tiny random models built by
+``fixture.py`` inside the venv (seconds; nothing downloaded), kept beside the venvs under a
+fingerprint of the builder, the pins and the upstream code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +82,19 @@ def flavour_named(name: str) -> Flavour:
     return Flavour(name, python, None, "indextts2" if name == "pypi2" else "indextts2.5")
 
 
+def _fingerprint(flavour: Flavour) -> str:
+    """What decides a fixture's content: the builder, the venv's pins, the upstream code."""
+    digest = hashlib.sha256()
+    digest.update(flavour.name.encode())
+    digest.update((HERE / "fixture.py").read_bytes())
+    digest.update((HERE / f"pins-{'pypi' if flavour.pypi else 'github'}.txt").read_bytes())
+    if flavour.checkout:
+        for path in sorted(Path(flavour.checkout, "indextts").rglob("*.py")):
+            digest.update(str(path.relative_to(flavour.checkout)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def build_checkpoint(flavour: Flavour, out: Path) -> Path:
     """Run fixture.py in the flavour's venv; returns the checkpoint directory."""
     command = [flavour.python, str(HERE / "fixture.py"), flavour.name, str(out)]
@@ -91,6 +108,34 @@ def build_checkpoint(flavour: Flavour, out: Path) -> Path:
     return out
 
 
+def cached_checkpoint(flavour: Flavour, scratch: Path) -> Path:
+    """The flavour's fixture, built once per content fingerprint and kept beside the venvs.
+
+    The builder is seeded, so a fixture is a function of its fingerprint; keeping it saves
+    the 10-50 s each build takes (the PyPI packages load full state dicts).  Set
+    ``INDEXTTS_FIXTURE_CACHE=0`` to build afresh into the test's temporary directory.
+    """
+    if os.environ.get("INDEXTTS_FIXTURE_CACHE") == "0":
+        return build_checkpoint(flavour, scratch / "ckpt")
+    from build_venv import cache_root
+
+    final = cache_root() / "fixtures" / f"{flavour.name}-{_fingerprint(flavour)}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        build_checkpoint(flavour, partial)
+        os.rename(partial, final)  # atomic; a concurrent builder's rename wins the same content
+    except OSError:
+        if not final.is_dir():
+            raise
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+    return final
+
+
 _CHECKPOINTS: dict[str, Path] = {}
 
 
@@ -100,8 +145,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def get(flavour: Flavour) -> Path:
         if flavour.name not in _CHECKPOINTS:
-            out = tmp_path_factory.mktemp(f"ckpt-{flavour.name}")
-            _CHECKPOINTS[flavour.name] = build_checkpoint(flavour, out)
+            scratch = tmp_path_factory.mktemp(f"ckpt-{flavour.name}")
+            _CHECKPOINTS[flavour.name] = cached_checkpoint(flavour, scratch)
         return _CHECKPOINTS[flavour.name]
 
     return get

@@ -1,7 +1,8 @@
 """Stand-in for ``indextts/infer_v2.py`` of the PyPI repackaging ``indextts2-inference`` 2.1.1.
 
-Other signature than upstream (model_dir first, ``language``/``attn_backend``, no ``use_accel``,
-``quick_streaming_tokens`` instead of ``more_segment_before``), and chunks in [-1, 1].
+Other signature than upstream (model_dir first, ``language``/``attn_backend``, no ``use_qwen_emo``:
+the Qwen emotion model is always loaded; ``quick_streaming_tokens`` instead of
+``more_segment_before``), auxiliary models from the default Hugging Face cache, chunks in [-1, 1].
 """
 
 try:
@@ -19,8 +20,9 @@ class IndexTTS2:
 
     @core.recorded
     def __init__(self, model_dir=None, cfg_path=None, use_fp16=False, device=None, use_cuda_kernel=None,
-                 use_deepspeed=False, use_torch_compile=False, use_qwen_emo=True, language=None, attn_backend=None):
-        core.construct(self, cfg_path, model_dir, use_qwen_emo)
+                 use_deepspeed=False, use_accel=False, use_torch_compile=False, language=None, attn_backend=None):
+        core.construct(self, cfg_path=cfg_path, model_dir=model_dir, use_qwen_emo=True, use_accel=use_accel,
+                       version="2")
 
     @core.recorded
     def infer(self, spk_audio_prompt, text, output_path, emo_audio_prompt=None, emo_alpha=1.0, emo_vector=None,
@@ -31,5 +33,5 @@ class IndexTTS2:
             emo_audio_prompt=emo_audio_prompt, emo_alpha=emo_alpha, emo_vector=emo_vector, use_emo_text=use_emo_text,
             emo_text=emo_text, interval_silence=interval_silence,
             max_text_tokens_per_segment=max_text_tokens_per_segment, stream_return=stream_return,
-            first_tokens=quick_streaming_tokens, unit_scale=True,
+            first_tokens=quick_streaming_tokens, unit_scale=True, generation_kwargs=generation_kwargs,
         )
