@@ -300,8 +300,9 @@ class Synthesis(_Tracked):
     * ``await synthesis.result()`` waits for the end and returns the :class:`Audio`.
 
     Leaving ``async with`` before the end cancels the request on the sidecar at once.
-    A plain ``async for`` followed by ``break`` does not: the request then runs to its
-    end unless :meth:`aclose` is called, so prefer ``async with``.
+    Iterating without ``async with`` (or an explicit :meth:`start`, which makes the
+    caller responsible for :meth:`aclose`) raises ``RuntimeError``: after a ``break``
+    nothing would cancel the request, which would occupy the engine to its end.
     """
 
     def __init__(
@@ -323,6 +324,8 @@ class Synthesis(_Tracked):
         self._audio: Union[Audio, None] = None
         #: The sidecar's seconds per phase, from ``done`` (empty until then).
         self.timings: dict[str, float] = {}
+        #: Whether ``async with`` or an explicit start() made someone responsible for closing it.
+        self._owned = False
 
     @property
     def finished(self) -> bool:
@@ -361,7 +364,8 @@ class Synthesis(_Tracked):
             self._assembler = exchange.sink = AudioAssembler(exchange.id, keep=True)
 
     async def start(self) -> None:
-        """Send the request now (``async with`` and the first iteration do it for you)."""
+        """Send the request now (``async with`` does it for you); then :meth:`aclose` is yours to call."""
+        self._owned = True
         if self._state == "new":
             try:
                 await self._begin()
@@ -387,7 +391,16 @@ class Synthesis(_Tracked):
         await self._close(wait=not cancelled)
 
     def __aiter__(self) -> Synthesis:
+        self._check_owned()
         return self
+
+    def _check_owned(self) -> None:
+        if not self._owned:
+            raise RuntimeError(
+                "iterate inside 'async with client.stream(...) as chunks:' (or request()), so that leaving "
+                "the loop early cancels the request; or call 'await synthesis.start()' and close it yourself "
+                "with 'await synthesis.aclose()'"
+            )
 
     async def __anext__(self) -> AudioChunk:
         while True:
@@ -399,6 +412,7 @@ class Synthesis(_Tracked):
 
     def events(self) -> _Events:
         """An async iterator over progress events and audio chunks, in arrival order."""
+        self._check_owned()
         return _Events(self)
 
     async def result(self) -> Audio:

@@ -105,10 +105,24 @@ async def test_stream_yields_chunks_in_order() -> None:
         await chunks.result()
 
 
-async def test_plain_async_for_over_a_stream() -> None:
+async def test_a_bare_async_for_is_refused_before_anything_is_sent() -> None:
     with anyio.fail_after(20):
         async with fake_client() as client:
-            data = b"".join([chunk.samples.tobytes() async for chunk in client.stream("plain", chunk_seconds=0.02)])
+            stream = client.stream("plain", chunk_seconds=0.02)
+            with pytest.raises(RuntimeError, match=r"inside 'async with client\.stream\(\.\.\.\) as chunks:'"):
+                async for _chunk in stream:
+                    pass
+            request = client.request("plain")
+            with pytest.raises(RuntimeError, match="leaving the loop early cancels the request"):
+                request.events()
+            assert stream.request_id is None and request.request_id is None  # nothing was sent
+            assert (await client.ping()).queue_depth == 0
+            # An explicit start() makes the caller responsible for aclose(): then iteration is allowed.
+            await stream.start()
+            try:
+                data = b"".join([chunk.samples.tobytes() async for chunk in stream])
+            finally:
+                await stream.aclose()
     assert data == expected("plain")
 
 
@@ -424,8 +438,9 @@ async def test_leaving_a_stream_early_cancels_it() -> None:
             assert (await client.synthesize("next")).samples.tobytes() == expected("next")
             assert time.monotonic() - began < 5
 
-            # The same with plain iteration and an explicit aclose().
+            # The same with an explicit start(), plain iteration and an explicit aclose().
             stream = client.stream("endless", seconds=60, chunk_seconds=0.05, delay=0.01)
+            await stream.start()
             async for _chunk in stream:
                 break
             await stream.aclose()
