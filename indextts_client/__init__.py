@@ -6,13 +6,14 @@
 
     async with Client("espeak") as client:
         audio = await client.synthesize("Hello world")
-        audio.to_wav("hello.wav")
+        audio.to_file("hello.wav")
 
         async with client.stream("A longer text, streamed") as chunks:
             async for chunk in chunks:
                 play(chunk.samples)
 
-:class:`Client` spawns and supervises the sidecar; :class:`Connection` is the
+:class:`Client` spawns and supervises the sidecar; :class:`BlockingClient` is the same
+without async, for scripts and notebooks; :class:`Connection` is the
 transport-agnostic core for a sidecar reached over any anyio byte streams.  Every
 error derives from :class:`SidecarError`.
 """
@@ -23,6 +24,7 @@ from indextts_sidecar._version import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
 from ._audio import Audio, AudioChunk
+from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
@@ -47,6 +49,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Audio",
     "AudioChunk",
+    "BlockingClient",
+    "BlockingStream",
     "BusyError",
     "Client",
     "ClosedError",
