@@ -61,7 +61,7 @@ def test_leaving_a_stream_early_cancels_it(backend: str) -> None:
         assert client.synthesize("next").samples.tobytes() == expected("next")
         assert time.monotonic() - began < 5
         stream = client.stream("bare")
-        with pytest.raises(RuntimeError, match="iterate inside 'with client.stream"):
+        with pytest.raises(RuntimeError, match=r"iterate inside 'with client\.stream"):
             next(iter(stream))
 
 
