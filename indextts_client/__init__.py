@@ -28,6 +28,7 @@ from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
+    BufferFullError,
     BusyError,
     ClosedError,
     CrashedError,
@@ -42,6 +43,7 @@ from ._exceptions import (
     StartError,
     VersionMismatchError,
 )
+from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
@@ -51,6 +53,7 @@ __all__ = [
     "AudioChunk",
     "BlockingClient",
     "BlockingStream",
+    "BufferFullError",
     "BusyError",
     "Client",
     "ClosedError",
@@ -66,6 +69,9 @@ __all__ = [
     "LoadFailedError",
     "LoadInfo",
     "LossInfo",
+    "MemberHealth",
+    "Pool",
+    "PoolStream",
     "ProgressCallback",
     "ProgressEvent",
     "ProtocolError",

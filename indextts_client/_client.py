@@ -18,6 +18,7 @@ import itertools
 import logging
 import math
 import os
+import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -28,13 +29,17 @@ import anyio
 import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
+from indextts_sidecar import protocol
+
 from ._connection import Connection, LossInfo
-from ._exceptions import ClosedError, RestartLimitError, SidecarError, StartError, fresh
+from ._exceptions import ClosedError, RequestTimeoutError, RestartLimitError, SidecarError, StartError, fresh
 from ._process import Redactor, SidecarProcess
 from ._request import Requester
 from ._types import RestartCallback, SidecarInfo
 
 __all__ = ["Client"]
+
+PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
 
 log = logging.getLogger("indextts_client")
 
@@ -118,7 +123,7 @@ class _Session:
             self.resolved.is_set()
             and self.failure is None
             and self.conn is not None
-            and not self.conn.closed
+            and self.conn.accepting
             and not self.stop_requested.is_set()
         )
 
@@ -134,6 +139,8 @@ class _Session:
             return self.failure
         if self.conn is not None and self.conn.error is not None:
             return self.conn.error
+        if self.conn is not None and self.conn.ending is not None:
+            return self.conn.ending
         return None
 
     @property
@@ -203,11 +210,19 @@ class Client(Requester):
         frame_timeout: Union[float, None] = 10.0,
         redact: Iterable[str] = (),
         shared_audio: int = 4 * 1024 * 1024,
+        max_buffered: int = 64 * 1024 * 1024,
+        heartbeat: Union[float, None] = None,
+        heartbeat_misses: int = 3,
+        exit_with_parent: bool = True,
     ) -> None:
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
         if max_restarts < 0:
             raise ValueError("max_restarts must be >= 0")
+        if heartbeat is not None and not heartbeat > 0:
+            raise ValueError("heartbeat must be > 0 seconds or None")
+        if heartbeat_misses < 1:
+            raise ValueError("heartbeat_misses must be >= 1")
         prefix = [os.fspath(part) for part in command] if command is not None else None
         if prefix is None:
             prefix = [os.fspath(python) if python is not None else sys.executable, "-m", "indextts_sidecar"]
@@ -234,6 +249,10 @@ class Client(Requester):
         self._max_restart_backoff = max_restart_backoff
         self._on_restart = on_restart
         self._frame_timeout = frame_timeout
+        self._max_buffered = max_buffered
+        self._exit_with_parent = exit_with_parent
+        self._heartbeat = heartbeat
+        self._heartbeat_misses = heartbeat_misses
         # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
         self._shared_audio = shared_audio if command is None else 0
         self._streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
@@ -562,6 +581,7 @@ class Client(Requester):
             redact=self._redact,
             ids=self._ids,
             shared_audio=child.ring if child is not None else None,
+            max_buffered=self._max_buffered,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
@@ -594,9 +614,15 @@ class Client(Requester):
         return False
 
     async def _process_session(self, session: _Session) -> None:
+        env = self._env
+        if self._exit_with_parent:
+            # The sidecar stops once the spawning process is gone, even if a process forked
+            # from it keeps the pipes open. The pid at spawn time: a client may be created
+            # before a fork. An environment variable: older sidecars ignore it.
+            env = {**env, PARENT_ENV: str(os.getpid())}
         child = await SidecarProcess.spawn(
             self.argv,
-            env=self._env,
+            env=env,
             cwd=self._cwd,
             redact=self._redact,
             exit_grace=self._shutdown_timeout,
@@ -612,6 +638,8 @@ class Client(Requester):
                 tg.start_soon(self._watch_exit, child, conn)
                 graceful = False
                 if await self._handshake(session, conn, child):
+                    if self._heartbeat is not None:
+                        tg.start_soon(self._beat, child, conn, self._heartbeat)
                     which = await _wait_any(conn._closed_event, session.stop_requested)
                     graceful = which == 1 and not conn.closed
                 await self._stop_child(child, conn, graceful=graceful)
@@ -629,6 +657,8 @@ class Client(Requester):
             conn.mark_closing()
             timeout = self._shutdown_timeout
             if graceful and child.running:
+                # A stopped child (SIGSTOP, a debugger) could answer neither 'shutdown' nor SIGTERM.
+                child.signal_group(signal.SIGCONT)
                 with anyio.move_on_after(timeout):
                     try:
                         await conn.shutdown()
@@ -641,6 +671,30 @@ class Client(Requester):
             with anyio.move_on_after(1.0):
                 await conn._closed_event.wait()
             conn.abort("the sidecar was stopped")
+
+    async def _beat(self, child: SidecarProcess, conn: Connection, interval: float) -> None:
+        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill."""
+        misses = 0
+        while conn.accepting:
+            began = anyio.current_time()
+            try:
+                await conn._call(lambda i: protocol.Ping(id=i), timeout=interval, idle_timeout=None, cancellable=False)
+            except RequestTimeoutError:
+                misses += 1
+                if misses < self._heartbeat_misses:
+                    continue
+                reason = (
+                    f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                    "the sidecar is hung or stopped; it was killed"
+                )
+                log.error("sidecar pid %d: %s", child.pid, reason)
+                child.signal_group(signal.SIGKILL)
+                conn.abort(reason)
+                return
+            except SidecarError:
+                return  # the connection ended; the session handles it
+            misses = 0
+            await anyio.sleep(max(0.0, began + interval - anyio.current_time()))
 
     async def _watch_exit(self, child: SidecarProcess, conn: Connection) -> None:
         """When the child exits, make sure the connection notices even if its stdout stays open."""

@@ -39,12 +39,14 @@ from indextts_sidecar._shm import AudioRing, RingError
 
 from ._audio import AudioAssembler
 from ._exceptions import (
+    BufferFullError,
     ClosedError,
     CrashedError,
     InvalidRequestError,
     ProtocolError,
     SidecarError,
     StartError,
+    UnreadError,
     VersionMismatchError,
     describe_exit,
     fresh,
@@ -55,6 +57,8 @@ from ._types import SidecarInfo
 __all__ = ["Connection", "LossInfo"]
 
 _NO_SAMPLES = memoryview(b"")
+#: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
+DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
 
 log = logging.getLogger("indextts_client")
 
@@ -84,6 +88,7 @@ class _Exchange:
 
     __slots__ = (
         "abandoned",
+        "buffered",
         "cancel_sent",
         "data",
         "error",
@@ -104,6 +109,8 @@ class _Exchange:
         self.wakeup = anyio.Event()
         self.error: Union[SidecarError, None] = None
         self.abandoned = False
+        #: Bytes of audio in ``items``, not yet consumed.
+        self.buffered = 0
         self.sent = False
         self.sent_at = anyio.current_time()
         #: Arrival time of the last frame for this id (None until the first one).
@@ -169,8 +176,10 @@ class Connection(Requester):
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,
         shared_audio: Union[AudioRing, None] = None,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
     ) -> None:
         self._receive_stream = receive_stream
+        self._max_buffered = max_buffered
         self._ring = shared_audio
         self._send_stream = send_stream
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
@@ -189,6 +198,11 @@ class Connection(Requester):
         self._fatal: Union[protocol.Error, None] = None
         self._error: Union[SidecarError, None] = None
         self._closing = False
+        #: Whether this side asked the sidecar to stop (``shutdown``, :meth:`aclose`).
+        self._stop_asked = False
+        #: Set when the sidecar announced it stopped reading (an ``error`` without id,
+        #: code ``shutting_down``): no request may be sent on this connection any more.
+        self._ending: Union[ClosedError, None] = None
         self._started = False
         self._ready_event = anyio.Event()
         self._reader_done = anyio.Event()
@@ -215,6 +229,16 @@ class Connection(Requester):
     def closed(self) -> bool:
         """Whether the connection has ended (failed or closed); see :attr:`error`."""
         return self._error is not None
+
+    @property
+    def accepting(self) -> bool:
+        """Whether requests may be sent: open, and the sidecar has not announced its end."""
+        return self._error is None and self._ending is None
+
+    @property
+    def ending(self) -> Union[ClosedError, None]:
+        """Why the sidecar stopped reading, when it announced it before its stream ended."""
+        return self._ending
 
     @property
     def error(self) -> Union[SidecarError, None]:
@@ -281,6 +305,7 @@ class Connection(Requester):
     async def aclose(self) -> None:
         """Close both streams; pending requests fail with :class:`ClosedError`.  Idempotent."""
         self._closing = True
+        self._stop_asked = True
         self.abort("the connection was closed")
         with anyio.CancelScope(shield=True):
             await self.close_send()
@@ -404,7 +429,25 @@ class Connection(Requester):
         else:
             self.last_activity = now
         exchange.deliver(reply, now, terminal)
+        if isinstance(reply, protocol.Audio) and not exchange.abandoned:
+            exchange.buffered += len(reply.pcm)
+            if exchange.buffered > self._max_buffered and not terminal:
+                self._overflow(exchange)
         return None
+
+    def _overflow(self, exchange: _Exchange) -> None:
+        """A consumer fell too far behind: cancel its request, fail it; nobody else waits."""
+        error = BufferFullError(
+            f"request {exchange.id}: {exchange.buffered} bytes of audio arrived that its consumer did not take, "
+            f"more than max_buffered ({self._max_buffered}); the request was cancelled",
+            request_id=exchange.id,
+            limit=self._max_buffered,
+        )
+        log.warning("%s", error.message)
+        self._forget(exchange)  # cancels it on the sidecar; its later frames are dropped
+        exchange.buffered = 0
+        exchange.error = error
+        exchange.wakeup.set()
 
     def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
         """Samples out of the shared ring (which must keep flowing), or into the request's assembler."""
@@ -476,6 +519,16 @@ class Connection(Requester):
 
     def _connection_error(self, error: protocol.Error) -> None:
         message = self._redact(error.message)
+        if error.code == "shutting_down":
+            # The sidecar stopped reading (SIGTERM, end of input) and has already sent
+            # the terminal frame of every request it read: those still pending never
+            # reached it, and a supervisor may send them to a new sidecar.
+            log.info("the sidecar is stopping on its own: %s", message)
+            self._ending = ClosedError(f"the sidecar stopped on its own: {message}")
+            for exchange in list(self._pending.values()):
+                del self._pending[exchange.id]
+                exchange.fail(UnreadError(f"the sidecar stopped before reading request {exchange.id}"))
+            return
         if error.detail.get("fatal") or error.code in ("frame_too_large", "truncated_frame"):
             self._fatal = error
             log.error("the sidecar lost framing: %s: %s", error.code, message)
@@ -529,6 +582,8 @@ class Connection(Requester):
             raise fresh(self._error)
         if self.ready is None:
             raise RuntimeError("the connection has not received 'ready' yet")
+        if self._ending is not None:
+            raise UnreadError(self._ending.message)
 
     def _register(self, build: _Build) -> _Exchange:
         """Allocate an id, encode the request and register it; nothing is sent yet."""
@@ -542,6 +597,24 @@ class Connection(Requester):
             raise InvalidRequestError(
                 f"the request cannot be encoded: {exc}", code="invalid_option", request_id=request_id
             ) from None
+        except RecursionError:
+            raise InvalidRequestError(
+                f"the request is nested too deep to encode (at most {protocol.MAX_DEPTH} levels)",
+                code="invalid_option",
+                request_id=request_id,
+                detail={"field": "$"},
+            ) from None
+        if isinstance(message, protocol.Synthesize) and message.options:
+            # Only engine options can nest without limit; the sidecar may refuse deeper ones.
+            depth = protocol.peek(data[protocol.HEADER :]).depth
+            if depth > protocol.MAX_DEPTH:
+                raise InvalidRequestError(
+                    f"the request is nested {depth} levels deep, more than the {protocol.MAX_DEPTH} "
+                    "a sidecar must accept",
+                    code="invalid_option",
+                    request_id=request_id,
+                    detail={"field": "$", "depth": depth},
+                )
         size = len(data) - protocol.HEADER
         if size > self.ready.max_frame_size:
             raise InvalidRequestError(
@@ -565,6 +638,10 @@ class Connection(Requester):
         async with self._send_lock:
             if self._error is not None:
                 raise fresh(self._error)
+            if self._ending is not None:
+                if exchange is not None:
+                    self._pending.pop(exchange.id, None)
+                raise UnreadError(self._ending.message)
             with anyio.CancelScope(shield=True):
                 if exchange is not None:
                     exchange.sent_at = anyio.current_time()
@@ -640,6 +717,8 @@ class Connection(Requester):
                 target.cancel_sent.set()
 
     async def _connection(self) -> Connection:
+        if self._ending is not None and self._error is None:
+            raise fresh(self._ending)  # nothing can restart this sidecar
         self._check_open()
         return self
 
@@ -649,6 +728,7 @@ class Connection(Requester):
         Returns when the sidecar acknowledged it; the stream ends right after.
         """
         self.mark_closing()
+        self._stop_asked = True
         await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
 
 

@@ -241,6 +241,22 @@ class ClosedError(SidecarError):
     """The client or connection is closed (or closing)."""
 
 
+class BufferFullError(SidecarError):
+    """A stream's consumer fell too far behind: more audio than ``max_buffered`` bytes waited.
+
+    The request was cancelled on the sidecar; other requests are unaffected.
+    """
+
+    def __init__(self, message: str = "", *, request_id: Union[int, None] = None, limit: int = 0) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.limit = limit
+
+
+class UnreadError(ClosedError):
+    """The sidecar stopped without reading this request; a client sends it to a new sidecar."""
+
+
 _INVALID_CODES = frozenset(
     {"invalid_option", "unknown_option", "invalid_input", "invalid_message", "unknown_op", "duplicate_id"}
 )

@@ -324,6 +324,8 @@ class SidecarProcess:
                 except Exception:  # closing a broken pipe
                     pass
                 self.signal_group(signal.SIGTERM)
+                # A stopped child acts on SIGTERM only once continued.
+                self.signal_group(signal.SIGCONT)
                 await self.wait(grace)
             if self.running:
                 log.warning("sidecar pid %d ignored SIGTERM for %g s; killing it", self.pid, grace)

@@ -28,6 +28,7 @@ from ._exceptions import (
     InvalidRequestError,
     ProtocolError,
     RequestTimeoutError,
+    UnreadError,
     error_for_frame,
 )
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent
@@ -44,6 +45,8 @@ EmotionLike = Union[EmotionVector, EmotionAudio, EmotionText, Mapping[str, Any],
 TimeoutArg = Union[float, None, EllipsisType]
 
 _Opener = Callable[[], Awaitable["Connection"]]
+#: How often one request is sent again after a sidecar stopped without reading it.
+_MAX_RESENDS = 3
 _Build = Callable[[int], protocol.Request]
 
 
@@ -119,6 +122,9 @@ class _Tracked:
         self._state = "new"
         self._failure: Union[Exception, None] = None
         self._cancel_sent: Union[anyio.Event, None] = None
+        self._resends = 0
+        #: Frames of this request handed to the caller so far.
+        self._received = 0
 
     @property
     def request_id(self) -> Union[int, None]:
@@ -129,11 +135,24 @@ class _Tracked:
         self._state = "running"
         if self._timeout is not None:
             self._deadline = anyio.current_time() + self._timeout
+        await self._send()
+
+    async def _send(self) -> None:
+        """Open a connection (restarting the sidecar if needed), register and send the request."""
         with anyio.move_on_at(math.inf if self._deadline is None else self._deadline) as scope:
-            conn = self._conn = await self._opener()
-            self._ex = conn._register(self._build)
-            self._registered(self._ex)
-            await conn._send_exchange(self._ex)
+            while True:
+                conn = self._conn = await self._opener()
+                self._ex = conn._register(self._build)
+                self._registered(self._ex)
+                try:
+                    await conn._send_exchange(self._ex)
+                except UnreadError:
+                    # The sidecar announced its end meanwhile: the next opener call starts another.
+                    if self._resends >= _MAX_RESENDS:
+                        raise
+                    self._resends += 1
+                    continue
+                break
         if (self._ex is None or not self._ex.sent) and scope.cancelled_caught:
             self._fire("timeout")
 
@@ -179,9 +198,35 @@ class _Tracked:
         assert ex is not None and conn is not None
         while True:
             if ex.items:
-                return ex.items.popleft()
-            if ex.error is not None:
-                raise ex.error
+                item = ex.items.popleft()
+                if isinstance(item, protocol.Audio):
+                    ex.buffered -= len(item.pcm)
+                if (
+                    isinstance(item, protocol.Error)
+                    and item.code == "shutting_down"
+                    and not self._received
+                    and not conn._stop_asked
+                    and self._resends < _MAX_RESENDS
+                ):
+                    # The sidecar stopped on its own (SIGTERM, its parent watch) before this
+                    # request produced anything, and nobody here asked it to: a new one serves it.
+                    self._resends += 1
+                    await self._send()
+                    ex, conn = self._ex, self._conn
+                    assert ex is not None and conn is not None
+                    continue
+                self._received += 1
+                return item
+            error = ex.error
+            if error is not None:
+                if isinstance(error, UnreadError) and self._resends < _MAX_RESENDS:
+                    # The sidecar stopped on its own before reading this request.
+                    self._resends += 1
+                    await self._send()
+                    ex, conn = self._ex, self._conn
+                    assert ex is not None and conn is not None
+                    continue
+                raise error
             deadline, which = self._next_deadline(ex, conn)
             if anyio.current_time() >= deadline:
                 self._fire(which)
@@ -225,12 +270,14 @@ class _Tracked:
     def _frame_error(self, reply: protocol.Error) -> Exception:
         assert self._conn is not None
         self._state = "failed"
+        redact = self._conn._redact
         self._failure = error_for_frame(
             reply.code,
-            self._conn._redact(reply.message),
+            redact(reply.message),
             request_id=reply.id,
             retryable=reply.retryable,
-            detail=reply.detail,
+            # detail["traceback"] quotes the engine's locals and arguments: secrets too.
+            detail={key: redact(value) if isinstance(value, str) else value for key, value in reply.detail.items()},
         )
         return self._failure
 

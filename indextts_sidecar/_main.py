@@ -56,10 +56,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--shared-audio-fd",
-        type=int,
         default=None,
         metavar="FD",
         help="inherited shared memory file to carry large audio chunks in (see docs/protocol.md)",
+    )
+    parser.add_argument(
+        "--max-text",
+        type=int,
+        default=100_000,
+        help="longest request text in characters; longer ones get invalid_input (default 100000)",
+    )
+    parser.add_argument(
+        "--max-outgoing",
+        type=int,
+        default=1024,
+        help="replies queued for a parent that does not read them before requests stop being read (default 1024)",
+    )
+    parser.add_argument(
+        "--voice-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any)",
+    )
+    parser.add_argument(
+        "--max-voice-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="largest voice or emotion reference file, in bytes (default 64 MiB)",
+    )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help=f"stop (as on SIGTERM) once process PID is gone; also {_PARENT_ENV} (see docs/protocol.md)",
     )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
@@ -95,6 +126,20 @@ def parse_options(pairs: list[str], kind: str = "engine option") -> dict[str, An
     return options
 
 
+_SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
+_PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
+#: Seconds between two looks at the parent process.
+_PARENT_POLL = 0.5
+
+
+def _fd_number(text: str) -> Union[int, None]:
+    """``text`` as a descriptor number (ASCII decimal digits, below 2^31), else None."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    number = int(text)
+    return number if number < 2**31 else None
+
+
 def _startup_error(write_fd: int, code: str, message: str, field: Union[str, None]) -> int:
     """Report a failure to start: one ``error`` frame (no id), the same text on stderr, exit 2."""
     sys.stderr.write(f"indextts_sidecar: {message}\n")
@@ -126,6 +171,15 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
+    for directory in args.voice_dir:
+        if not os.path.isdir(directory):
+            return _startup_error(
+                write_fd, "invalid_option", f"--voice-dir {directory!r} is not a directory", "--voice-dir"
+            )
+    limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
+    for name, value in (*limits, ("--max-voice-bytes", args.max_voice_bytes)):
+        if value < 1:
+            return _startup_error(write_fd, "invalid_option", f"{name} must be at least 1", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -146,18 +200,34 @@ def main(argv: Union[list[str], None] = None) -> int:
         return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
     ring = None
-    shared_fd = args.shared_audio_fd
-    named = os.environ.pop("INDEXTTS_SIDECAR_SHARED_AUDIO_FD", None)  # not for the engine's children
-    if shared_fd is None and named is not None and named.isdigit():
-        shared_fd = int(named)
-    if shared_fd is not None:
+    raw_fd, source = args.shared_audio_fd, "--shared-audio-fd"
+    named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
+    if raw_fd is None and named is not None:
+        if named.isdigit():
+            raw_fd, source = named, _SHARED_FD_ENV
+        else:
+            # Not a descriptor number at all ('', 'abc', ' 3', '-1'): a sidecar too old to
+            # know the variable ignores it, and so does this one, but it says so.
+            sys.stderr.write(f"indextts_sidecar: ignoring {_SHARED_FD_ENV}={named!r}: not a file descriptor number\n")
+    if raw_fd is not None:
         from ._shm import AudioRing
 
+        shared_fd = _fd_number(raw_fd)
+        if shared_fd is None:
+            return _startup_error(
+                write_fd, "invalid_option", f"{source}: {raw_fd!r} is not a file descriptor number", source
+            )
         try:
             ring = AudioRing(shared_fd)
             os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
-        except (OSError, ValueError) as exc:
-            return _startup_error(write_fd, "invalid_option", f"--shared-audio-fd: {exc}", "--shared-audio-fd")
+        except (OSError, ValueError, OverflowError) as exc:
+            return _startup_error(write_fd, "invalid_option", f"{source}: {exc}", source)
+    parent_pid = args.parent_pid
+    named_parent = os.environ.pop(_PARENT_ENV, None)
+    if parent_pid is None and named_parent:
+        parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
+        if parent_pid is None:
+            sys.stderr.write(f"indextts_sidecar: ignoring {_PARENT_ENV}={named_parent!r}: not a process id\n")
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
@@ -179,6 +249,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     import anyio
 
+    from ._paths import PathPolicy
     from ._server import Server
     from ._stdio import FdReceiveStream, FdSendStream
 
@@ -189,9 +260,14 @@ def main(argv: Union[list[str], None] = None) -> int:
             max_frame_size=args.max_frame_size,
             frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
             shared_audio=ring,
+            max_text=args.max_text,
+            max_outgoing=args.max_outgoing,
+            paths=PathPolicy(args.voice_dir, args.max_voice_bytes),
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)
+            if parent_pid is not None and parent_pid > 0:
+                tg.start_soon(_stop_without_parent, server, parent_pid)
             code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd))
             tg.cancel_scope.cancel()
         return code
@@ -208,6 +284,37 @@ def engine_thread_busy() -> bool:
     import threading
 
     return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a zombie has exited: its parent has not reaped it yet
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+    except OSError:
+        return False
+
+
+async def _stop_without_parent(server: Any, pid: int) -> None:
+    """Stop once process ``pid`` is gone, even if a process it forked keeps our pipes open."""
+    import logging
+
+    import anyio
+
+    # Our own parent: its end shows as a new parent id (no pid reuse can fool that).
+    direct = os.getppid() == pid
+    while True:
+        await anyio.sleep(_PARENT_POLL)
+        if os.getppid() != pid if direct else _process_gone(pid):
+            break
+    logging.getLogger("indextts_sidecar").warning("parent process %d is gone; stopping", pid)
+    server.stop()
 
 
 async def _stop_on_signal(server: Any) -> None:

@@ -30,9 +30,23 @@ from anyio.lowlevel import current_token
 
 from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
+from ._paths import PathPolicy
 from ._shm import AudioRing
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
-from .protocol import Cancel, Done, Error, Load, Ok, Ping, Pong, Progress, Shutdown, Synthesize, Unload
+from .protocol import (
+    Cancel,
+    Done,
+    EmotionAudio,
+    Error,
+    Load,
+    Ok,
+    Ping,
+    Pong,
+    Progress,
+    Shutdown,
+    Synthesize,
+    Unload,
+)
 
 __all__ = ["EngineThread", "Server"]
 
@@ -43,6 +57,11 @@ T = TypeVar("T")
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FRAMING = 3
+
+#: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
+DEFAULT_MAX_TEXT = 100_000
+#: Frames queued for the parent past which the reader stops reading requests (``--max-outgoing``).
+DEFAULT_MAX_OUTGOING = 1024
 
 _AUDIO_SLOTS = 4
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
@@ -166,8 +185,14 @@ class Server:
         frame_timeout: Union[float, None] = 10.0,
         shutdown_grace: float = 0.5,
         shared_audio: Union[AudioRing, None] = None,
+        max_text: int = DEFAULT_MAX_TEXT,
+        max_outgoing: int = DEFAULT_MAX_OUTGOING,
+        paths: Union[PathPolicy, None] = None,
     ) -> None:
         self.engine = engine
+        self.paths = paths if paths is not None else PathPolicy()
+        self.max_text = max_text
+        self.max_outgoing = max_outgoing
         self.shared_audio = shared_audio
         self.max_queue = max_queue
         self.max_frame_size = max_frame_size
@@ -186,6 +211,8 @@ class Server:
         self._audio_slots = threading.Semaphore(_AUDIO_SLOTS)
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._read_scope = anyio.CancelScope()
+        self._shutdown_requested = False
+        self._drained = anyio.Event()
         self._writer_done = anyio.Event()
 
     # ------------------------------------------------------------ output
@@ -247,6 +274,8 @@ class Server:
                 finally:
                     for _ in range(audio):
                         self._audio_slots.release()
+                if self._out_receive.statistics().current_buffer_used <= self.max_outgoing // 2:
+                    self._drained.set()
 
     # ------------------------------------------------------------- serve
 
@@ -273,6 +302,15 @@ class Server:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._stop_jobs()
+                        if code == EXIT_OK and not self._shutdown_requested:
+                            # After every terminal frame: a request without one was never
+                            # read, and the parent may send it to a new sidecar.
+                            self._send(
+                                Error(
+                                    code="shutting_down",
+                                    message="the sidecar is stopping; it read no request after those it ended",
+                                )
+                            )
                         self._out_send.close()
                         # The writer flushes what is queued, then ends.
                         with anyio.move_on_after(self.shutdown_grace):
@@ -301,6 +339,12 @@ class Server:
 
     async def _read_loop(self, reader: FrameReader) -> int:
         while True:
+            while self._out_send.statistics().current_buffer_used >= self.max_outgoing:
+                # The parent is not reading replies: stop reading requests (which make
+                # more replies) until half the queue is written. The pipe then fills up,
+                # and the parent's writes wait, instead of our memory growing.
+                self._drained = anyio.Event()
+                await self._drained.wait()
             try:
                 body = await reader.receive()
             except FramingError as exc:
@@ -312,19 +356,52 @@ class Server:
                 return EXIT_OK
             try:
                 message = protocol.decode_request(body)
-            except msgspec.MsgspecError as exc:
-                error = protocol.describe_invalid(body, exc)
-                if error.id is not None and error.id in self._inflight:
-                    error.id = None  # never a second terminal frame for a live id
-                self._send(error)
+            except (msgspec.MsgspecError, RecursionError) as exc:
+                # RecursionError: nested deeper than msgspec can follow. One bad message
+                # costs that message only, never the connection.
+                self._reject(protocol.describe_invalid(body, exc))
+                continue
+            if message.id in self._inflight:
+                # Checked first, for every op: a ping, cancel or shutdown reusing a live
+                # id would otherwise give that id a second terminal frame.
+                self._send(
+                    Error(
+                        code="duplicate_id",
+                        message=f"request id {message.id} is already in flight",
+                        detail={"field": "$.id"},
+                    )
+                )
+                continue
+            if isinstance(message, Cancel) and message.target == message.id:
+                self._send(
+                    Error(
+                        code="invalid_message",
+                        id=message.id,
+                        message=f"cancel {message.id} names itself as its target",
+                        detail={"field": "$.target"},
+                    )
+                )
                 continue
             if isinstance(message, Shutdown):
+                self._shutdown_requested = True
                 await self._stop_jobs()
                 self._send(Ok(id=message.id, info={"exit_code": EXIT_OK}))
                 return EXIT_OK
-            self._dispatch(message)
+            try:
+                self._dispatch(message)
+            except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
+                log.exception("internal error dispatching request %d", message.id)
+                self._inflight.pop(message.id, None)
+                self._queue.pop(message.id, None)
+                self._send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
 
     # ----------------------------------------------------------- dispatch
+
+    def _reject(self, error: Error) -> None:
+        """Answer a message that could not be decoded."""
+        if error.id is not None and error.id in self._inflight:
+            error.id = None  # never a second terminal frame for a live id
+        self._send(error)
 
     def _dispatch(self, message: protocol.Request) -> None:
         if isinstance(message, Ping):
@@ -336,15 +413,6 @@ class Server:
             return
         if isinstance(message, protocol.Voices):
             self._send(_voices_reply(self.engine, message.id))
-            return
-        if message.id in self._inflight:
-            self._send(
-                Error(
-                    code="duplicate_id",
-                    message=f"request id {message.id} is already in flight",
-                    detail={"field": "$.id"},
-                )
-            )
             return
         job: _Job
         if isinstance(message, Synthesize):
@@ -380,12 +448,23 @@ class Server:
             text = str(exc)
             code = "unknown_option" if "unknown field" in text else "invalid_option"
             raise EngineError(f"options: {text}", code=code, field=protocol.field_of(exc, "$.options")) from None
+        if len(message.text) > self.max_text:
+            raise EngineError(
+                f"text of {len(message.text)} characters is longer than the limit of {self.max_text} (--max-text)",
+                code="invalid_input",
+                field="$.text",
+            )
         if message.sample_rate is not None and not 1000 <= message.sample_rate <= 384000:
             raise EngineError(
                 f"sample_rate {message.sample_rate} is outside 1000..384000 Hz",
                 code="invalid_option",
                 field="$.sample_rate",
             )
+        if engine.reads_paths:
+            if message.voice is not None:
+                self.paths.check(message.voice, "$.voice", "voice reference")
+            if isinstance(message.emotion, EmotionAudio):
+                self.paths.check(message.emotion.path, "$.emotion.path", "emotion reference")
         request = SynthesisRequest(
             id=message.id,
             text=message.text,

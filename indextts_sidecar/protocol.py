@@ -14,7 +14,7 @@ protocol version.  A change that breaks those rules bumps :data:`PROTOCOL_VERSIO
 from __future__ import annotations
 
 import re
-from typing import Any, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal, NamedTuple, Union
 
 import msgspec
 
@@ -22,6 +22,8 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "EMOTION_NAMES",
     "HEADER",
+    "MAX_DEPTH",
+    "MAX_ID",
     "MIN_MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
     "REQUEST_OPS",
@@ -36,6 +38,7 @@ __all__ = [
     "ErrorCode",
     "Load",
     "Ok",
+    "Peek",
     "Ping",
     "Pong",
     "Progress",
@@ -54,6 +57,7 @@ __all__ = [
     "frame",
     "audio_frame_parts",
     "is_terminal",
+    "peek",
 ]
 
 #: Incremented only for changes that old peers cannot ignore.
@@ -64,6 +68,15 @@ HEADER: Final = 4
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 #: The smallest limit a sidecar may be configured with; every control message fits.
 MIN_MAX_FRAME_SIZE: Final = 64 * 1024
+
+#: Largest request id: ids are unsigned and fit in a signed 64-bit integer.
+MAX_ID: Final = 2**63 - 1
+#: Nesting a request may always use (the top-level map is level 1); the Python client
+#: refuses to send deeper messages, and a sidecar may answer them with ``invalid_message``.
+MAX_DEPTH: Final = 64
+
+#: A request id: 0 ..= 2^63-1.
+RequestId = Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
 
 #: The eight emotion dimensions, in the order IndexTTS-2 expects them.
 EMOTION_NAMES: Final = (
@@ -143,7 +156,7 @@ Emotion = Union[EmotionVector, EmotionAudio, EmotionText]
 class Synthesize(_Message, tag="synthesize"):
     """Speak ``text``.  Answered by ``progress``/``audio`` frames, then ``done`` or ``error``."""
 
-    id: int
+    id: RequestId
     text: str
     #: Path of a voice reference clip, or a voice name, as the engine defines it.
     voice: Union[str, None] = None
@@ -157,25 +170,25 @@ class Synthesize(_Message, tag="synthesize"):
 class Load(_Message, tag="load"):
     """Load the engine's model now, reporting progress; answered by ``ok``."""
 
-    id: int
+    id: RequestId
 
 
 class Unload(_Message, tag="unload"):
     """Drop the model and free its memory; answered by ``ok``."""
 
-    id: int
+    id: RequestId
 
 
 class Ping(_Message, tag="ping"):
     """Health check, answered by ``pong`` even while an inference runs."""
 
-    id: int
+    id: RequestId
 
 
 class Cancel(_Message, tag="cancel"):
     """Cancel request ``target``; answered by ``ok`` (the target ends with ``cancelled``)."""
 
-    id: int
+    id: RequestId
     target: int
 
 
@@ -192,7 +205,7 @@ class Voices(_Message, tag="voices"):
 class Shutdown(_Message, tag="shutdown"):
     """Stop: pending requests end with ``shutting_down``, then ``ok``, then exit 0."""
 
-    id: int
+    id: RequestId
 
 
 Request = Union[Synthesize, Load, Unload, Ping, Cancel, Voices, Shutdown]
@@ -293,7 +306,6 @@ Reply = Union[Ready, Progress, Audio, Done, Ok, Pong, Error]
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
-_loose_decoder = msgspec.msgpack.Decoder()
 _EMPTY = memoryview(b"")
 _FIELD_RE = re.compile(r" - at `(\$[^`]*)`$")
 _NAMED_RE = re.compile(r"(?:missing required|unknown) field `([^`]+)`")
@@ -344,50 +356,240 @@ def is_terminal(reply: Reply) -> bool:
     return isinstance(reply, (Done, Ok, Pong))
 
 
-def describe_invalid(body: Union[bytes, bytearray, memoryview], exc: msgspec.MsgspecError) -> Error:
+class Peek(NamedTuple):
+    """What :func:`peek` could read of a message without decoding it."""
+
+    #: Whether the body is a msgpack map (the rest may still be malformed).
+    is_map: bool
+    #: The top-level ``op`` when it is a valid string, else None.
+    op: Union[str, None]
+    #: Whether the map has an ``op`` key at all.
+    has_op: bool
+    #: The top-level ``id`` when it is a valid request id (0 ..= MAX_ID), else None.
+    id: Union[int, None]
+    #: The top-level ``id`` as found, valid or not (None when absent or not an int).
+    raw_id: Union[int, None]
+    #: The deepest nesting seen (the top-level map is 1), up to where reading stopped.
+    depth: int
+
+
+class _Malformed(Exception):
+    pass
+
+
+_FIXED = {  # msgpack type byte -> bytes that follow it (scalars of fixed size)
+    0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,
+    0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17,
+}  # fmt: skip
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin and str: length bytes
+_EXT = {0xC7: 1, 0xC8: 2, 0xC9: 4}  # ext: length bytes, then a type byte
+_CONTAINER = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # length bytes, items per entry
+
+
+def _header(data: memoryview, pos: int) -> tuple[int, int, int]:
+    """One item's header at ``pos``: (kind, argument, position after the header).
+
+    kind 0: a scalar, argument 0, the position is after the whole item; 1: a string
+    of ``argument`` bytes that follow; 2: a container of ``argument`` items that follow
+    (a map of n pairs counts 2n); 3: an integer whose value is the argument.
+    """
+    end = len(data)
+    if pos >= end:
+        raise _Malformed
+    b = data[pos]
+    pos += 1
+    if b <= 0x7F:
+        return 3, b, pos
+    if b >= 0xE0:
+        return 3, b - 0x100, pos
+    if b <= 0x8F:
+        return 2, 2 * (b & 0x0F), pos
+    if b <= 0x9F:
+        return 2, b & 0x0F, pos
+    if b <= 0xBF:
+        return 1, b & 0x1F, pos
+    if 0xCC <= b <= 0xD3:
+        size = _FIXED[b]
+        if pos + size > end:
+            raise _Malformed
+        value = int.from_bytes(data[pos : pos + size], "big", signed=b >= 0xD0)
+        return 3, value, pos + size
+    if b in _FIXED:
+        pos += _FIXED[b]
+    elif b in _SIZED:
+        size = _SIZED[b]
+        if pos + size > end:
+            raise _Malformed
+        length = int.from_bytes(data[pos : pos + size], "big")
+        if b >= 0xD9:
+            return 1, length, pos + size
+        pos += size + length
+    elif b in _EXT:
+        size = _EXT[b]
+        if pos + size > end:
+            raise _Malformed
+        pos += size + 1 + int.from_bytes(data[pos : pos + size], "big")
+    elif b in _CONTAINER:
+        size, per = _CONTAINER[b]
+        if pos + size > end:
+            raise _Malformed
+        return 2, per * int.from_bytes(data[pos : pos + size], "big"), pos + size
+    else:  # 0xc1 is never used
+        raise _Malformed
+    if pos > end:
+        raise _Malformed
+    return 0, 0, pos
+
+
+#: Items :func:`peek` reads at most (about 0.5 s of Python): a message of millions of
+#: small items is not worth stalling the sidecar's event loop for.
+_PEEK_BUDGET = 1_000_000
+
+
+def _skip(data: memoryview, pos: int, level: int, budget: list[int]) -> tuple[int, int]:
+    """Skip one item at nesting ``level``; return the position after it and the deepest level seen.
+
+    Iterative: a message nested a million levels deep costs memory for a list of
+    counts, never the interpreter's stack.  ``budget[0]`` counts down the items read.
+    """
+    remaining = [1]
+    deepest = level
+    while True:
+        while remaining and remaining[-1] == 0:
+            remaining.pop()
+        if not remaining:
+            return pos, deepest
+        remaining[-1] -= 1
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _Malformed
+        kind, argument, pos = _header(data, pos)
+        if kind == 1:
+            pos += argument
+            if pos > len(data):
+                raise _Malformed
+        elif kind == 2:
+            remaining.append(argument)
+            deepest = max(deepest, level + len(remaining) - 1)
+
+
+def peek(body: Union[bytes, bytearray, memoryview]) -> Peek:
+    """Read a message's top-level ``op`` and ``id`` and its depth, whatever else is wrong with it.
+
+    Nothing but those two fields is decoded: the rest is skipped, so invalid UTF-8, an
+    unhashable key or deep nesting elsewhere in the message cannot hide the request's id.
+    Never raises; stops after a million items (what follows them is not read).
+    """
+    data = memoryview(body).cast("B") if isinstance(body, memoryview) else memoryview(body)
+    op: Union[str, None] = None
+    has_op = False
+    raw_ids: list[Union[int, None]] = []
+    depth = 0
+    budget = [_PEEK_BUDGET]
+    try:
+        kind, count, pos = _header(data, 0)
+        depth = 1
+        if kind != 2 or data[0] in range(0x90, 0xA0) or data[0] in (0xDC, 0xDD):
+            return Peek(False, None, False, None, None, depth)
+        for _ in range(count // 2):
+            kind, argument, after = _header(data, pos)
+            key: Union[str, None] = None
+            if kind == 1:
+                try:
+                    key = bytes(data[after : after + argument]).decode("utf-8")
+                except UnicodeDecodeError:
+                    key = None
+                pos = after + argument
+                if pos > len(data):
+                    raise _Malformed
+            else:
+                pos, deepest = _skip(data, pos, 1, budget)
+                depth = max(depth, deepest)
+            if key in ("op", "id"):
+                kind, argument, after = _header(data, pos)
+                if key == "op":
+                    has_op = True
+                    op = None
+                    if kind == 1:
+                        try:
+                            op = bytes(data[after : after + argument]).decode("utf-8")
+                        except UnicodeDecodeError:
+                            op = None
+                else:
+                    raw_ids.append(argument if kind == 3 else None)
+            pos, deepest = _skip(data, pos, 1, budget)
+            depth = max(depth, deepest)
+    except _Malformed:
+        pass
+    raw_id = raw_ids[-1] if raw_ids else None  # the last one, as the decoder takes it
+    valid = raw_id if raw_id is not None and 0 <= raw_id <= MAX_ID else None
+    return Peek(depth >= 1, op, has_op, valid, raw_id, depth)
+
+
+def _kind_name(first: int) -> str:
+    """The Python name of the msgpack type starting with byte ``first``."""
+    if first <= 0x7F or first >= 0xE0 or 0xCC <= first <= 0xD3:
+        return "int"
+    if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
+        return "list"
+    if 0xA0 <= first <= 0xBF or 0xD9 <= first <= 0xDB:
+        return "str"
+    names = {0xC0: "NoneType", 0xC2: "bool", 0xC3: "bool", 0xCA: "float", 0xCB: "float"}
+    return names.get(first, "bytes" if first in (0xC4, 0xC5, 0xC6) else "ext")
+
+
+def describe_invalid(body: Union[bytes, bytearray, memoryview], exc: BaseException) -> Error:
     """The ``error`` frame for a body that failed :func:`decode_request`.
 
     It names the offending field and carries the request id when one can be read, in
-    which case it is that request's terminal frame.
+    which case it is that request's terminal frame.  ``exc`` is what decoding raised:
+    a msgspec error, or ``RecursionError`` for a message nested too deep to decode.
     """
-    try:
-        loose = _loose_decoder.decode(body)
-    except msgspec.MsgspecError as loose_exc:
-        exc, loose = loose_exc, None
-    request_id = None
-    if isinstance(loose, dict):
-        candidate = loose.get("id")
-        if isinstance(candidate, int) and not isinstance(candidate, bool):
-            request_id = candidate
-    detail: dict[str, Any] = {}
-    if not isinstance(exc, msgspec.ValidationError):
-        if len(body) == 0:
-            message = "empty frame: a frame must hold one msgpack map"
-        else:
-            message = f"frame is not valid msgpack: {exc}"
-        return Error(code="invalid_message", message=message, detail=detail)
-    if not isinstance(loose, dict):
-        kind = type(loose).__name__
+    peeked = peek(body)
+    request_id = peeked.id
+    if len(body) == 0:
+        return Error(code="invalid_message", message="empty frame: a frame must hold one msgpack map")
+    if not peeked.is_map:
+        if peeked.depth == 0:
+            return Error(code="invalid_message", message=f"frame is not valid msgpack: {exc}")
         return Error(
             code="invalid_message",
-            message=f"a message must be a msgpack map with an 'op' field, got {kind}",
+            message=f"a message must be a msgpack map with an 'op' field, got {_kind_name(body[0])}",
             detail={"field": "$"},
         )
-    op = loose.get("op")
-    if "op" not in loose:
-        message = "message has no 'op' field"
-        detail["field"] = "$.op"
-    elif not isinstance(op, str) or op not in REQUEST_OPS:
+    if not peeked.has_op:
+        return Error(
+            code="invalid_message", id=request_id, message="message has no 'op' field", detail={"field": "$.op"}
+        )
+    op = peeked.op
+    if op not in REQUEST_OPS:
         return Error(
             code="unknown_op",
             id=request_id,
             message=f"unknown op {op!r}; expected one of {sorted(REQUEST_OPS)}",
-            detail={"field": "$.op", "op": op if isinstance(op, (str, int, float)) else repr(op)},
+            detail={"field": "$.op", "op": op if op is not None else None},
         )
-    else:
-        detail["field"] = field_of(exc)
-        message = f"invalid {op!r} message: {exc}"
-    return Error(code="invalid_message", id=request_id, message=message, detail=detail)
+    if peeked.raw_id is not None and peeked.id is None:
+        return Error(
+            code="invalid_message",
+            message=f"request id {peeked.raw_id} is outside 0..{MAX_ID}",
+            detail={"field": "$.id"},
+        )
+    if isinstance(exc, RecursionError) or peeked.depth > MAX_DEPTH:
+        return Error(
+            code="invalid_message",
+            id=request_id,
+            message=f"invalid {op!r} message: nested {peeked.depth} levels deep, more than {MAX_DEPTH}",
+            detail={"field": "$", "depth": peeked.depth},
+        )
+    if isinstance(exc, msgspec.ValidationError):
+        return Error(
+            code="invalid_message",
+            id=request_id,
+            message=f"invalid {op!r} message: {exc}",
+            detail={"field": field_of(exc)},
+        )
+    return Error(code="invalid_message", id=request_id, message=f"invalid {op!r} message: not valid msgpack: {exc}")
 
 
 def field_of(exc: msgspec.ValidationError, root: str = "$") -> str:

@@ -190,7 +190,7 @@ async def test_every_request_gets_exactly_one_terminal_frame() -> None:
                 elif kind == 2:
                     await peer.send(Synthesize(id=i, text=f"t{i}", options={"delay": 0.002}))
                 elif kind == 3:
-                    await peer.send(Synthesize(id=i, text="", options={"fail_at": 0}))
+                    await peer.send(Synthesize(id=i, text=f"f{i}", options={"fail_at": 0}))
                 else:
                     await peer.send(Load(id=i))
             per_id = await peer.collect(ids)  # asserts no id ends twice

@@ -138,6 +138,15 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     def loaded(self) -> bool:
         raise NotImplementedError
 
+    @property
+    def reads_paths(self) -> bool:
+        """Whether ``voice`` and an emotion ``path`` name files this engine reads.
+
+        The sidecar's path policy then checks them before :meth:`check` runs. By default,
+        engines that advertise ``voice_clone``.
+        """
+        return "voice_clone" in self.capabilities
+
     def check(self, request: SynthesisRequest[RequestOptionsT]) -> None:
         """Cheap validation on the event loop thread before queueing; raise :class:`RequestError`."""
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
+from ..protocol import EMOTION_NAMES, EmotionVector
 from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seconds_per_char: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.06
     #: Seconds of audio per chunk.
     chunk_seconds: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+    #: Reject what the real engines reject: empty text, emotion weights outside [0, 1] or
+    #: NaN, a ``voice`` that is not a readable file (the sidecar's path policy).
+    validate: bool = True
 
 
 class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -58,9 +62,14 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     #: Raise an ``engine_error`` before chunk N, with ``fail_message``.
     fail_at: Union[_Count, None] = None
     fail_message: str = "injected failure"
+    #: Raise a plain ``RuntimeError`` instead: an engine bug, reported with ``detail.traceback``.
+    fail_raw: bool = False
     #: Exit the whole process with ``exit_code`` before chunk N (a crash).
     crash_at: Union[_Count, None] = None
     exit_code: Annotated[int, msgspec.Meta(ge=0, le=255)] = 70
+    #: With ``crash_at``: crash only the first time, across every process, by creating
+    #: this marker file (a crash that a retry on another sidecar survives).
+    crash_once: Union[str, None] = None
     #: Block before chunk N until the request is cancelled (a hang).
     hang_at: Union[_Count, None] = None
     #: Lines printed per request, half through ``print`` and half written to fd 1 directly.
@@ -129,9 +138,29 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     def loaded(self) -> bool:
         return self._loaded
 
+    @property
+    def reads_paths(self) -> bool:
+        return self.options.validate
+
     def check(self, request: SynthesisRequest[FakeRequestOptions]) -> None:
         if request.voice is not None and request.voice.startswith("missing:"):
-            raise RequestError(f"voice {request.voice!r} does not exist", field="voice")
+            raise RequestError(f"voice {request.voice!r} does not exist", field="$.voice")
+        if not self.options.validate:
+            return
+        if not request.text.strip():
+            raise RequestError("text is empty", field="$.text")
+        emotion = request.emotion
+        if isinstance(emotion, EmotionVector):
+            for name, value in zip(EMOTION_NAMES, emotion.values(), strict=True):
+                if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                    raise RequestError(
+                        f"emotion weight {name} must be in [0, 1], got {value}", field=f"$.emotion.{name}"
+                    )
+            total = math.fsum(emotion.values())
+            if total > 1.0 + 1e-6:
+                raise RequestError(f"emotion weights sum to {total:g}; the sum must be at most 1", field="$.emotion")
+        if emotion is not None and not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
+            raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
 
     def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
         self._loads += 1
@@ -184,8 +213,10 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             if opts.delay:
                 _sleep_unless_cancelled(opts.delay, cancelled)
             if index == opts.fail_at:
+                if opts.fail_raw:
+                    raise RuntimeError(opts.fail_message)
                 raise EngineError(opts.fail_message)
-            if index == opts.crash_at:
+            if index == opts.crash_at and (opts.crash_once is None or _first_time(opts.crash_once)):
                 sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
                 sys.stderr.flush()
                 os._exit(opts.exit_code)
@@ -197,6 +228,15 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             progress("synthesize", (index + 1) / count)
             yield audio[index * chunk : (index + 1) * chunk]
+
+
+def _first_time(marker: str) -> bool:
+    """Create ``marker``; False if it already existed."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _sleep_unless_cancelled(seconds: float, cancelled: Callable[[], bool]) -> None:

@@ -68,7 +68,9 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
     flavour = flavour_named(name)
     ckpt = checkpoints(flavour)
     voice, voice2 = str(ckpt / "voice.wav"), str(ckpt / "voice2.wav")
-    async with client(flavour, ckpt) as c:
+    # IndexTTS-2 through engine `indextts`, which must follow the directory: a HEAD checkout
+    # holds the code of both versions.  (indextts2 loads in the PyPI test.)
+    async with client(flavour, ckpt, engine="indextts" if name == "2" else None) as c:
         # Refused before the model sees them (and before it loads).
         for text in ("", "   \n", "...", "?! ,"):
             with pytest.raises(InvalidRequestError) as bad_text:
@@ -168,10 +170,6 @@ async def test_the_directory_decides_the_version(checkpoints: Any) -> None:
             assert f"--engine {other}" in str(refused.value)
             assert time.monotonic() - started < 30
         assert not (ckpt / "hf_cache" / "._____temp").exists()
-    # Engine `indextts` follows the directory: a HEAD checkout holds the code of both.
-    async with client(two, ckpt2, engine="indextts") as c:
-        info = await c.load()
-        assert (info["model_version"], info["module"]) == ("2", "indextts.infer_v2")
 
 
 @pytest.mark.parametrize("name", GITHUB)
@@ -246,3 +244,21 @@ async def test_the_pypi_repackagings(name: str, checkpoints: Any) -> None:
         assert int(abs(audio.samples.astype("int32")).max()) > 1000
         with pytest.raises(InvalidRequestError):
             await c.synthesize("...", voice=voice, **FAST)
+
+
+async def test_indextts2_inference_always_needs_the_qwen_folder(checkpoints: Any, tmp_path: Path) -> None:
+    """2.1.1 loads Qwen whatever use_qwen_emo says: the adapter requires the folder, by name."""
+    flavour = flavour_named("pypi2")
+    ckpt = checkpoints(flavour)
+    bare = tmp_path / "ckpt"
+    bare.mkdir()
+    for entry in ckpt.iterdir():
+        if entry.name != "qwen0.6bemo4-merge":
+            (bare / entry.name).symlink_to(entry)
+    options = {"model_dir": str(bare), "device": "cpu", "use_qwen_emo": False}
+    env = flavour.env(HF_HOME=str(ckpt / "hf_home"))
+    async with Client(flavour.engine, python=flavour.python, engine_options=options, env=env, ready_timeout=60) as c:
+        with pytest.raises(LoadFailedError) as missing:
+            await c.load()
+    assert "missing qwen0.6bemo4-merge/" in str(missing.value)
+    assert "the PyPI package always loads it" in str(missing.value)

@@ -1,0 +1,424 @@
+"""A pool of sidecars behind the Client's API: one per GPU, or N of them on one machine.
+
+::
+
+    async with Pool("indextts2", devices=["cuda:0", "cuda:1"], engine_options=...) as pool:
+        audio = await pool.synthesize("Hello.", voice="/voices/alice.wav")
+
+* **Routing** decides under one lock and does I/O outside it: the member with the least
+  outstanding work wins, except that a voice goes back to the member that served it last
+  (whose conditioning is warm) unless that member has more than ``affinity_slack``
+  requests more than the least busy one.  Members that are closed or dead (past their
+  restart limit) are skipped.
+* **Limits that wait.**  Each member takes at most ``max_outstanding`` requests at once.
+  When all are full, a request waits for room up to ``pool_timeout`` seconds, then
+  raises :class:`BusyError`; it never floods the sidecars' own queues.
+* **Retry.**  A request that fails because its member crashed or was busy, before any
+  audio reached the caller, is retried on another member (``retries`` times, default
+  once).  One that already delivered audio fails with the member's error: audio is
+  never silently duplicated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Union
+
+import anyio
+
+from ._audio import Audio, AudioChunk
+from ._client import Client, _unwrap
+from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError
+from ._request import EmotionLike, Synthesis
+from ._types import Health, ProgressCallback
+
+__all__ = ["MemberHealth", "Pool", "PoolStream"]
+
+#: Failures after which a request that delivered nothing may run on another member.
+_RETRYABLE = (CrashedError, BusyError, RestartLimitError)
+
+
+@dataclass(frozen=True)
+class MemberHealth:
+    """One member of a :class:`Pool`, as :meth:`Pool.health` reports it."""
+
+    index: int
+    device: Union[str, None]
+    #: ``"ready"``, ``"dead"`` (past its restart limit) or ``"closed"``.
+    state: str
+    #: Requests the pool has in flight on this member, and has completed there.
+    outstanding: int
+    served: int
+    restarts: int
+    pid: Union[int, None]
+    #: The member's own answer to ``ping``; None when it could not answer.
+    health: Union[Health, None]
+    error: Union[str, None] = None
+
+
+@dataclass
+class _Member:
+    index: int
+    device: Union[str, None]
+    client: Client
+    outstanding: int = 0
+    served: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return not (self.client.closed or self.client.dead)
+
+
+@dataclass
+class _Routing:
+    """The state routing decides on; changed only under the pool's lock."""
+
+    members: list[_Member]
+    affinity: dict[str, int] = field(default_factory=dict)
+    turn: itertools.count[int] = field(default_factory=itertools.count)
+
+
+def _device_env(device: str) -> dict[str, str]:
+    """Pin a member to one GPU: ``cuda:1`` / ``1`` -> ``CUDA_VISIBLE_DEVICES=1``; ``cpu`` -> none."""
+    name = device.strip()
+    if name == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    index = name.split(":", 1)[1] if name.startswith("cuda:") else name
+    if not index.isdigit():
+        raise ValueError(f"device {device!r}: give cuda:N, N or cpu")
+    return {"CUDA_VISIBLE_DEVICES": index}
+
+
+class Pool:
+    """Several sidecars behind one Client-like API.  See the module docstring.
+
+    ``size`` sidecars, or one per entry of ``devices`` (each with ``CUDA_VISIBLE_DEVICES``
+    pinned, so each sees its GPU as ``cuda:0``).  ``client_kwargs`` go to every
+    :class:`Client` (``engine_options``, ``python``, ``env``, timeouts...).
+    """
+
+    def __init__(
+        self,
+        engine: Union[str, None] = None,
+        *,
+        size: Union[int, None] = None,
+        devices: Union[Sequence[str], None] = None,
+        max_outstanding: int = 4,
+        pool_timeout: Union[float, None] = 30.0,
+        retries: int = 1,
+        affinity_slack: int = 2,
+        **client_kwargs: Any,
+    ) -> None:
+        if devices is not None and size is not None and size != len(devices):
+            raise ValueError("give size or devices, or a size equal to len(devices)")
+        if devices is not None and not devices:
+            raise ValueError("devices is empty")
+        count = len(devices) if devices is not None else (size if size is not None else 1)
+        if count < 1:
+            raise ValueError("a pool needs at least one member")
+        if max_outstanding < 1:
+            raise ValueError("max_outstanding must be >= 1")
+        if retries < 0 or affinity_slack < 0:
+            raise ValueError("retries and affinity_slack must be >= 0")
+        members = []
+        base_env = dict(client_kwargs.pop("env", None) or {})
+        for index in range(count):
+            device = devices[index] if devices is not None else None
+            env = {**base_env, **(_device_env(device) if device is not None else {})}
+            members.append(_Member(index, device, Client(engine, env=env, **client_kwargs)))
+        self._routing = _Routing(members)
+        self._lock = anyio.Lock()
+        self._room = anyio.Condition(self._lock)
+        self._max_outstanding = max_outstanding
+        self._pool_timeout = pool_timeout
+        self._retries = retries
+        self._affinity_slack = affinity_slack
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def members(self) -> tuple[Client, ...]:
+        """The members' clients, in order (for inspection; route requests through the pool)."""
+        return tuple(m.client for m in self._routing.members)
+
+    async def __aenter__(self) -> Pool:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start every member concurrently; if one fails to start, stop the others and raise its error."""
+        try:
+            async with anyio.create_task_group() as tg:
+                for member in self._routing.members:
+                    tg.start_soon(member.client.start)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+            raise _first_error(exc) from None
+
+    async def aclose(self) -> None:
+        """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            async with self._room:
+                self._room.notify_all()
+            async with anyio.create_task_group() as tg:
+                for member in self._routing.members:
+                    tg.start_soon(member.client.aclose)
+
+    # ------------------------------------------------------------ routing
+
+    def _pick(self, voice: Union[str, None], exclude: set[int]) -> Union[_Member, None]:
+        """The member for the next request, or None when every usable one is full.  Under the lock."""
+        routing = self._routing
+        usable = [m for m in routing.members if m.usable and m.index not in exclude]
+        if not usable and exclude:
+            usable = [m for m in routing.members if m.usable]  # better the same member than none
+        room = [m for m in usable if m.outstanding < self._max_outstanding]
+        if not room:
+            return None
+        least = min(m.outstanding for m in room)
+        if voice is not None:
+            warm = routing.affinity.get(voice)
+            for member in room:
+                if member.index == warm and member.outstanding <= least + self._affinity_slack:
+                    return member
+        # Round robin among the least busy, so equal members share the load.
+        candidates = [m for m in room if m.outstanding == least]
+        return candidates[next(routing.turn) % len(candidates)]
+
+    async def _acquire(self, voice: Union[str, None], exclude: set[int]) -> _Member:
+        deadline = math.inf if self._pool_timeout is None else anyio.current_time() + self._pool_timeout
+        async with self._room:
+            while True:
+                if self._closed:
+                    raise ClosedError("the pool is closed")
+                if not any(m.usable for m in self._routing.members):
+                    raise RestartLimitError("every member of the pool is dead or closed")
+                member = self._pick(voice, exclude)
+                if member is not None:
+                    member.outstanding += 1
+                    return member
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    await self._room.wait()
+                    continue
+                raise BusyError(
+                    f"every member of the pool has {self._max_outstanding} requests in flight; "
+                    f"no room within pool_timeout={self._pool_timeout} s",
+                    code="busy",
+                    retryable=True,
+                )
+
+    async def _release(self, member: _Member, voice: Union[str, None], served: bool) -> None:
+        with anyio.CancelScope(shield=True):
+            async with self._room:
+                member.outstanding -= 1
+                if served:
+                    member.served += 1
+                    if voice is not None:
+                        self._routing.affinity[voice] = member.index
+                self._room.notify_all()
+
+    # ------------------------------------------------------------ requests
+
+    async def synthesize(
+        self,
+        text: str,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        on_progress: Union[ProgressCallback, None] = None,
+        **options: Any,
+    ) -> Audio:
+        """As :meth:`Client.synthesize`, on the member routing picks; retried on another after a crash."""
+        tried: set[int] = set()
+        for attempt in range(self._retries + 1):
+            member = await self._acquire(voice, tried)
+            served = False
+            try:
+                audio = await member.client.synthesize(
+                    text, voice=voice, emotion=emotion, sample_rate=sample_rate, on_progress=on_progress, **options
+                )
+                served = True
+                return audio
+            except _RETRYABLE:
+                if attempt == self._retries:
+                    raise
+                tried.add(member.index)
+            finally:
+                await self._release(member, voice, served)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stream(
+        self,
+        text: str,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        on_progress: Union[ProgressCallback, None] = None,
+        **options: Any,
+    ) -> PoolStream:
+        """As :meth:`Client.stream`: ``async with pool.stream(text) as chunks: async for chunk in chunks``."""
+        kwargs = dict(voice=voice, emotion=emotion, sample_rate=sample_rate, on_progress=on_progress, **options)
+        return PoolStream(self, text, kwargs)
+
+    async def load(self) -> list[dict[str, Any]]:
+        """Load the model on every member (concurrently); returns each member's load info."""
+        return await self._on_all(lambda client: client.load())
+
+    async def unload(self) -> None:
+        await self._on_all(lambda client: client.unload())
+
+    async def ping(self) -> list[Health]:
+        """Every member's health, in member order."""
+        return await self._on_all(lambda client: client.ping())
+
+    async def health(self, *, timeout: float = 5.0) -> list[MemberHealth]:  # noqa: ASYNC109
+        """Per member: state, requests in flight, restarts, pid and its ping (memory, queue depth)."""
+        reports: list[Union[MemberHealth, None]] = [None] * len(self._routing.members)
+
+        async def probe(member: _Member) -> None:
+            client = member.client
+            state = "closed" if client.closed else "dead" if client.dead else "ready"
+            health: Union[Health, None] = None
+            error = None
+            if state == "ready":
+                try:
+                    with anyio.fail_after(timeout):
+                        health = await client.ping()
+                except (SidecarError, TimeoutError) as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+            reports[member.index] = MemberHealth(
+                index=member.index,
+                device=member.device,
+                state=state,
+                outstanding=member.outstanding,
+                served=member.served,
+                restarts=client.restarts,
+                pid=client.pid,
+                health=health,
+                error=error,
+            )
+
+        async with anyio.create_task_group() as tg:
+            for member in self._routing.members:
+                tg.start_soon(probe, member)
+        return [r for r in reports if r is not None]
+
+    async def _on_all(self, call: Any) -> list[Any]:
+        results: list[Any] = [None] * len(self._routing.members)
+
+        async def one(member: _Member) -> None:
+            results[member.index] = await call(member.client)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for member in self._routing.members:
+                    if member.usable:
+                        tg.start_soon(one, member)
+        except BaseException as exc:
+            raise _first_error(exc) from None
+        return results
+
+
+class PoolStream:
+    """A streamed request on a pool member; moves to another member if its own fails before any audio."""
+
+    def __init__(self, pool: Pool, text: str, kwargs: dict[str, Any]) -> None:
+        self._pool = pool
+        self._text = text
+        self._kwargs = kwargs
+        self._voice: Union[str, None] = kwargs.get("voice")
+        self._member: Union[_Member, None] = None
+        self._synthesis: Union[Synthesis, None] = None
+        self._tried: set[int] = set()
+        self._attempt = 0
+        self._delivered = False
+        self._done = False
+
+    async def __aenter__(self) -> PoolStream:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        await self._close(served=self._done)
+
+    def __aiter__(self) -> PoolStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        while True:
+            synthesis = self._synthesis
+            if synthesis is None:
+                raise StopAsyncIteration
+            try:
+                chunk = await synthesis.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                raise
+            except _RETRYABLE:
+                if self._delivered or self._attempt >= self._pool._retries:
+                    raise
+                member = self._member
+                assert member is not None
+                self._tried.add(member.index)
+                self._attempt += 1
+                await self._close(served=False)
+                await self._open()
+                continue
+            self._delivered = True
+            return chunk
+
+    async def _open(self) -> None:
+        member = await self._pool._acquire(self._voice, self._tried)
+        self._member = member
+        try:
+            synthesis = member.client.stream(self._text, **self._kwargs)
+            await synthesis.__aenter__()
+        except BaseException:
+            self._member = None
+            await self._pool._release(member, self._voice, False)
+            raise
+        self._synthesis = synthesis
+
+    async def _close(self, *, served: bool) -> None:
+        synthesis, member = self._synthesis, self._member
+        self._synthesis = self._member = None
+        try:
+            if synthesis is not None:
+                with anyio.CancelScope(shield=True):
+                    await synthesis.__aexit__(None, None, None)
+        finally:
+            if member is not None:
+                await self._pool._release(member, self._voice, served)
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    """The first non-cancellation error inside a task group's exception group."""
+    while True:
+        exc = _unwrap(exc)
+        inner = getattr(exc, "exceptions", None)
+        if not isinstance(exc, BaseException) or not isinstance(inner, tuple) or not inner:
+            return exc
+        errors = [e for e in inner if not isinstance(e, anyio.get_cancelled_exc_class())]
+        exc = errors[0] if errors else inner[0]

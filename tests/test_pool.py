@@ -1,0 +1,202 @@
+"""Pool: routing, limits that wait, retry on another member; real fake-engine sidecars."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from indextts_client import BusyError, CrashedError, Pool, ProgressEvent
+from indextts_sidecar.engines.fake import render_bytes
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 30
+#: Two chunks; with hang_at=1 the request holds its member after reporting chunk 0.
+TEXT = "abcdefghij"
+HOLD: dict[str, Any] = {"chunk_seconds": 0.3, "hang_at": 1}
+
+
+def pool(**kwargs: Any) -> Pool:
+    kwargs.setdefault("ready_timeout", TIMEOUT)
+    return Pool("fake", **kwargs)
+
+
+async def hold(p: Pool, started: anyio.Event, cancelled: list[BaseException], **options: Any) -> None:
+    """A request that occupies a member until its task is cancelled."""
+
+    def on_progress(event: ProgressEvent) -> None:
+        if event.stage == "synthesize":
+            started.set()
+
+    try:
+        await p.synthesize(TEXT, on_progress=on_progress, **HOLD, **options)
+    except anyio.get_cancelled_exc_class() as exc:
+        cancelled.append(exc)
+        raise
+
+
+async def test_requests_spread_over_members_and_come_back_exact() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=2, max_outstanding=1) as p:
+            results: dict[int, bytes] = {}
+
+            async def one(i: int) -> None:
+                audio = await p.synthesize(f"text {i}")
+                results[i] = audio.samples.tobytes()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(one, i)
+            assert results == {i: render_bytes(f"text {i}") for i in range(6)}
+            health = await p.health()
+            assert [h.state for h in health] == ["ready", "ready"]
+            assert [h.outstanding for h in health] == [0, 0]
+            assert all(h.served >= 1 for h in health), health
+            assert sum(h.served for h in health) == 6
+            assert len({h.pid for h in health}) == 2
+
+
+async def test_when_every_member_is_full_a_request_waits_then_is_busy() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=2, max_outstanding=1, pool_timeout=0.5) as p:
+            cancelled: list[BaseException] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):
+                    started = anyio.Event()
+                    tg.start_soon(hold, p, started, cancelled)
+                    await started.wait()
+                assert [h.outstanding for h in await p.health()] == [1, 1]
+                with pytest.raises(BusyError) as busy:
+                    await p.synthesize("hello")
+                assert busy.value.code == "busy" and "pool_timeout=0.5" in str(busy.value)
+                tg.cancel_scope.cancel()
+            assert len(cancelled) == 2
+            # Room again: served at once.
+            audio = await p.synthesize("hello")
+            assert audio.samples.tobytes() == render_bytes("hello")
+
+
+async def test_a_waiting_request_runs_when_room_frees() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=1, max_outstanding=1, pool_timeout=None) as p:
+            cancelled: list[BaseException] = []
+            result: list[bytes] = []
+
+            async def waiter() -> None:
+                result.append((await p.synthesize("later")).samples.tobytes())
+
+            async with anyio.create_task_group() as tg:
+                holder = anyio.CancelScope()
+
+                async def held() -> None:
+                    with holder:
+                        await hold(p, started, cancelled)
+
+                started = anyio.Event()
+                tg.start_soon(held)
+                await started.wait()
+                tg.start_soon(waiter)
+                await anyio.wait_all_tasks_blocked()
+                assert result == []  # waiting for room, not refused
+                holder.cancel()
+            assert len(cancelled) == 1
+            assert result == [render_bytes("later")]
+
+
+async def test_a_crash_before_audio_reached_the_caller_is_retried_on_another_member(tmp_path: Path) -> None:
+    marker = tmp_path / "crashed-once"
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=2, max_outstanding=4) as p:
+            audio = await p.synthesize(TEXT, crash_at=1, crash_once=str(marker), chunk_seconds=0.3)
+            assert marker.exists()
+            assert audio.samples.tobytes() == render_bytes(TEXT)
+            health = await p.health()
+            assert sorted(h.served for h in health) == [0, 1]
+            # The crashed member restarts and serves again.
+            for _ in range(2):
+                await p.synthesize("again")
+            assert sum(h.restarts for h in await p.health()) == 1
+
+
+async def test_a_stream_moves_only_before_its_first_chunk(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=2, max_outstanding=4) as p:
+            # Crash before chunk 0: nothing delivered, so the stream moves and completes.
+            marker = tmp_path / "first"
+            async with p.stream(TEXT, crash_at=0, crash_once=str(marker), chunk_seconds=0.3) as chunks:
+                received = b"".join([chunk.samples.tobytes() async for chunk in chunks])
+            assert received == render_bytes(TEXT)
+            # Crash after a chunk reached the caller: a typed error, no silent duplicate.
+            marker = tmp_path / "second"
+            delivered: list[bytes] = []
+
+            async def consume() -> None:
+                async with p.stream(TEXT, crash_at=1, crash_once=str(marker), chunk_seconds=0.3) as chunks:
+                    async for chunk in chunks:
+                        delivered.append(chunk.samples.tobytes())
+
+            with pytest.raises(CrashedError):
+                await consume()
+            assert delivered == [render_bytes(TEXT)[: len(delivered[0])]]
+
+
+async def test_voice_affinity_prefers_the_warm_member(tmp_path: Path) -> None:
+    voices = []
+    for name in ("alice", "bob"):
+        path = tmp_path / f"{name}.wav"
+        path.write_bytes(b"RIFF voice")
+        voices.append(str(path))
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=3, max_outstanding=4) as p:
+            await p.synthesize("one", voice=voices[0])
+            first = [h.served for h in await p.health()]
+            warm = first.index(1)
+            for _ in range(3):
+                await p.synthesize("again", voice=voices[0])
+            served = [h.served for h in await p.health()]
+            assert served[warm] == 4 and sum(served) == 4
+            # Another voice goes to a cold member; the warm one stays free for its voice.
+            await p.synthesize("other", voice=voices[1])
+            after = [h.served for h in await p.health()]
+            assert after[warm] == 4 and sum(after) == 5
+
+
+async def test_a_dead_member_is_skipped() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(size=2, max_restarts=0) as p:
+            victim = p.members[0]
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGKILL)
+            # The pool notices the death on its first try there, retries elsewhere, and from
+            # then on routes around it.
+            for i in range(4):
+                audio = await p.synthesize(f"after {i}")
+                assert np.array_equal(audio.samples, np.frombuffer(render_bytes(f"after {i}"), "<i2"))
+            states = [h.state for h in await p.health()]
+            assert states == ["dead", "ready"]
+
+
+async def test_devices_pin_each_member(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with pool(devices=["cuda:3", "cpu"]) as p:
+            pids = [c.pid for c in p.members]
+            assert all(pids)
+            environ = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in pids if pid]
+            assert b"CUDA_VISIBLE_DEVICES=3" in environ[0]
+            assert b"CUDA_VISIBLE_DEVICES=" in environ[1]
+            assert [h.device for h in await p.health()] == ["cuda:3", "cpu"]
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="device"):
+        Pool("fake", devices=["gpu0"])
+    with pytest.raises(ValueError, match="size"):
+        Pool("fake", size=3, devices=["cuda:0"])
+    with pytest.raises(ValueError, match="at least one"):
+        Pool("fake", size=0)
