@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 import wave
 from pathlib import Path
 
@@ -64,3 +65,14 @@ def test_to_wav_into_a_missing_directory_raises_once_and_leaves_no_writer_behind
     # Warnings are errors here: an "Exception ignored in Wave_write.__del__" would fail the test.
     with pytest.raises(FileNotFoundError):
         audio().to_wav(tmp_path / "missing" / "x.wav")
+
+
+def test_without_soundfile_flac_says_what_to_install_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # as in a venv without the audio extra
+    a = audio()
+    with pytest.raises(RuntimeError, match=r"pip install 'indextts-sidecar\[audio\]'"):
+        a.to_file(tmp_path / "x.flac")
+    assert not (tmp_path / "x.flac").exists()
+    assert a.to_bytes("wav")[:4] == b"RIFF"  # WAV needs nothing

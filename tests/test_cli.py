@@ -189,3 +189,14 @@ def test_engines_lists_each_engine_with_its_rate_and_availability() -> None:
 
 def test_engines_with_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:
     _one_line_error(_cli("engines", "--python", str(tmp_path / "nope")), 2, "cannot run")
+
+
+def test_flac_without_soundfile_is_one_line_before_any_work(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['soundfile'] = None\n"
+        "from indextts_client._cli import main\n"
+        f"sys.exit(main(['say', 'x', '-o', {str(tmp_path / 'x.flac')!r}, '--engine', 'nope']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    _one_line_error(result, 2, "FLAC and Ogg need soundfile", "indextts-sidecar[audio]")
+    assert not (tmp_path / "x.flac").exists()
