@@ -100,3 +100,19 @@ def test_pytest_example(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("name", ["out.wav", "out.flac"])
+def test_blocking(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("espeakng_loader")
+    soundfile = pytest.importorskip("soundfile")
+    out = run_example("blocking.py", name, cwd=tmp_path)
+    assert "voices for en-us: English (America)" in out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("chunk")] == [
+        "chunk 0",
+        "chunk 1",
+        "chunk 2",
+    ]
+    samples = int(re.search(rf"wrote {re.escape(name)}: (\d+) samples at 22050 Hz", out).group(1))  # type: ignore[union-attr]
+    data, rate = soundfile.read(tmp_path / name, dtype="int16")
+    assert rate == 22050 and len(data) == samples > 0
