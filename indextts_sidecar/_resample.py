@@ -17,6 +17,7 @@ The last two are whole-signal resamplers made streaming by :class:`BlockResample
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import sys
@@ -170,7 +171,10 @@ class _SincKernels:
         self.weights = (cutoff * np.sinc(cutoff * distance) * window).astype(np.float32)
 
 
-_kernels: dict[tuple[int, int], _SincKernels] = {}
+@functools.lru_cache(maxsize=8)
+def _kernels_for(p: int, q: int) -> _SincKernels:
+    """Kept for the rate pairs in use: an odd pair (22050 -> 16001 Hz) has 16001 phases, ~12 MB."""
+    return _SincKernels(p, q)
 
 
 def sinc_resample(samples: _FloatArray, source_rate: int, target_rate: int) -> _FloatArray:
@@ -182,9 +186,7 @@ def sinc_resample(samples: _FloatArray, source_rate: int, target_rate: int) -> _
     """
     divisor = math.gcd(source_rate, target_rate)
     p, q = source_rate // divisor, target_rate // divisor
-    kernels = _kernels.get((p, q))
-    if kernels is None:
-        kernels = _kernels[(p, q)] = _SincKernels(p, q)
+    kernels = _kernels_for(p, q)
     half = kernels.half
     count = math.ceil(len(samples) * q / p)
     padded = np.concatenate(
