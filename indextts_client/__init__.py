@@ -6,21 +6,25 @@
 
     async with Client("espeak") as client:
         audio = await client.synthesize("Hello world")
-        audio.to_wav("hello.wav")
+        audio.to_file("hello.wav")
 
         async with client.stream("A longer text, streamed") as chunks:
             async for chunk in chunks:
                 play(chunk.samples)
 
-:class:`Client` spawns and supervises the sidecar; :class:`Connection` is the
+:class:`Client` spawns and supervises the sidecar; :class:`BlockingClient` is the same
+without async, for scripts and notebooks; :class:`Connection` is the
 transport-agnostic core for a sidecar reached over any anyio byte streams.  Every
 error derives from :class:`SidecarError`.
 """
+
+import logging
 
 from indextts_sidecar._version import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
 from ._audio import Audio, AudioChunk
+from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
@@ -41,12 +45,14 @@ from ._exceptions import (
 )
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
-from ._types import Health, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
+from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Audio",
     "AudioChunk",
+    "BlockingClient",
+    "BlockingStream",
     "BufferFullError",
     "BusyError",
     "Client",
@@ -61,6 +67,7 @@ __all__ = [
     "Health",
     "InvalidRequestError",
     "LoadFailedError",
+    "LoadInfo",
     "LossInfo",
     "MemberHealth",
     "Pool",
@@ -79,3 +86,7 @@ __all__ = [
     "VersionMismatchError",
     "__version__",
 ]
+
+# A library logs; the application decides where that goes.  Without this, an application
+# that never set up logging would see our warnings on stderr through logging's last resort.
+logging.getLogger(__name__).addHandler(logging.NullHandler())

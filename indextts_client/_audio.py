@@ -8,6 +8,7 @@ as soon as it is copied, so peak memory stays near one times the audio.
 
 from __future__ import annotations
 
+import io
 import os
 import wave
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from indextts_sidecar._shm import AudioRing
 
 from ._exceptions import ProtocolError
 
-__all__ = ["SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk"]
+__all__ = ["FORMATS", "SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk", "format_for_path", "format_of"]
 
 #: Little-endian int16: the wire format and the dtype of every ``samples`` array.
 SAMPLE_DTYPE = np.dtype("<i2")
@@ -92,14 +93,89 @@ class Audio(_HasSamples):
 
     def to_wav(self, file: Union[str, os.PathLike[str], IO[bytes]]) -> None:
         """Write a 16-bit mono WAV file to a path or a binary file object (stdlib :mod:`wave`)."""
+        if isinstance(file, (str, os.PathLike)):
+            # Opened here, not by wave: a path that cannot be opened raises before a writer exists.
+            with open(file, "wb") as out:
+                self._write_wav(out)
+        else:
+            self._write_wav(file)
+
+    def _write_wav(self, file: IO[bytes]) -> None:
         data = np.ascontiguousarray(self.samples, dtype=SAMPLE_DTYPE)
-        target: Any = os.fspath(file) if isinstance(file, (str, os.PathLike)) else file
-        with wave.open(target, "wb") as out:
+        with wave.open(file, "wb") as out:
             out.setnchannels(1)
             out.setsampwidth(2)
             out.setframerate(self.sample_rate)
             out.setnframes(len(data))
             out.writeframes(data.data.cast("B"))
+
+    def to_bytes(self, format: str = "wav") -> bytes:
+        """The audio as a file's bytes: ``"wav"`` always; ``"flac"`` and ``"ogg"`` (Vorbis) with soundfile."""
+        buffer = io.BytesIO()
+        self._write(buffer, format_of(format))
+        return buffer.getvalue()
+
+    def to_file(self, file: Union[str, os.PathLike[str], IO[bytes]], format: Union[str, None] = None) -> None:
+        """Write the audio to a path or binary file, in ``format`` or the one the path's suffix names.
+
+        ``.wav`` always works; ``.flac`` and ``.ogg``/``.oga`` (Vorbis) need soundfile (the
+        ``audio`` extra).  An unknown suffix raises ``ValueError`` before anything is written.
+        """
+        if format is None:
+            if not isinstance(file, (str, os.PathLike)):
+                raise ValueError("give format= when writing to a file object")
+            chosen = format_for_path(file)
+        else:
+            chosen = format_of(format)
+        if chosen != "wav":
+            _soundfile()  # fail before creating the file
+        if isinstance(file, (str, os.PathLike)):
+            with open(file, "wb") as out:
+                self._write(out, chosen)
+        else:
+            self._write(file, chosen)
+
+    def _write(self, file: IO[bytes], format: str) -> None:
+        if format == "wav":
+            self._write_wav(file)
+            return
+        soundfile = _soundfile()
+        data = np.ascontiguousarray(self.samples, dtype=SAMPLE_DTYPE)
+        subtype = "PCM_16" if format == "flac" else "VORBIS"
+        soundfile.write(file, data, self.sample_rate, format=format.upper(), subtype=subtype)
+
+
+#: File formats by suffix; WAV needs nothing, the others soundfile.
+FORMATS = {".wav": "wav", ".wave": "wav", ".flac": "flac", ".ogg": "ogg", ".oga": "ogg"}
+
+
+def format_of(name: str) -> str:
+    """``"WAV"``, ``"flac"``... as one of ``wav``, ``flac``, ``ogg``; ``ValueError`` otherwise."""
+    chosen = name.lower().lstrip(".")
+    if chosen not in set(FORMATS.values()):
+        raise ValueError(f"unknown audio format {name!r}; expected one of wav, flac, ogg")
+    return chosen
+
+
+def format_for_path(path: Union[str, os.PathLike[str]]) -> str:
+    """The format a path's suffix names; ``ValueError`` for any other suffix."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    chosen = FORMATS.get(suffix)
+    if chosen is None:
+        raise ValueError(
+            f"cannot tell the audio format of {os.fspath(path)!r} from its suffix; use .wav, .flac or .ogg"
+        )
+    return chosen
+
+
+def _soundfile() -> Any:
+    try:
+        import soundfile  # type: ignore[import-untyped]
+    except (ImportError, OSError) as exc:  # OSError: the wheel's libsndfile failed to load
+        raise RuntimeError(
+            f"FLAC and Ogg need soundfile: pip install 'indextts-sidecar[audio]' ({type(exc).__name__}: {exc})"
+        ) from exc
+    return soundfile
 
 
 class AudioAssembler:

@@ -1,16 +1,19 @@
-"""``indextts-client``: speak text through a spawned sidecar, or check an engine venv.
+"""``indextts-client``: speak text through a spawned sidecar, list engines, or check an engine venv.
 
     indextts-client say "Hello there." -o hello.wav [--engine espeak] [--python PATH] [--voice REF.wav]
-    indextts-client doctor --python PATH [--model-dir DIR]
+    indextts-client engines [--python PATH]
+    indextts-client doctor --python PATH [--engine NAME] [--model-dir DIR]
 
 The console script is not called ``indextts``: upstream IndexTTS installs one of that
-name, and both may live in the same venv.
+name, and both may live in the same venv.  Every failure is one line on stderr, never a
+traceback: exit 2 for a usage error found before any work, 1 for a failed request.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Union
 
@@ -20,14 +23,22 @@ from indextts_sidecar._version import __version__
 
 __all__ = ["main"]
 
+PROG = "indextts-client"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 
-def _pairs(values: list[str], what: str) -> dict[str, Any]:
+
+class UsageError(Exception):
+    """A mistake found before any work: printed as one line, exit code 2."""
+
+
+def _pairs(values: list[str], flag: str, kind: str) -> dict[str, Any]:
     from indextts_sidecar._main import parse_options
 
     try:
-        return parse_options(values)
+        return parse_options(values, kind)
     except ValueError as exc:
-        raise SystemExit(f"indextts-client: {what}: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _emotion(args: argparse.Namespace) -> Any:
@@ -35,25 +46,55 @@ def _emotion(args: argparse.Namespace) -> Any:
 
     chosen = [x for x in (args.emotion, args.emotion_audio, args.emotion_text) if x is not None]
     if len(chosen) > 1:
-        raise SystemExit("indextts-client: give at most one of --emotion, --emotion-audio, --emotion-text")
+        raise UsageError("give at most one of --emotion, --emotion-audio, --emotion-text")
     if args.emotion is not None:
         weights: dict[str, float] = {}
         for part in args.emotion.split(","):
             name, sep, value = part.partition("=")
             if not sep or name.strip() not in EMOTION_NAMES:
-                raise SystemExit(
-                    f"indextts-client: --emotion takes NAME=WEIGHT pairs with names from {', '.join(EMOTION_NAMES)}"
-                )
+                raise UsageError(f"--emotion takes NAME=WEIGHT pairs with names from {', '.join(EMOTION_NAMES)}")
             try:
                 weights[name.strip()] = float(value)
             except ValueError:
-                raise SystemExit(f"indextts-client: --emotion weight {value!r} is not a number") from None
+                raise UsageError(f"--emotion weight {value!r} is not a number") from None
         return EmotionVector(**weights, alpha=args.emotion_alpha)
     if args.emotion_audio is not None:
         return EmotionAudio(path=args.emotion_audio, alpha=args.emotion_alpha)
     if args.emotion_text is not None:
         return EmotionText(text=args.emotion_text or None, alpha=args.emotion_alpha)
     return None
+
+
+def _output_format(output: str, chosen: Union[str, None]) -> str:
+    """The format to write ``output`` in; checks it can be written, before any work."""
+    from ._audio import _soundfile, format_for_path, format_of
+
+    try:
+        fmt = format_of(chosen) if chosen else "wav" if output == "-" else format_for_path(output)
+        if fmt != "wav":
+            _soundfile()
+    except (ValueError, RuntimeError) as exc:
+        raise UsageError(str(exc)) from None
+    if output == "-":
+        return fmt
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {output}: directory {folder} does not exist")
+    if os.path.isdir(output):
+        raise UsageError(f"cannot write {output}: it is a directory")
+    if not os.access(folder, os.W_OK) or (os.path.exists(output) and not os.access(output, os.W_OK)):
+        raise UsageError(f"cannot write {output}: permission denied")
+    return fmt
+
+
+def _unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is outside 0..1")
+    return value
 
 
 async def _say(args: argparse.Namespace) -> int:
@@ -64,10 +105,11 @@ async def _say(args: argparse.Namespace) -> int:
     from . import Client, ProgressEvent, SidecarError
 
     console = Console(stderr=True)
-    text = sys.stdin.read() if args.text == "-" else args.text
-    engine_options = _pairs(args.option, "--option")
-    request_options = _pairs(args.set, "--set")
+    fmt = _output_format(args.output, args.format)
+    engine_options = _pairs(args.option, "--option", "engine option")
+    request_options = _pairs(args.set, "--set", "request option")
     emotion = _emotion(args)
+    text = sys.stdin.read() if args.text == "-" else args.text
     columns = (
         TextColumn("{task.description:<12}"),
         BarColumn(),
@@ -104,27 +146,79 @@ async def _say(args: argparse.Namespace) -> int:
             bars.stop()
             # The message may hold brackets (log lines in the stderr tail): never read it as markup.
             console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            return 1
-    audio.to_wav(args.output)
+            return EXIT_FAILED
+    if args.output == "-":
+        sys.stdout.buffer.write(audio.to_bytes(fmt))
+        sys.stdout.buffer.flush()
+        where = "standard output"
+    else:
+        try:
+            audio.to_file(args.output, fmt)
+        except OSError as exc:
+            console.print(f"{PROG}: cannot write {escape(args.output)}: {escape(exc.strerror or str(exc))}")
+            return EXIT_FAILED
+        where = args.output
     if not args.quiet:
         console.print(
-            f"wrote {args.output}: {audio.duration:.2f} s at {audio.sample_rate} Hz ({len(audio)} samples)",
+            f"wrote {escape(where)}: {audio.duration:.2f} s at {audio.sample_rate} Hz ({len(audio)} samples)",
             highlight=False,
+            soft_wrap=True,
         )
     return 0
 
 
+def _engines(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ._engines import list_engines
+
+    python = args.python or sys.executable
+    try:
+        engines = anyio.run(list_engines, python)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        import msgspec
+
+        sys.stdout.buffer.write(msgspec.json.encode(engines) + b"\n")
+        return 0
+    table = Table(title=f"engines in {escape(python)}")
+    for column in ("engine", "available", "rate", "capabilities", "description"):
+        table.add_column(column, overflow="fold")
+    for engine in engines:
+        available = "[green]yes[/]" if engine.available else f"[red]no[/]: {escape(engine.problem or '')}"
+        rate = f"{engine.native_sample_rate} Hz" if engine.native_sample_rate else "-"
+        table.add_row(
+            escape(engine.name), available, rate, escape(", ".join(engine.capabilities)), escape(engine.description)
+        )
+    Console().print(table)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="indextts-client", description="Drive a TTS engine running in a sidecar process."
+    # -v is accepted before and after the subcommand; SUPPRESS keeps a later default from
+    # overwriting an earlier -v.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show the sidecar's log lines"
     )
-    parser.add_argument("--version", action="version", version=f"indextts-client {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show the sidecar's log lines")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Drive a TTS engine running in a sidecar process.", parents=[verbose]
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    say = commands.add_parser("say", help="synthesize TEXT into a WAV file")
+    say = commands.add_parser("say", help="synthesize TEXT into an audio file", parents=[verbose])
     say.add_argument("text", metavar="TEXT", help="the text to speak; - reads standard input")
-    say.add_argument("-o", "--output", required=True, help="WAV file to write")
+    say.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .wav, or .flac/.ogg with the audio extra; - writes WAV to standard output",
+    )
+    say.add_argument("--format", default=None, choices=["wav", "flac", "ogg"], help="overrides the suffix's format")
     say.add_argument("--engine", default="espeak", help="engine name (default: espeak)")
     say.add_argument("--python", default=None, help="interpreter of the engine's venv (default: this one)")
     say.add_argument("--voice", default=None, help="voice: a reference clip for IndexTTS, a voice name for espeak")
@@ -133,14 +227,25 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--emotion", default=None, metavar="NAME=W,...", help="emotion weights, e.g. happy=0.6,calm=0.2")
     say.add_argument("--emotion-audio", default=None, metavar="REF.wav", help="emotion from a reference clip")
     say.add_argument("--emotion-text", default=None, metavar="TEXT", help="emotion from a description")
-    say.add_argument("--emotion-alpha", type=float, default=1.0, help="emotion strength, 0..1 (default 1)")
+    say.add_argument("--emotion-alpha", type=_unit_interval, default=1.0, help="emotion strength, 0..1 (default 1)")
     say.add_argument("--sample-rate", type=int, default=None, help="resample to this rate (default: native)")
     say.add_argument("--timeout", type=float, default=None, help="overall seconds for the request")
     say.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the sidecar to start")
     say.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
-    doctor = commands.add_parser("doctor", help="check an engine venv: versions, GPU, indextts, checkpoints")
+    engines = commands.add_parser(
+        "engines", help="list the engines a venv has: rate, capabilities, whether each can run", parents=[verbose]
+    )
+    engines.add_argument("--python", default=None, help="interpreter of the engine's venv (default: this one)")
+    engines.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
+
+    doctor = commands.add_parser(
+        "doctor", help="check an engine venv: versions, GPU, indextts, checkpoints", parents=[verbose]
+    )
     doctor.add_argument("--python", required=True, help="interpreter of the engine's venv")
+    doctor.add_argument(
+        "--engine", default=None, help="the engine to check (default: IndexTTS, whichever flavour is installed)"
+    )
     doctor.add_argument("--model-dir", default=None, help="checkpoint directory to check")
     return parser
 
@@ -148,12 +253,23 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Union[list[str], None] = None) -> int:
     args = _parser().parse_args(argv)
     # Without -v, failures speak through the error message (with the stderr tail), not through logs.
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(name)s: %(message)s")
-    if args.command == "doctor":
-        from ._doctor import doctor_command
-
-        return doctor_command(args.python, args.model_dir)
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(name)s: %(message)s")
     try:
+        import rich  # noqa: F401
+    except ImportError:
+        print(f"{PROG}: the command line needs rich: pip install 'indextts-sidecar[cli]'", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "doctor":
+            from ._doctor import doctor_command
+
+            return doctor_command(args.python, args.model_dir, args.engine)
+        if args.command == "engines":
+            return _engines(args)
         return anyio.run(_say, args)
+    except UsageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -401,6 +401,38 @@ class Client(Requester):
         # Re-raise a cancellation that arrived during the shielded cleanup.
         await anyio.lowlevel.checkpoint()
 
+    async def restart(self) -> None:
+        """Stop the current sidecar and start a new one, now; raises :class:`StartError` on failure.
+
+        The old sidecar goes down the same ladder as in :meth:`aclose` (its pending requests
+        end with ``shutting_down``).  An explicit restart waits for no backoff, does not
+        count against ``max_restarts``, and revives a client that gave up (``dead``).
+        """
+        if self._streams is not None:
+            raise RuntimeError("a client over given streams cannot restart its sidecar")
+        if self._state in (_CLOSING, _CLOSED):
+            raise ClosedError("the client is closed")
+        if self._state != _RUNNING:
+            raise RuntimeError("the client is not started: use 'async with Client(...)' or 'await client.start()'")
+        async with self._spawn_lock:
+            previous = self._session
+            if previous is not None:
+                previous.stop_requested.set()
+                with anyio.CancelScope(shield=True):
+                    await previous.finished.wait()
+            self._dead = None
+            self._restart_times.clear()
+            log.info("restarting the sidecar on request")
+            await self._spawn()
+
+    def is_alive(self) -> bool:
+        """Whether a sidecar is up and ready now: False before start, after a crash not yet
+        followed by a call (which would restart it), when dead, and once closed."""
+        session = self._session
+        if self._state != _RUNNING or self._dead is not None or session is None or not session.usable:
+            return False
+        return session.child is None or session.child.running
+
     async def _root(self) -> None:
         """The root task: hosts the sessions' task group until the client stops."""
         try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Union
 import anyio
 import msgspec
 
-from indextts_sidecar._doctor import DoctorReport, Problem
+from indextts_sidecar._doctor import DoctorReport, Problem, is_indextts
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,15 +48,19 @@ async def run_doctor(
     *,
     time_limit: float = DEFAULT_TIME_LIMIT,
     env: Union[Mapping[str, str], None] = None,
+    engine: Union[str, None] = None,
 ) -> DoctorReport:
     """Run the doctor with the interpreter ``python`` and return its report.
 
+    ``engine`` names the engine to check (None: IndexTTS, whichever flavour is installed).
     ``env`` replaces the child's environment (default: this process's).  Never raises for
     a doctor that fails: the report says what went wrong.
     """
     command = [python, "-m", "indextts_sidecar", "--doctor"]
     if model_dir is not None:
         command += ["--model-dir", model_dir]
+    if engine is not None:
+        command += ["--engine", engine]
     try:
         with anyio.fail_after(time_limit):
             result = await anyio.run_process(
@@ -106,7 +110,19 @@ def render(report: DoctorReport, console: Console) -> None:
 
     ok, warn, bad = "[green]ok[/]", "[yellow]warning[/]", "[red]problem[/]"
 
-    if report.ran:
+    engine = report.engine_info
+    if report.ran and engine is not None and not is_indextts(report.engine):
+        table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
+        table.add_column("check", style="bold")
+        table.add_column("status")
+        table.add_column("details", overflow="fold")
+        py = report.python
+        table.add_row("python", ok, escape(f"{py.implementation} {py.version} ({py.executable})"))
+        table.add_row("indextts-sidecar", ok, escape(str(report.packages.get("indextts_sidecar"))))
+        detail = engine.description if engine.available else engine.problem or "not available"
+        table.add_row(f"engine {escape(engine.name)}", ok if engine.available else bad, escape(detail))
+        console.print(table)
+    elif report.ran:
         table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
         table.add_column("check", style="bold")
         table.add_column("status")
@@ -159,10 +175,15 @@ def render(report: DoctorReport, console: Console) -> None:
             extra = f"; optional, absent: {', '.join(ck.optional_missing)}" if ck.optional_missing else ""
             table.add_row("checkpoints", ok, escape(f"{ck.model_dir}: all {len(ck.present)} present{extra}"))
         console.print(table)
+    # soft_wrap: a fix is often a command to paste; rich must not break it across lines.
     for problem in report.problems:
-        console.print(f"[red]problem:[/] {escape(problem.what)}\n    [bold]fix:[/] {escape(problem.fix)}")
+        console.print(
+            f"[red]problem:[/] {escape(problem.what)}\n    [bold]fix:[/] {escape(problem.fix)}", soft_wrap=True
+        )
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning.what)}\n    [bold]fix:[/] {escape(warning.fix)}")
+        console.print(
+            f"[yellow]warning:[/] {escape(warning.what)}\n    [bold]fix:[/] {escape(warning.fix)}", soft_wrap=True
+        )
     if not report.ran:
         console.print("[red]the doctor could not run[/]")
     elif report.problems:
@@ -172,10 +193,10 @@ def render(report: DoctorReport, console: Console) -> None:
         console.print("[green]ready to synthesize[/]")
 
 
-def doctor_command(python: str, model_dir: Union[str, None]) -> int:
-    """``indextts-client doctor --python PATH [--model-dir DIR]``: run, print, return the exit code."""
+def doctor_command(python: str, model_dir: Union[str, None], engine: Union[str, None] = None) -> int:
+    """``indextts-client doctor --python PATH [--model-dir DIR] [--engine NAME]``: run, print, return the exit code."""
     from rich.console import Console
 
-    report = anyio.run(lambda: run_doctor(python, model_dir))
+    report = anyio.run(lambda: run_doctor(python, model_dir, engine=engine))
     render(report, Console())
     return exit_code(report)

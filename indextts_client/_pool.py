@@ -34,7 +34,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client, _unwrap
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError
 from ._request import EmotionLike, Synthesis
-from ._types import Health, ProgressCallback
+from ._types import Health, LoadInfo, ProgressCallback
 
 __all__ = ["MemberHealth", "Pool", "PoolStream"]
 
@@ -277,7 +277,7 @@ class Pool:
         kwargs = dict(voice=voice, emotion=emotion, sample_rate=sample_rate, on_progress=on_progress, **options)
         return PoolStream(self, text, kwargs)
 
-    async def load(self) -> list[dict[str, Any]]:
+    async def load(self) -> list[LoadInfo]:
         """Load the model on every member (concurrently); returns each member's load info."""
         return await self._on_all(lambda client: client.load())
 
@@ -364,6 +364,9 @@ class PoolStream:
         await self._close(served=self._done)
 
     def __aiter__(self) -> PoolStream:
+        if self._synthesis is None and not self._done:
+            # Not entered: iterating would end at once, silently, with no audio.
+            raise RuntimeError("iterate inside 'async with pool.stream(...) as chunks:'")
         return self
 
     async def __anext__(self) -> AudioChunk:

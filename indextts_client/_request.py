@@ -31,7 +31,7 @@ from ._exceptions import (
     UnreadError,
     error_for_frame,
 )
-from ._types import Health, ProgressCallback, ProgressEvent
+from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent
 
 if TYPE_CHECKING:
     from ._connection import Connection, _Exchange
@@ -347,8 +347,9 @@ class Synthesis(_Tracked):
     * ``await synthesis.result()`` waits for the end and returns the :class:`Audio`.
 
     Leaving ``async with`` before the end cancels the request on the sidecar at once.
-    A plain ``async for`` followed by ``break`` does not: the request then runs to its
-    end unless :meth:`aclose` is called, so prefer ``async with``.
+    Iterating without ``async with`` (or an explicit :meth:`start`, which makes the
+    caller responsible for :meth:`aclose`) raises ``RuntimeError``: after a ``break``
+    nothing would cancel the request, which would occupy the engine to its end.
     """
 
     def __init__(
@@ -370,6 +371,8 @@ class Synthesis(_Tracked):
         self._audio: Union[Audio, None] = None
         #: The sidecar's seconds per phase, from ``done`` (empty until then).
         self.timings: dict[str, float] = {}
+        #: Whether ``async with`` or an explicit start() made someone responsible for closing it.
+        self._owned = False
 
     @property
     def finished(self) -> bool:
@@ -408,7 +411,8 @@ class Synthesis(_Tracked):
             self._assembler = exchange.sink = AudioAssembler(exchange.id, keep=True)
 
     async def start(self) -> None:
-        """Send the request now (``async with`` and the first iteration do it for you)."""
+        """Send the request now (``async with`` does it for you); then :meth:`aclose` is yours to call."""
+        self._owned = True
         if self._state == "new":
             try:
                 await self._begin()
@@ -434,7 +438,16 @@ class Synthesis(_Tracked):
         await self._close(wait=not cancelled)
 
     def __aiter__(self) -> Synthesis:
+        self._check_owned()
         return self
+
+    def _check_owned(self) -> None:
+        if not self._owned:
+            raise RuntimeError(
+                "iterate inside 'async with client.stream(...) as chunks:' (or request()), so that leaving "
+                "the loop early cancels the request; or call 'await synthesis.start()' and close it yourself "
+                "with 'await synthesis.aclose()'"
+            )
 
     async def __anext__(self) -> AudioChunk:
         while True:
@@ -446,6 +459,7 @@ class Synthesis(_Tracked):
 
     def events(self) -> _Events:
         """An async iterator over progress events and audio chunks, in arrival order."""
+        self._check_owned()
         return _Events(self)
 
     async def result(self) -> Audio:
@@ -629,8 +643,8 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,  # noqa: ASYNC109 - a request deadline that also cancels it on the sidecar
         idle_timeout: TimeoutArg = ...,
-    ) -> dict[str, Any]:
-        """Load the model now (warm-up), reporting progress; returns the sidecar's info map.
+    ) -> LoadInfo:
+        """Load the model now (warm-up), reporting progress; returns a :class:`LoadInfo`.
 
         Raises :class:`LoadFailedError` (retryable) when the model fails to load.
         """
@@ -641,7 +655,7 @@ class Requester:
             on_progress=on_progress,
         )
         assert call._reply is not None
-        return dict(getattr(call._reply, "info", {}))
+        return LoadInfo.from_reply(getattr(call._reply, "info", {}))
 
     async def unload(self, *, timeout: TimeoutArg = ...) -> None:  # noqa: ASYNC109
         """Drop the model and free its memory (the next request loads it again)."""
@@ -650,3 +664,17 @@ class Requester:
             timeout=_resolve(timeout, self._default_timeout),
             idle_timeout=self._default_idle_timeout,
         )
+
+    async def voices(self, *, timeout: TimeoutArg = ...) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """The engine's named voices, each a map with at least ``name`` (espeak: also
+        ``identifier`` and ``languages``).  Answered at once, without loading the model;
+        an engine without named voices raises :class:`InvalidRequestError`.
+        """
+        call = await self._call(
+            lambda i: protocol.Voices(id=i),
+            timeout=_resolve(timeout, self._default_timeout),
+            idle_timeout=self._default_idle_timeout,
+            cancellable=False,
+        )
+        assert isinstance(call._reply, protocol.Ok)
+        return [dict(voice) for voice in call._reply.info.get("voices", [])]

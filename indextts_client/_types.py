@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from indextts_sidecar.protocol import Ready
 
-__all__ = ["Health", "ProgressCallback", "ProgressEvent", "RestartCallback", "SidecarInfo"]
+__all__ = ["Health", "LoadInfo", "ProgressCallback", "ProgressEvent", "RestartCallback", "SidecarInfo"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,46 @@ class SidecarInfo:
             options=dict(ready.options),
             dropped_options=tuple(ready.dropped_options),
         )
+
+
+#: Keys of ``load``'s reply that are seconds per phase.
+_TIMING_KEYS = ("queued", "load")
+
+
+@dataclass(frozen=True, eq=False)
+class LoadInfo(Mapping[str, Any]):
+    """The answer to :meth:`Client.load`.
+
+    ``loaded`` and ``sample_rate`` (the engine's native rate, now known); ``timings`` the
+    seconds per phase (``queued``, and ``load`` when this call loaded the model);
+    ``info`` the engine's own facts (for IndexTTS: which flavour, which model version, from
+    where).  It is also the read-only map the sidecar sent (``info["sample_rate"]``...),
+    as ``load()`` returned before it was typed.
+    """
+
+    loaded: bool
+    sample_rate: Union[int, None]
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_reply(cls, raw: Mapping[str, Any]) -> LoadInfo:
+        timings = {key: float(raw[key]) for key in _TIMING_KEYS if isinstance(raw.get(key), (int, float))}
+        rate = raw.get("sample_rate")
+        return cls(
+            loaded=bool(raw.get("loaded", False)),
+            sample_rate=rate if isinstance(rate, int) else None,
+            timings=timings,
+            info={k: v for k, v in raw.items() if k not in ("loaded", "sample_rate", *timings)},
+            raw=dict(raw),
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)

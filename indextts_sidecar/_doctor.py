@@ -21,6 +21,8 @@ from typing import Any, Union
 
 import msgspec
 
+from .engines import EngineDescription
+
 __all__ = [
     "DOCTOR_VERSION",
     "TRANSFORMERS_PIN",
@@ -132,6 +134,10 @@ class DoctorReport(msgspec.Struct, kw_only=True):
     indextts: IndexTTSInfo = msgspec.field(default_factory=IndexTTSInfo)
     transformers: TransformersInfo = msgspec.field(default_factory=TransformersInfo)
     checkpoints: CheckpointInfo = msgspec.field(default_factory=CheckpointInfo)
+    #: The engine asked about (``--engine``); None: IndexTTS, whichever flavour is installed.
+    engine: Union[str, None] = None
+    #: What that engine's own check found; None when no engine was named.
+    engine_info: Union[EngineDescription, None] = None
     #: What blocks synthesis.
     problems: list[Problem] = msgspec.field(default_factory=list)
     #: What works but deserves attention.
@@ -423,17 +429,42 @@ def _judge_checkpoints(report: DoctorReport) -> None:
         )
 
 
-def build_report(model_dir: Union[str, None] = None) -> DoctorReport:
-    """Probe this interpreter.  Imports torch and indextts: run it where stdout may be written to."""
-    from ._version import __version__
+def is_indextts(engine: Union[str, None]) -> bool:
+    """Whether the doctor's IndexTTS checks apply to ``engine`` (None: the doctor's default)."""
+    return engine is None or engine.startswith("indextts")
 
-    report = DoctorReport(python=_probe_python())
+
+def build_report(model_dir: Union[str, None] = None, engine: Union[str, None] = None) -> DoctorReport:
+    """Probe this interpreter for ``engine`` (None: IndexTTS).
+
+    For an IndexTTS engine it imports torch and indextts: run it where stdout may be
+    written to.  Any other engine is judged by its own check alone: torch, transformers
+    and the checkpoints are not its business.
+    """
+    from ._version import __version__
+    from .engines import describe_engine
+
+    report = DoctorReport(python=_probe_python(), engine=engine)
     report.packages = {
         "indextts_sidecar": __version__,
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "numpy": _version("numpy"),
     }
+    if engine is not None:
+        report.engine_info = describe_engine(engine)
+    if not is_indextts(engine):
+        info = report.engine_info
+        assert info is not None
+        if not info.available:
+            report.problems.append(
+                Problem(
+                    what=f"engine {engine!r} cannot run here: {info.problem}",
+                    fix="install what it needs in this venv (see docs/engines.md), or pick another with --engine",
+                )
+            )
+        report.ok = not report.problems
+        return report
     report.torch = _probe_torch()
     if report.torch.version:
         report.packages["torch"] = report.torch.version
@@ -450,14 +481,14 @@ def build_report(model_dir: Union[str, None] = None) -> DoctorReport:
     return report
 
 
-def main(model_dir: Union[str, None] = None) -> int:
+def main(model_dir: Union[str, None] = None, engine: Union[str, None] = None) -> int:
     """Print the report as one JSON line on the real stdout; library output goes to stderr."""
     sys.stdout.flush()
     real_stdout = os.dup(1)
     os.dup2(2, 1)
     try:
         try:
-            report = build_report(model_dir)
+            report = build_report(model_dir, engine)
         except Exception as exc:  # the doctor must always answer
             report = DoctorReport(
                 problems=[Problem(what=f"the doctor itself failed: {_describe(exc)}", fix="report this as a bug")]

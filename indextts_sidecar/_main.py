@@ -26,7 +26,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m indextts_sidecar",
         description="Serve a TTS engine over protocol v1 on stdin/stdout (see docs/protocol.md).",
     )
-    parser.add_argument("--engine", default="espeak", help="engine name (default: espeak); see --list-engines")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        help="engine name (default: espeak; with --doctor: the IndexTTS checks); see --list-engines",
+    )
     parser.add_argument(
         "-o",
         "--option",
@@ -91,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
+        "--describe-engines",
+        action="store_true",
+        help="print one JSON list: each engine's name, description, native rate, capabilities, availability",
+    )
+    parser.add_argument(
         "--doctor",
         action="store_true",
         help="print a JSON report on this venv (torch, GPUs, indextts, checkpoints) and exit; see docs/indextts.md",
@@ -100,13 +109,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse."""
+def parse_options(pairs: list[str], kind: str = "engine option") -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse.
+
+    ``kind`` names what the pairs are in the error for a malformed one.
+    """
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"engine option {pair!r} is not KEY=VALUE")
+            raise ValueError(f"{kind} {pair!r} is not KEY=VALUE")
         try:
             options[key.replace("-", "_")] = msgspec.json.decode(raw)
         except msgspec.DecodeError:
@@ -150,7 +162,12 @@ def main(argv: Union[list[str], None] = None) -> int:
     if args.doctor:
         from ._doctor import main as doctor_main
 
-        return doctor_main(args.model_dir)
+        return doctor_main(args.model_dir, engine=args.engine)
+    if args.describe_engines:
+        from .engines import describe_engine, engine_names
+
+        sys.stdout.buffer.write(msgspec.json.encode([describe_engine(name) for name in engine_names()]) + b"\n")
+        return 0
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
@@ -172,6 +189,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         )
     from .engines import engine_class
 
+    args.engine = args.engine or "espeak"
     try:
         cls = engine_class(args.engine)
     except LookupError as exc:

@@ -1,21 +1,23 @@
 """Streaming sample-rate conversion for requests that ask for a rate.
 
-Two converters, both chunk by chunk with state carried across chunk boundaries, so a
-streamed request converts exactly as a whole one would:
+Every converter is band-limited and works chunk by chunk with state carried across
+chunk boundaries, so a streamed request converts exactly as a whole one would.
+:func:`make_resampler` picks the first available of:
 
-* :class:`BlockResampler` wraps a band-limited whole-signal resampler (torchaudio's
-  Kaiser-windowed sinc ``resample``) and feeds it blocks aligned to the rate ratio, each with
-  enough context on both sides that its output equals that of the whole signal.  Used
-  when torchaudio is already loaded in this process (the IndexTTS engine's venv always
-  has it; importing torch only to resample would cost seconds and hundreds of MB).
-* :class:`LinearResampler`: linear interpolation, cheap and dependency-free, but not
-  band-limited (downsampling can alias audibly).  The fallback elsewhere.
+* ``soxr`` (the ``audio`` extra): libsoxr's streaming resampler at its "very high"
+  quality, the fastest and best of the three.
+* ``torchaudio``: its Kaiser-windowed sinc ``resample``, only when torch is already
+  loaded in this process (the IndexTTS engine's venv always has it; importing torch only
+  to resample would cost seconds and hundreds of MB).
+* ``numpy``: the same Kaiser-windowed sinc filter, evaluated here with numpy alone.
 
+The last two are whole-signal resamplers made streaming by :class:`BlockResampler`.
 :func:`resampled` converts an engine's chunk iterator with whichever applies.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import sys
@@ -25,12 +27,23 @@ from typing import Any, Protocol, Union
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BlockResampler", "LinearResampler", "Resampler", "make_resampler", "resampled"]
+__all__ = [
+    "METHODS",
+    "BlockResampler",
+    "Resampler",
+    "SoxrResampler",
+    "available_methods",
+    "make_resampler",
+    "resampled",
+    "sinc_resample",
+]
 
 _FloatArray = npt.NDArray[np.float32]
 #: ``resample(samples, source_rate, target_rate)`` over a whole (float32, mono) signal.
 WholeResample = Callable[[_FloatArray, int, int], _FloatArray]
 
+#: Converters in order of preference.
+METHODS = ("soxr", "torchaudio", "numpy")
 
 #: The band-limited filter (librosa's "kaiser_best"): a Kaiser-windowed sinc with 64 zero
 #: crossings a side, cut off at 0.9476 of the lower Nyquist frequency.  Measured through
@@ -39,6 +52,8 @@ WholeResample = Callable[[_FloatArray, int, int], _FloatArray]
 ZERO_CROSSINGS = 64
 _ROLLOFF = 0.9475937167399596
 _KAISER_BETA = 14.769656459379492
+#: Output samples computed per numpy step: bounds the temporary (outputs x taps) matrix.
+_NUMPY_STEP = 4096
 
 
 class Resampler(Protocol):
@@ -52,50 +67,8 @@ def _to_pcm16(samples: npt.NDArray[Any]) -> bytes:
     return converted
 
 
-class LinearResampler:
-    def __init__(self, source_rate: int, target_rate: int) -> None:
-        self._rates = (source_rate, target_rate)
-        self._step = source_rate / target_rate  # input samples per output sample
-        self._position = 0.0  # of the next output sample, relative to self._pending[0]
-        self._pending: npt.NDArray[Any] = np.zeros(0, dtype=np.float64)
-        self._received = 0
-        self._emitted = 0
-
-    def feed(self, chunk: Any) -> bytes:
-        """Convert the next int16 chunk; returns the int16 samples that are now determined."""
-        samples = np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2").astype(np.float64)
-        self._received += len(samples)
-        out = self._convert(samples)
-        self._emitted += len(out) // 2
-        return out
-
-    def flush(self) -> bytes:
-        """The signal ends (zeros beyond it): the last samples, to ``ceil(n * target / source)`` in all."""
-        source, target = self._rates
-        wanted = -(-self._received * target // source) - self._emitted
-        if wanted <= 0:
-            return b""
-        out = self._convert(np.zeros(math.ceil(self._step) + 1, dtype=np.float64))[: wanted * 2]
-        self._emitted += len(out) // 2
-        return out
-
-    def _convert(self, samples: npt.NDArray[Any]) -> bytes:
-        x = np.concatenate((self._pending, samples))
-        last = len(x) - 1
-        if last < self._position:
-            self._pending = x
-            return b""
-        count = int((last - self._position) // self._step) + 1
-        positions = self._position + np.arange(count) * self._step
-        left = positions.astype(np.int64)
-        fraction = positions - left
-        right = np.minimum(left + 1, last)
-        y = x[left] * (1.0 - fraction) + x[right] * fraction
-        following = self._position + count * self._step
-        keep = min(int(following), last)
-        self._pending = x[keep:]
-        self._position = following - keep
-        return _to_pcm16(y)
+def _int16(chunk: Any) -> npt.NDArray[np.int16]:
+    return np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2")
 
 
 class BlockResampler:
@@ -124,7 +97,7 @@ class BlockResampler:
         self._emitted = 0
 
     def feed(self, chunk: Any) -> bytes:
-        samples = np.frombuffer(memoryview(chunk).cast("B"), dtype="<i2").astype(np.float32)
+        samples = _int16(chunk).astype(np.float32)
         self._received += len(samples)
         self._pending = np.concatenate((self._pending, samples))
         return self._convert(final=False)
@@ -154,6 +127,86 @@ class BlockResampler:
         return _to_pcm16(kept)
 
 
+class SoxrResampler:
+    """libsoxr's own streaming converter (``soxr.ResampleStream``), "very high" quality."""
+
+    def __init__(self, source_rate: int, target_rate: int) -> None:
+        import soxr  # type: ignore[import-untyped]
+
+        self._stream = soxr.ResampleStream(source_rate, target_rate, 1, dtype="float32", quality="VHQ")
+
+    def feed(self, chunk: Any) -> bytes:
+        samples = _int16(chunk).astype(np.float32)
+        return _to_pcm16(self._stream.resample_chunk(samples, last=False))
+
+    def flush(self) -> bytes:
+        return _to_pcm16(self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+
+
+# ------------------------------------------------------------------ numpy sinc
+
+
+class _SincKernels:
+    """The Kaiser-windowed sinc's taps for each of the ``q`` output phases of one rate pair.
+
+    Output sample ``j`` lies at input position ``t = j * p / q``; it is the sum of the
+    input samples ``floor(t) - half + 1 ... floor(t) + half`` weighted by the low-pass
+    impulse response at their distance from ``t``.  That distance depends only on the
+    phase ``j mod q``, so the weights are computed once per phase.
+    """
+
+    def __init__(self, p: int, q: int) -> None:
+        self.p, self.q = p, q
+        cutoff = _ROLLOFF * min(1.0, q / p)  # as a fraction of the input's Nyquist frequency
+        reach = ZERO_CROSSINGS / cutoff  # the window's half-width, in input samples
+        self.half = math.ceil(reach)
+        phases = np.arange(q)
+        self.floor = phases * p // q  # floor(t) of each phase, within its period
+        fraction = phases * p / q - self.floor
+        taps = np.arange(-self.half + 1, self.half + 1)
+        distance = taps[None, :] - fraction[:, None]  # input position minus t
+        ratio = np.clip(distance / reach, -1.0, 1.0)
+        window = np.i0(_KAISER_BETA * np.sqrt(1.0 - ratio * ratio)) / np.i0(_KAISER_BETA)
+        window[np.abs(distance) > reach] = 0.0
+        self.weights = (cutoff * np.sinc(cutoff * distance) * window).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _kernels_for(p: int, q: int) -> _SincKernels:
+    """Kept for the rate pairs in use: an odd pair (22050 -> 16001 Hz) has 16001 phases, ~12 MB."""
+    return _SincKernels(p, q)
+
+
+def sinc_resample(samples: _FloatArray, source_rate: int, target_rate: int) -> _FloatArray:
+    """Resample a whole float32 signal with the Kaiser-windowed sinc, in numpy alone.
+
+    The signal is taken as zero outside its ends; the result has ``ceil(n * target /
+    source)`` samples.  The same filter as torchaudio's ``sinc_interp_kaiser`` with this
+    module's parameters.
+    """
+    divisor = math.gcd(source_rate, target_rate)
+    p, q = source_rate // divisor, target_rate // divisor
+    kernels = _kernels_for(p, q)
+    half = kernels.half
+    count = math.ceil(len(samples) * q / p)
+    padded = np.concatenate(
+        (np.zeros(half, dtype=np.float32), samples.astype(np.float32, copy=False), np.zeros(half + p, dtype=np.float32))
+    )
+    out = np.empty(count, dtype=np.float32)
+    taps = np.arange(2 * half)
+    for start in range(0, count, _NUMPY_STEP):
+        j = np.arange(start, min(count, start + _NUMPY_STEP))
+        phase = j % q
+        # Index in ``padded`` of each output's first tap: floor(t) - half + 1, shifted by the padding.
+        first = (j // q) * p + kernels.floor[phase] + 1
+        window = padded[first[:, None] + taps[None, :]]
+        out[start : start + len(j)] = np.einsum("ij,ij->i", window, kernels.weights[phase])
+    return out
+
+
+# --------------------------------------------------------------------- choice
+
+
 def _torchaudio_resample() -> Union[WholeResample, None]:
     """torchaudio's band-limited resampler, only if torch is already loaded here."""
     if "torch" not in sys.modules:
@@ -181,12 +234,38 @@ def _torchaudio_resample() -> Union[WholeResample, None]:
     return resample
 
 
-def make_resampler(source_rate: int, target_rate: int) -> Resampler:
-    """The best converter available in this process (see the module's docstring)."""
-    whole = _torchaudio_resample()
-    if whole is not None:
+def _soxr_available() -> bool:
+    try:
+        importlib.import_module("soxr")
+    except ImportError:
+        return False
+    return True
+
+
+def available_methods() -> list[str]:
+    """The converters this process can use, best first."""
+    found = []
+    if _soxr_available():
+        found.append("soxr")
+    if _torchaudio_resample() is not None:
+        found.append("torchaudio")
+    found.append("numpy")
+    return found
+
+
+def make_resampler(source_rate: int, target_rate: int, method: Union[str, None] = None) -> Resampler:
+    """A streaming converter: ``method`` (one of :data:`METHODS`), or the best available."""
+    chosen = method or available_methods()[0]
+    if chosen == "soxr":
+        return SoxrResampler(source_rate, target_rate)
+    if chosen == "torchaudio":
+        whole = _torchaudio_resample()
+        if whole is None:
+            raise LookupError("torchaudio resampling needs torch already loaded and torchaudio installed")
         return BlockResampler(source_rate, target_rate, whole, zero_crossings=ZERO_CROSSINGS)
-    return LinearResampler(source_rate, target_rate)
+    if chosen == "numpy":
+        return BlockResampler(source_rate, target_rate, sinc_resample, zero_crossings=ZERO_CROSSINGS)
+    raise ValueError(f"unknown resampling method {method!r}; expected one of {', '.join(METHODS)}")
 
 
 def resampled(chunks: Iterator[Any], source_rate: int, target_rate: int) -> Iterator[bytes]:

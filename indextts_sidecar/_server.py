@@ -411,6 +411,9 @@ class Server:
             found = self._cancel(message.target)
             self._send(Ok(id=message.id, info={"found": found}))
             return
+        if isinstance(message, protocol.Voices):
+            self._send(_voices_reply(self.engine, message.id))
+            return
         job: _Job
         if isinstance(message, Synthesize):
             try:
@@ -674,3 +677,20 @@ def _error_for(request_id: int, exc: EngineError) -> Error:
     if exc.field is not None:
         detail["field"] = exc.field
     return Error(code=exc.code, id=request_id, message=str(exc), retryable=exc.retryable, detail=detail)
+
+
+def _voices_reply(engine: Engine[Any, Any], request_id: int) -> protocol.Reply:
+    """The answer to ``voices``, on the event loop thread: the engine lists them without loading."""
+    try:
+        voices = engine.voices()
+    except Exception as exc:
+        log.error("engine voice listing failed", exc_info=True)
+        return Error(code="engine_error", id=request_id, message=f"{type(exc).__name__}: {exc}")
+    if voices is None:
+        return Error(
+            code="invalid_input",
+            id=request_id,
+            message=f"engine {engine.name!r} has no named voices",
+            detail={"field": "$.op"},
+        )
+    return Ok(id=request_id, info={"voices": voices})

@@ -48,6 +48,7 @@ __all__ = [
     "Shutdown",
     "Synthesize",
     "Unload",
+    "Voices",
     "decode_reply",
     "decode_request",
     "describe_invalid",
@@ -191,14 +192,24 @@ class Cancel(_Message, tag="cancel"):
     target: int
 
 
+class Voices(_Message, tag="voices"):
+    """List the engine's named voices; answered at once by ``ok`` with ``info.voices``.
+
+    ``info.voices`` is a list of maps, each with at least ``name``.  An engine without
+    named voices answers ``invalid_input``.
+    """
+
+    id: int
+
+
 class Shutdown(_Message, tag="shutdown"):
     """Stop: pending requests end with ``shutting_down``, then ``ok``, then exit 0."""
 
     id: RequestId
 
 
-Request = Union[Synthesize, Load, Unload, Ping, Cancel, Shutdown]
-REQUEST_OPS: Final = frozenset(("synthesize", "load", "unload", "ping", "cancel", "shutdown"))
+Request = Union[Synthesize, Load, Unload, Ping, Cancel, Voices, Shutdown]
+REQUEST_OPS: Final = frozenset(("synthesize", "load", "unload", "ping", "cancel", "voices", "shutdown"))
 
 # ---------------------------------------------------------- sidecar -> parent
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 from harness import REPO
 
 from indextts_sidecar.engines.fake import render_bytes
@@ -91,3 +94,109 @@ def test_say_prints_an_error_with_brackets_verbatim(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "[bold]x[/]" in result.stderr
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path) -> None:
+    # --engine nope would fail to start: the path check must come first, so that is not the error.
+    result = _cli("say", "x", "-o", str(tmp_path / "missing" / "x.wav"), "--engine", "nope")
+    _one_line_error(result, 2, "indextts-client: cannot write", "does not exist")
+    result = _cli("say", "x", "-o", str(tmp_path / "x.mp3"), "--engine", "nope")
+    _one_line_error(result, 2, "use .wav, .flac or .ogg")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_say_writes_flac_by_suffix(tmp_path: Path) -> None:
+    soundfile = pytest.importorskip("soundfile")
+    out = tmp_path / "fake.flac"
+    result = _cli("say", "hello there", "-o", str(out), "--engine", "fake", "-q")
+    assert result.returncode == 0, result.stderr
+    data, rate = soundfile.read(out, dtype="int16")
+    assert rate == 24000 and data.tobytes() == render_bytes("hello there", 24000)
+
+
+def test_dash_output_writes_wav_to_standard_output(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_client", "say", "hello there", "-o", "-", "--engine", "fake", "-q"],
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "-").exists()
+    with wave.open(io.BytesIO(result.stdout), "rb") as wav:
+        assert wav.getframerate() == 24000
+        assert wav.readframes(wav.getnframes()) == render_bytes("hello there", 24000)
+
+
+def test_a_malformed_set_is_called_a_request_option(tmp_path: Path) -> None:
+    result = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "fake", "--set", "rate")
+    _one_line_error(result, 2, "--set: request option 'rate' is not KEY=VALUE")
+    result = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "fake", "--option", "rate")
+    _one_line_error(result, 2, "--option: engine option 'rate' is not KEY=VALUE")
+
+
+def test_emotion_alpha_must_be_in_the_unit_interval(tmp_path: Path) -> None:
+    result = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--emotion", "happy=0.5", "--emotion-alpha", "9")
+    assert result.returncode == 2 and "--emotion-alpha: 9 is outside 0..1" in result.stderr
+
+
+def test_verbose_works_after_the_subcommand(tmp_path: Path) -> None:
+    for args in (["-v", "say", "hi"], ["say", "-v", "hi"], ["say", "hi", "-v"]):
+        out = tmp_path / "v.wav"
+        result = _cli(*args, "-o", str(out), "--engine", "fake")
+        assert result.returncode == 0, result.stderr
+        # -v shows the client's INFO log lines.
+        assert "indextts_client: sidecar ready: engine fake" in result.stderr, result.stderr
+    quiet = _cli("say", "hi", "-o", str(tmp_path / "q.wav"), "--engine", "fake")
+    assert quiet.returncode == 0 and "sidecar ready" not in quiet.stderr
+
+
+def test_without_rich_the_cli_says_what_to_install(tmp_path: Path) -> None:
+    # A None entry in sys.modules makes `import rich` fail, as in a venv without the cli extra.
+    code = (
+        "import sys; sys.modules['rich'] = None\n"
+        "from indextts_client._cli import main\n"
+        f"sys.exit(main(['say', 'x', '-o', {str(tmp_path / 'x.wav')!r}, '--engine', 'fake']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    _one_line_error(result, 2, "needs rich", "pip install 'indextts-sidecar[cli]'")
+
+
+def test_engines_lists_each_engine_with_its_rate_and_availability() -> None:
+    result = _cli("engines", "--json")
+    assert result.returncode == 0, result.stderr
+    engines = {e["name"]: e for e in json.loads(result.stdout)}
+    assert {"fake", "espeak", "indextts", "indextts2", "indextts2.5"} <= set(engines)
+    espeak = engines["espeak"]
+    assert (espeak["available"], espeak["native_sample_rate"], espeak["problem"]) == (True, 22050, None)
+    assert "voices" in espeak["capabilities"] and espeak["description"].startswith("espeak-ng speech")
+    assert engines["fake"]["available"] and "fault_injection" in engines["fake"]["capabilities"]
+    # No IndexTTS in the test venv: reported, not raised.
+    assert engines["indextts2"]["available"] is False and "IndexTTS-2" in engines["indextts2"]["problem"]
+    table = _cli("engines")
+    assert table.returncode == 0 and "espeak" in table.stdout and "indextts2.5" in table.stdout
+
+
+def test_engines_with_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:
+    _one_line_error(_cli("engines", "--python", str(tmp_path / "nope")), 2, "cannot run")
+
+
+def test_flac_without_soundfile_is_one_line_before_any_work(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['soundfile'] = None\n"
+        "from indextts_client._cli import main\n"
+        f"sys.exit(main(['say', 'x', '-o', {str(tmp_path / 'x.flac')!r}, '--engine', 'nope']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    _one_line_error(result, 2, "FLAC and Ogg need soundfile", "indextts-sidecar[audio]")
+    assert not (tmp_path / "x.flac").exists()

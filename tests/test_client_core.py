@@ -73,7 +73,8 @@ async def test_connection_over_an_in_process_server() -> None:
                 assert conn.info.engine == "fake" and conn.info.sample_rate == RATE
                 audio = await conn.synthesize("in process", chunk_seconds=0.02)
                 assert audio.samples.tobytes() == expected("in process")
-                chunks = [c async for c in conn.stream("streamed", chunk_seconds=0.02)]
+                async with conn.stream("streamed", chunk_seconds=0.02) as stream:
+                    chunks = [c async for c in stream]
                 assert b"".join(c.samples.tobytes() for c in chunks) == expected("streamed")
                 async with conn.stream("endless", seconds=60, chunk_seconds=0.05, delay=0.01) as endless:
                     async for _chunk in endless:

@@ -85,7 +85,8 @@ async def test_engine_options_travel_as_json() -> None:
         async with fake_client(engine_options={"chunk_seconds": 0.02}) as client:
             assert client.info.options["chunk_seconds"] == 0.02
             assert any(arg == "chunk_seconds=0.02" for arg in client.argv)
-            chunks = [chunk async for chunk in client.stream("abcdefgh")]
+            async with client.stream("abcdefgh") as stream:
+                chunks = [chunk async for chunk in stream]
             assert len(chunks) == 4  # 80 ms of audio in 20 ms chunks
             assert b"".join(chunk.samples.tobytes() for chunk in chunks) == expected("abcdefgh")
 

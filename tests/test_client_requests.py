@@ -23,11 +23,13 @@ from indextts_client import (
     EngineError,
     InvalidRequestError,
     LoadFailedError,
+    LoadInfo,
     ProgressEvent,
     RequestCancelledError,
     RequestTimeoutError,
     SidecarError,
 )
+from indextts_sidecar._resample import make_resampler
 
 pytestmark = pytest.mark.anyio
 
@@ -79,9 +81,10 @@ async def test_requested_sample_rate_is_honoured() -> None:
             audio = await client.synthesize("resample me", sample_rate=2 * RATE, chunk_seconds=0.03)
     native = np.frombuffer(expected("resample me"), dtype="<i2")
     assert audio.sample_rate == 2 * RATE
-    assert abs(len(audio) - 2 * len(native)) <= 2
-    # Linear interpolation at twice the rate keeps every original sample at even positions.
-    np.testing.assert_array_equal(audio.samples[::2], native[: len(audio.samples[::2])])
+    assert len(audio) == 2 * len(native)
+    # Streamed through the sidecar's band-limited converter, exactly as the whole signal converts.
+    whole = make_resampler(RATE, 2 * RATE)
+    assert audio.samples.tobytes() == whole.feed(native.tobytes()) + whole.flush()
 
 
 async def test_stream_yields_chunks_in_order() -> None:
@@ -102,10 +105,24 @@ async def test_stream_yields_chunks_in_order() -> None:
         await chunks.result()
 
 
-async def test_plain_async_for_over_a_stream() -> None:
+async def test_a_bare_async_for_is_refused_before_anything_is_sent() -> None:
     with anyio.fail_after(20):
         async with fake_client() as client:
-            data = b"".join([chunk.samples.tobytes() async for chunk in client.stream("plain", chunk_seconds=0.02)])
+            stream = client.stream("plain", chunk_seconds=0.02)
+            with pytest.raises(RuntimeError, match=r"inside 'async with client\.stream\(\.\.\.\) as chunks:'"):
+                async for _chunk in stream:
+                    pass
+            request = client.request("plain")
+            with pytest.raises(RuntimeError, match="leaving the loop early cancels the request"):
+                request.events()
+            assert stream.request_id is None and request.request_id is None  # nothing was sent
+            assert (await client.ping()).queue_depth == 0
+            # An explicit start() makes the caller responsible for aclose(): then iteration is allowed.
+            await stream.start()
+            try:
+                data = b"".join([chunk.samples.tobytes() async for chunk in stream])
+            finally:
+                await stream.aclose()
     assert data == expected("plain")
 
 
@@ -189,7 +206,14 @@ async def test_load_with_progress_and_unload() -> None:
     with anyio.fail_after(20):
         async with fake_client(engine_options={"load_delay": 0.05}) as client:
             info = await client.load(on_progress=events.append)
-            assert info["loaded"] is True and info["sample_rate"] == RATE
+            assert isinstance(info, LoadInfo)
+            assert info.loaded is True and info.sample_rate == RATE
+            assert set(info.timings) == {"queued", "load"} and info.timings["load"] >= 0.05
+            # Still the map the sidecar sent, as load() returned before it was typed.
+            assert info["loaded"] is True and info["sample_rate"] == RATE and info["load"] == info.timings["load"]
+            assert dict(info) == {"loaded": True, "sample_rate": RATE, **info.timings, **info.info}
+            again = await client.load()
+            assert again.loaded and "load" not in again.timings  # already loaded: nothing to time
             assert (await client.ping()).loaded
             await client.unload()
             assert not (await client.ping()).loaded
@@ -419,8 +443,9 @@ async def test_leaving_a_stream_early_cancels_it() -> None:
             assert (await client.synthesize("next")).samples.tobytes() == expected("next")
             assert time.monotonic() - began < 5
 
-            # The same with plain iteration and an explicit aclose().
+            # The same with an explicit start(), plain iteration and an explicit aclose().
             stream = client.stream("endless", seconds=60, chunk_seconds=0.05, delay=0.01)
+            await stream.start()
             async for _chunk in stream:
                 break
             await stream.aclose()
@@ -488,3 +513,12 @@ async def test_two_hundred_concurrent_requests_with_interleaved_cancels() -> Non
     assert len(results) > count // 2
     for i, audio in results.items():
         assert audio.samples.tobytes() == expected(f"request number {i}"), i
+
+
+async def test_voices_of_an_engine_without_named_voices_are_refused_at_once() -> None:
+    with anyio.fail_after(20):
+        async with fake_client() as client:
+            with pytest.raises(InvalidRequestError) as caught:
+                await client.voices()
+            assert caught.value.code == "invalid_input" and "has no named voices" in caught.value.message
+            assert not (await client.ping()).loaded

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from indextts_client._doctor import DoctorReport, doctor_command, exit_code, render, run_doctor
+from indextts_client._doctor import DoctorReport, Problem, doctor_command, exit_code, render, run_doctor
 from indextts_sidecar.engines.indextts import CHECKPOINT_FILES
 
 STANDIN = Path(__file__).resolve().parent / "standin"
@@ -304,3 +304,37 @@ def test_report_schema_round_trips() -> None:
     assert msgspec.json.decode(msgspec.json.encode(report), type=DoctorReport) == report
     # Fields added by a newer sidecar are ignored by an older client.
     assert msgspec.json.decode(b'{"ok": true, "new_field": 1}', type=DoctorReport).ok is True
+
+
+# ----------------------------------------------------------------- other engines
+
+
+def test_an_espeak_venv_is_judged_on_espeak_alone(tmp_path: Path) -> None:
+    # No torch, no indextts, no transformers: none of that is espeak's business.
+    env = doctor_env(tmp_path, None, torch=False, transformers=None, cuda=False)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [env["PYTHONPATH"], *sys.path] if p)
+    command = [sys.executable, "-m", "indextts_sidecar", "--doctor", "--engine", "espeak"]
+    out = subprocess.run(command, capture_output=True, env=env, timeout=60, stdin=subprocess.DEVNULL, check=True)
+    report = json.loads(out.stdout)
+    assert report["ok"] is True and report["problems"] == [] and report["warnings"] == []
+    assert report["engine"] == "espeak" and report["engine_info"]["available"] is True
+    assert report["engine_info"]["native_sample_rate"] == 22050
+
+
+@pytest.mark.anyio
+async def test_run_doctor_for_an_engine_that_cannot_run(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        good = await run_doctor(sys.executable, None, engine="fake")
+        bad = await run_doctor(sys.executable, None, engine="no-such-engine")
+    assert good.ok and exit_code(good) == 0 and "ready to synthesize" in _rendered(good)
+    assert "engine fake" in _rendered(good)
+    assert not bad.ok and exit_code(bad) == 1
+    assert "engine 'no-such-engine' cannot run here: LookupError: unknown engine" in bad.problems[0].what
+
+
+def test_a_fix_command_is_never_wrapped_mid_line() -> None:
+    command = "pip install transformers==4.52.1 in this venv " + "x" * 80
+    report = DoctorReport(problems=[Problem(what="w", fix=command)])
+    buffer = io.StringIO()
+    render(report, Console(file=buffer, width=40, color_system=None))
+    assert f"    fix: {command}\n" in buffer.getvalue()

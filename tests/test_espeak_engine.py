@@ -146,3 +146,56 @@ def test_import_is_light() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+# Names the library takes, in several spellings.
+_TAKEN = [
+    *("en", "EN", "en-us", "en-US", "pt-BR", "cmn", "yue", "de", "fr", "en-gb-x-rp"),  # languages
+    *("English (America)", "english (america)", "German"),  # name lines
+    *("gmw/en-US", "gmw/en", "gmw"),  # file paths
+    *("en+f3", "en+F3", "en+nope", "en-us+klatt", "de+Alex", "Mr serious", "en+"),  # variants
+]
+# Names it refuses that no voice file mentions: check refuses them too.
+_UNKNOWN = ["en_us", "en-zz", "zz", "xx-yy", "nonsense", "english", "+f3", "en-", "e", "lang/gmw/en-US", " en", "en\t"]
+
+
+def _library_takes(engine: EspeakEngine, voice: str) -> bool:
+    return bool(engine._lib.espeak_SetVoiceByName(voice.encode()) == 0)
+
+
+def _check_takes(engine: EspeakEngine, voice: str) -> bool:
+    try:
+        engine.check(_request("x", voice=voice))
+    except RequestError as exc:
+        refusal = (exc.field, "unknown espeak-ng voice" in str(exc))
+    else:
+        return True
+    assert refusal == ("voice", True)
+    return False
+
+
+def test_check_never_refuses_a_voice_the_library_takes(engine: EspeakEngine) -> None:
+    voices = engine.voices()
+    assert voices is not None and len(voices) > 100
+    assert {"en-us", "de", "fr"} <= {language for voice in voices for language in voice["languages"]}
+    spellings = [s for voice in voices for s in (voice["name"], voice["identifier"], *voice["languages"])]
+    taken = [voice for voice in [*_TAKEN, *spellings] if _library_takes(engine, voice)]
+    assert set(_TAKEN) <= set(taken)
+    assert [voice for voice in taken if not _check_takes(engine, voice)] == []
+    # A few secondary language codes ("en-gb", "zh") pass the check but not the library:
+    # those still fail in synthesis, as unknown voices did before the check existed.
+    assert [voice for voice in _UNKNOWN if _library_takes(engine, voice)] == []
+    assert [voice for voice in _UNKNOWN if _check_takes(engine, voice)] == []
+
+
+def test_an_unknown_voice_is_refused_by_check_before_any_synthesis() -> None:
+    engine = EspeakEngine(EspeakOptions())  # never loaded: check needs no library
+    with pytest.raises(RequestError, match="unknown espeak-ng voice 'no-such-voice'") as info:
+        engine.check(_request("Hello", voice="no-such-voice"))
+    assert info.value.field == "voice"
+    engine.check(_request("Hello", voice="en-us+f3"))
+    assert not engine.loaded
+
+
+def test_probe_finds_the_wheel() -> None:
+    assert EspeakEngine.probe() is None

@@ -117,3 +117,19 @@ def test_serve_http(tmp_path: Path) -> None:
     pytest.importorskip("httpx")
     out = run_example("serve_http.py", "fake", cwd=tmp_path)
     assert re.search(r"^got \d+ bytes of audio/wav$", out, re.M)
+
+
+@pytest.mark.parametrize("name", ["out.wav", "out.flac"])
+def test_blocking(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("espeakng_loader")
+    soundfile = pytest.importorskip("soundfile")
+    out = run_example("blocking.py", name, cwd=tmp_path)
+    assert "voices for en-us: English (America)" in out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("chunk")] == [
+        "chunk 0",
+        "chunk 1",
+        "chunk 2",
+    ]
+    samples = int(re.search(rf"wrote {re.escape(name)}: (\d+) samples at 22050 Hz", out).group(1))  # type: ignore[union-attr]
+    data, rate = soundfile.read(tmp_path / name, dtype="int16")
+    assert rate == 22050 and len(data) == samples > 0

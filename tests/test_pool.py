@@ -137,7 +137,11 @@ async def test_a_stream_moves_only_before_its_first_chunk(tmp_path: Path) -> Non
             delivered: list[bytes] = []
 
             async def consume() -> None:
-                async with p.stream(TEXT, crash_at=1, crash_once=str(marker), chunk_seconds=0.3) as chunks:
+                # delay: the engine thread crashes (os._exit) the moment chunk 1 is due; without a
+                # pause the sidecar's writer may not have sent chunk 0 yet, and then nothing was
+                # delivered and the stream rightly moves on (seen on trio about one run in two).
+                options = {"crash_at": 1, "crash_once": str(marker), "chunk_seconds": 0.3, "delay": 0.5}
+                async with p.stream(TEXT, **options) as chunks:
                     async for chunk in chunks:
                         delivered.append(chunk.samples.tobytes())
 

@@ -1,14 +1,24 @@
-"""Streaming sample-rate conversion: chunked output equals whole-signal output."""
+"""Streaming sample-rate conversion: band-limited on every path, chunked output equals whole-signal output."""
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
 
-from indextts_sidecar._resample import BlockResampler, LinearResampler, make_resampler, resampled
+from indextts_sidecar._resample import (
+    BlockResampler,
+    _to_pcm16,
+    available_methods,
+    make_resampler,
+    resampled,
+    sinc_resample,
+)
+
+METHODS = available_methods()
 
 
 def whole_linear(samples: Any, source: int, target: int) -> Any:
@@ -16,6 +26,97 @@ def whole_linear(samples: Any, source: int, target: int) -> Any:
     count = math.ceil(len(samples) * target / source)
     positions = np.arange(count) * (source / target)
     return np.interp(positions, np.arange(len(samples)), samples).astype(np.float32)
+
+
+def stream(method: str, x: np.ndarray, source: int, target: int, seed: int = 5) -> np.ndarray:
+    """``x`` through ``method``'s converter in random-sized chunks."""
+    rng = np.random.default_rng(seed)
+    converter = make_resampler(source, target, method)
+    out = bytearray()
+    position = 0
+    while position < len(x):
+        size = int(rng.integers(1, 3000))
+        out += converter.feed(x[position : position + size].tobytes())
+        position += size
+    out += converter.flush()
+    return np.frombuffer(bytes(out), "<i2")
+
+
+def tone(frequency: float, rate: int = 22050, seconds: float = 2.0, amplitude: float = 16000) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return np.rint(amplitude * np.sin(2 * np.pi * frequency * t)).astype("<i2")
+
+
+def level(samples: np.ndarray, frequency: float, rate: int) -> float:
+    """Amplitude of the ``frequency`` component in the middle half of ``samples`` (least squares)."""
+    middle = samples[len(samples) // 4 : 3 * len(samples) // 4].astype(np.float64)
+    phase = 2 * np.pi * frequency * np.arange(len(middle)) / rate
+    basis = np.stack([np.sin(phase), np.cos(phase)], axis=1)
+    (a, b), *_ = np.linalg.lstsq(basis, middle, rcond=None)
+    return float(np.hypot(a, b))
+
+
+def test_the_numpy_converter_is_always_there_and_soxr_comes_first_when_installed() -> None:
+    assert METHODS[-1] == "numpy"
+    try:
+        import soxr  # noqa: F401
+    except ImportError:
+        assert "soxr" not in METHODS
+    else:
+        assert METHODS[0] == "soxr"
+    if "torch" not in sys.modules:
+        assert "torchaudio" not in METHODS
+    with pytest.raises(ValueError, match="unknown resampling method 'linear'"):
+        make_resampler(22050, 16000, "linear")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_tone_above_the_new_nyquist_is_stopped(method: str) -> None:
+    # 10 kHz at 22050 Hz is above 16 kHz's Nyquist (8 kHz): unfiltered it would alias to 6 kHz.
+    out = stream(method, tone(10000), 22050, 16000)
+    assert len(out) == 32000
+    middle = out[len(out) // 4 : 3 * len(out) // 4].astype(np.float64)
+    rms = math.sqrt(float(np.mean(middle**2)))
+    attenuation = 20 * math.log10((16000 / math.sqrt(2)) / max(rms, 1e-9))
+    assert attenuation >= 60, f"{method}: only {attenuation:.1f} dB"
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("frequency", [100.0, 1000.0, 4000.0, 6000.0, 7200.0])
+def test_the_passband_is_flat_up_to_nine_tenths_of_the_new_nyquist(method: str, frequency: float) -> None:
+    out = stream(method, tone(frequency), 22050, 16000)
+    gain_db = 20 * math.log10(level(out, frequency, 16000) / 16000)
+    assert abs(gain_db) <= 0.1, f"{method} at {frequency} Hz: {gain_db:+.3f} dB"
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("source", "target"), [(22050, 16000), (22050, 24000), (16000, 22050), (24000, 8000)])
+def test_streamed_equals_whole(method: str, source: int, target: int) -> None:
+    x = (np.random.default_rng(7).standard_normal(source * 2) * 3000).astype("<i2")
+    whole = make_resampler(source, target, method)
+    expected = np.frombuffer(whole.feed(x.tobytes()) + whole.flush(), "<i2")
+    got = stream(method, x, source, target)
+    assert len(got) == len(expected) == math.ceil(len(x) * target / source)
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize(("source", "target"), [(22050, 16000), (22050, 44100), (16000, 22050)])
+def test_the_numpy_converter_streams_exactly_as_its_whole_signal_function(source: int, target: int) -> None:
+    x = (np.random.default_rng(9).standard_normal(source) * 3000).astype("<i2")
+    expected = np.frombuffer(_to_pcm16(sinc_resample(x.astype(np.float32), source, target)), "<i2")
+    got = stream("numpy", x, source, target)
+    assert len(got) == len(expected) == math.ceil(len(x) * target / source)
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.skipif("torchaudio" not in METHODS, reason="torch is not loaded here, or torchaudio is not installed")
+def test_the_numpy_filter_is_torchaudios() -> None:
+    from indextts_sidecar._resample import _torchaudio_resample
+
+    torchaudio_resample = _torchaudio_resample()
+    assert torchaudio_resample is not None
+    x = (np.random.default_rng(11).standard_normal(22050) * 3000).astype(np.float32)
+    np.testing.assert_allclose(sinc_resample(x, 22050, 16000), torchaudio_resample(x, 22050, 16000), atol=0.05)
 
 
 @pytest.mark.parametrize(("source", "target"), [(22050, 16000), (22050, 24000), (22050, 44100), (16000, 22050)])
@@ -43,19 +144,21 @@ def test_block_resampler_with_nothing_fed_gives_nothing() -> None:
     assert converter.flush() == b""
 
 
-def test_without_torch_loaded_the_linear_resampler_is_used() -> None:
-    assert isinstance(make_resampler(22050, 16000), LinearResampler)
+@pytest.mark.parametrize("method", METHODS)
+def test_resampled_closes_its_source_and_flushes(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import indextts_sidecar._resample as module
 
-
-def test_resampled_closes_its_source_and_flushes() -> None:
+    monkeypatch.setattr(module, "available_methods", lambda: [method])
     closed = []
 
     def source() -> Any:
         try:
-            yield np.ones(22050, dtype="<i2").tobytes()
+            yield np.full(22050, 1000, dtype="<i2").tobytes()
         finally:
             closed.append(True)
 
-    chunks = list(resampled(source(), 22050, 11025))
-    assert sum(len(c) for c in chunks) // 2 == 11025
+    out = np.frombuffer(b"".join(resampled(source(), 22050, 11025)), "<i2")
+    assert len(out) == 11025
     assert closed == [True]
+    # A constant stays that constant away from the edges (unit gain at 0 Hz).
+    assert np.all(np.abs(out[1000:-1000].astype(int) - 1000) <= 1)

@@ -31,12 +31,14 @@ __all__ = [
     "Cancelled",
     "Chunk",
     "Engine",
+    "EngineDescription",
     "EngineError",
     "LoadError",
     "NoOptions",
     "ProgressFn",
     "RequestError",
     "SynthesisRequest",
+    "describe_engine",
     "engine_class",
     "engine_names",
     "heartbeat",
@@ -175,6 +177,56 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     def memory(self) -> dict[str, int]:
         """Engine memory in bytes, e.g. ``cuda_allocated``; called from the event loop thread."""
         return {}
+
+    def voices(self) -> Union[list[dict[str, Any]], None]:
+        """The engine's named voices (each a map with at least ``name``), or None when it has none.
+
+        Called from the event loop thread without loading the model: keep it cheap.
+        """
+        return None
+
+    @classmethod
+    def probe(cls) -> Union[str, None]:
+        """Why this engine cannot run in this interpreter (a missing dependency), or None.
+
+        Cheap and import-free where possible (``importlib.util.find_spec``): it runs for
+        ``--describe-engines`` and the doctor, never when serving.
+        """
+        return None
+
+
+class EngineDescription(msgspec.Struct, kw_only=True):
+    """What ``python -m indextts_sidecar --describe-engines`` reports about one engine."""
+
+    name: str
+    description: str = ""
+    native_sample_rate: Union[int, None] = None
+    capabilities: list[str] = msgspec.field(default_factory=list)
+    #: Whether its dependencies are there, as far as can be told without loading a model.
+    available: bool = False
+    #: Why it is not available.
+    problem: Union[str, None] = None
+
+
+def describe_engine(name: str) -> EngineDescription:
+    """The facts about engine ``name`` in this interpreter; never raises."""
+    try:
+        cls = engine_class(name)
+    except Exception as exc:  # a broken third-party entry point: report it, do not fail the listing
+        return EngineDescription(name=name, problem=f"{type(exc).__name__}: {exc}")
+    doc = (cls.__doc__ or "").strip().splitlines()
+    try:
+        problem = cls.probe()
+    except Exception as exc:
+        problem = f"probe failed: {type(exc).__name__}: {exc}"
+    return EngineDescription(
+        name=name,
+        description=doc[0] if doc else "",
+        native_sample_rate=cls.native_sample_rate,
+        capabilities=list(cls.capabilities),
+        available=problem is None,
+        problem=problem,
+    )
 
 
 class heartbeat:

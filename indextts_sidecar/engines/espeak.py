@@ -12,7 +12,9 @@ makes that safe without locks.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +24,7 @@ import msgspec
 
 from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
 
-__all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences"]
+__all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences", "voice_known", "voice_table"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,13 @@ PITCH_RANGE = (0, 100)
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?;])\s+|\s*\n\s*")
 
 
+def _unknown_voice(voice: str) -> str:
+    return (
+        f"unknown espeak-ng voice {voice!r}; use a language or voice name such as 'en', 'en-us', 'de' or 'fr' "
+        "(client.voices() lists them)"
+    )
+
+
 def split_sentences(text: str) -> list[str]:
     """``text`` cut into sentences, punctuation kept, blank pieces dropped."""
     return [s for s in (p.strip() for p in _SENTENCE_BREAK.split(text)) if s]
@@ -58,6 +67,68 @@ def _check_range(field: str, value: int, bounds: tuple[int, int]) -> None:
     low, high = bounds
     if not low <= value <= high:
         raise ValueError(f"`{field}` must be in {low}..{high}, got {value}")
+
+
+def _data_path() -> str | None:
+    """espeak-ng's data directory from the ``espeakng-loader`` wheel, or None without it."""
+    try:
+        import espeakng_loader  # type: ignore[import-untyped]
+
+        return str(espeakng_loader.get_data_path())
+    except (ImportError, RuntimeError, OSError):
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def voice_table(data_path: str) -> tuple[tuple[dict[str, Any], ...], frozenset[str]]:
+    """The voices under ``data_path`` and every name ``espeak_SetVoiceByName`` takes for one.
+
+    Read from the voice files themselves (``lang/`` holds the voices, ``voices/!v`` the
+    ``+variant`` files), so checking a name needs neither the library nor its one thread.
+    A voice is found by its ``name`` line, one of its ``language`` codes or its file path
+    (``gmw/en-US``, or ``en-US`` alone), in any case.  Returns the voices (``name``,
+    ``identifier``, ``languages``) and those names, lower-cased.
+    """
+    voices: list[dict[str, Any]] = []
+    known: set[str] = set()
+    for root_name in ("lang", "voices"):
+        root = os.path.join(data_path, root_name)
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            relative_folder = os.path.relpath(folder, root).replace(os.sep, "/")
+            if relative_folder != ".":
+                known.add(relative_folder.lower())
+            for file in sorted(files):
+                identifier = file if relative_folder == "." else f"{relative_folder}/{file}"
+                name, languages = _read_voice_file(os.path.join(folder, file))
+                known.update(key.lower() for key in (identifier, file, *languages, *([name] if name else [])))
+                if root_name == "lang" and name:
+                    voices.append({"name": name, "identifier": identifier, "languages": languages})
+    known.discard("variant")  # the language of every variant file, not a voice
+    voices.sort(key=lambda voice: str(voice["identifier"]))
+    return tuple(voices), frozenset(known)
+
+
+def _read_voice_file(path: str) -> tuple[str | None, list[str]]:
+    name: str | None = None
+    languages: list[str] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                key, _, rest = line.strip().partition(" ")
+                if key == "name" and rest.strip() and name is None:
+                    name = rest.strip()
+                elif key == "language" and rest.split():
+                    languages.append(rest.split()[0])
+    except OSError:
+        pass
+    return name, languages
+
+
+def voice_known(voice: str, known: frozenset[str]) -> bool:
+    """Whether espeak-ng would take ``voice`` (``NAME`` or ``NAME+VARIANT``; an unknown variant is ignored)."""
+    base = voice.partition("+")[0]
+    return base == base.strip() and base.lower() in known
 
 
 class EspeakOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -111,8 +182,29 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
     def check(self, request: SynthesisRequest[EspeakRequestOptions]) -> None:
         if not request.text.strip():
             raise RequestError("text is empty", field="text")
-        if request.voice is not None and (not request.voice.strip() or "\0" in request.voice):
-            raise RequestError(f"invalid espeak-ng voice name {request.voice!r}", field="voice")
+        voice = request.voice
+        if voice is not None and (not voice.strip() or "\0" in voice):
+            raise RequestError(f"invalid espeak-ng voice name {voice!r}", field="voice")
+        if voice is not None:
+            # Before queueing: an unknown voice fails now, not after the requests ahead of it.
+            data_path = _data_path()
+            if data_path is not None and not voice_known(voice, voice_table(data_path)[1]):
+                raise RequestError(_unknown_voice(voice), field="voice")
+
+    def voices(self) -> list[dict[str, Any]] | None:
+        data_path = _data_path()
+        return [] if data_path is None else [dict(voice) for voice in voice_table(data_path)[0]]
+
+    @classmethod
+    def probe(cls) -> str | None:
+        import importlib.util
+
+        if importlib.util.find_spec("espeakng_loader") is None:
+            return "espeakng-loader is not installed: pip install 'indextts-sidecar[espeak]'"
+        data_path = _data_path()
+        if data_path is None or not os.path.isfile(os.path.join(data_path, "phontab")):
+            return f"espeak-ng data is missing or incomplete at {data_path}"
+        return None
 
     def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
         if self._lib is not None:
@@ -120,10 +212,9 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
             return
         progress("load", 0.0, "loading libespeak-ng")
         import ctypes
-        import os
 
         try:
-            import espeakng_loader  # type: ignore[import-untyped]
+            import espeakng_loader
 
             lib_path = espeakng_loader.get_library_path()
             data_path = espeakng_loader.get_data_path()
@@ -203,10 +294,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         # set on every request because espeak keeps them between calls.
         status = lib.espeak_SetVoiceByName(voice.encode("utf-8"))
         if status == _EE_NOT_FOUND:
-            raise RequestError(
-                f"unknown espeak-ng voice {voice!r}; use a language or voice name such as 'en', 'en-us', 'de' or 'fr'",
-                field="voice",
-            )
+            raise RequestError(_unknown_voice(voice), field="voice")
         if status != _EE_OK:
             raise EngineError(f"espeak_SetVoiceByName({voice!r}) failed ({status})")
         lib.espeak_SetParameter(_RATE, opts.rate if opts.rate is not None else self.options.rate, 0)

@@ -120,6 +120,8 @@ def render_bytes(text: str, sample_rate: int = 24000, **kwargs: Any) -> bytes:
 
 
 class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
+    """Deterministic tones from text, with fault injection: a test double for applications."""
+
     name = "fake"
     capabilities = ("streaming", "fault_injection")
     Options = FakeOptions

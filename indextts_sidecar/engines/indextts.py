@@ -520,6 +520,10 @@ class _IndexTTSEngine(Engine[Any, Any]):
     #: Model versions this engine may load ("2", "2.5"); the checkpoint directory picks one.
     _PREFER: ClassVar[tuple[str, ...]] = ()
 
+    @classmethod
+    def probe(cls) -> Union[str, None]:
+        return _probe(cls._PREFER)
+
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self._model: Any = None
@@ -1000,6 +1004,19 @@ class _IndexTTSEngine(Engine[Any, Any]):
         except Exception:  # torch half-imported by the engine thread, or a backend without stats
             return {}
         return {}
+
+
+def _probe(prefer: tuple[str, ...]) -> Union[str, None]:
+    try:
+        flavour = find_flavour(prefer)
+    except (Exception, SystemExit) as exc:  # the package's __init__ failed
+        return f"importing the indextts package fails: {type(exc).__name__}: {exc}"
+    if flavour is None:
+        versions = " or ".join(f"IndexTTS-{v}" for v in prefer)
+        return f"no installed code for {versions} (see docs/indextts.md; `indextts-client doctor` tells more)"
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    return None
 
 
 class IndexTTS2Engine(_IndexTTSEngine):

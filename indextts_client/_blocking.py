@@ -1,0 +1,306 @@
+"""``BlockingClient``: the :class:`Client` API without async, for scripts and notebooks.
+
+::
+
+    from indextts_client import BlockingClient
+
+    with BlockingClient("espeak") as client:
+        audio = client.synthesize("Hello from a script.")
+        audio.to_file("hello.flac")
+        with client.stream("A longer text. In sentences.") as chunks:
+            for chunk in chunks:
+                play(chunk.samples)
+
+An event loop runs in a daemon thread behind an anyio :class:`~anyio.from_thread.BlockingPortal`;
+each method hands its call to that loop and blocks until it returns.  Calls may come from
+any number of threads at once: they run concurrently on the loop, as tasks sharing one
+:class:`Client` do.  Progress callbacks run on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Union
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from ._audio import Audio, AudioChunk
+from ._client import Client
+from ._exceptions import ClosedError
+from ._request import EmotionLike, Synthesis, TimeoutArg
+from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
+
+__all__ = ["BlockingClient", "BlockingStream"]
+
+
+class BlockingClient:
+    """A :class:`Client` driven from synchronous code.
+
+    Takes exactly :class:`Client`'s arguments, plus ``backend`` (``"asyncio"``, the
+    default, or ``"trio"``) for the loop it runs in its own thread.  Use it as a context
+    manager, or call :meth:`start` and :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        engine: Union[str, None] = None,
+        *,
+        backend: str = "asyncio",
+        backend_options: Union[dict[str, Any], None] = None,
+        **client_options: Any,
+    ) -> None:
+        self._make = functools.partial(Client, engine, **client_options)
+        self._backend = backend
+        self._backend_options = backend_options
+        self._portal: Union[BlockingPortal, None] = None
+        self._thread: Union[threading.Thread, None] = None
+        self._client: Union[Client, None] = None
+        self._closed = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the loop thread, spawn the sidecar and wait for ``ready`` (as :meth:`Client.start`)."""
+        if self._closed:
+            raise ClosedError("the client is closed")
+        if self._portal is not None:
+            raise RuntimeError("start() on a client that is already started")
+        handoff: queue.Queue[Union[BlockingPortal, BaseException]] = queue.Queue()
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                handoff.put(portal)
+                await portal.sleep_until_stopped()
+
+        def run() -> None:
+            try:
+                anyio.run(serve, backend=self._backend, backend_options=self._backend_options)
+            except BaseException as exc:  # e.g. trio not installed: reported to start()
+                handoff.put(exc)
+
+        # A daemon thread: a script that forgets close() still exits; its sidecar then sees
+        # its stdin close and stops on its own.
+        thread = threading.Thread(target=run, name="indextts_client BlockingClient", daemon=True)
+        thread.start()
+        got = handoff.get()
+        if isinstance(got, BaseException):
+            thread.join()
+            raise got
+        self._portal, self._thread = got, thread
+        try:
+            self._client = got.call(self._make)  # built on the loop: its events belong to it
+            got.call(self._client.start)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def close(self) -> None:
+        """Stop the sidecar (as :meth:`Client.aclose`) and the loop thread.  Idempotent."""
+        self._closed = True
+        if self._portal is None:
+            return
+        try:
+            if self._client is not None:
+                self._portal.call(self._client.aclose)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        portal, thread = self._portal, self._thread
+        self._portal = self._thread = None
+        if portal is not None:
+            try:
+                portal.call(portal.stop)
+            except RuntimeError:  # the loop already ended
+                pass
+        if thread is not None:
+            thread.join()
+
+    def __enter__(self) -> BlockingClient:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        self.close()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        portal, client = self._portal, self._client
+        if portal is None or client is None:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            raise RuntimeError("the client is not started: use 'with BlockingClient(...)' or client.start()")
+        return portal.call(functools.partial(getattr(client, method), *args, **kwargs))
+
+    # ---------------------------------------------------------------- requests
+
+    def synthesize(
+        self,
+        text: str,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        on_progress: Union[ProgressCallback, None] = None,
+        timeout: TimeoutArg = ...,
+        idle_timeout: TimeoutArg = ...,
+        **options: Any,
+    ) -> Audio:
+        """Speak ``text`` and return the whole :class:`Audio` (see :meth:`Client.synthesize`)."""
+        audio: Audio = self._call(
+            "synthesize",
+            text,
+            voice=voice,
+            emotion=emotion,
+            sample_rate=sample_rate,
+            on_progress=on_progress,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            **options,
+        )
+        return audio
+
+    def stream(
+        self,
+        text: str,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        on_progress: Union[ProgressCallback, None] = None,
+        timeout: TimeoutArg = ...,
+        idle_timeout: TimeoutArg = ...,
+        **options: Any,
+    ) -> BlockingStream:
+        """``with client.stream(text) as chunks: for chunk in chunks: ...`` (see :meth:`Client.stream`).
+
+        Leaving the ``with`` block early cancels the request on the sidecar.
+        """
+        synthesis: Synthesis = self._call(
+            "stream",
+            text,
+            voice=voice,
+            emotion=emotion,
+            sample_rate=sample_rate,
+            on_progress=on_progress,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            **options,
+        )
+        assert self._portal is not None
+        return BlockingStream(self._portal, synthesis)
+
+    def ping(self, *, timeout: TimeoutArg = ...) -> Health:
+        health: Health = self._call("ping", timeout=timeout)
+        return health
+
+    def load(
+        self,
+        *,
+        on_progress: Union[ProgressCallback, None] = None,
+        timeout: TimeoutArg = ...,
+        idle_timeout: TimeoutArg = ...,
+    ) -> LoadInfo:
+        info: LoadInfo = self._call("load", on_progress=on_progress, timeout=timeout, idle_timeout=idle_timeout)
+        return info
+
+    def unload(self, *, timeout: TimeoutArg = ...) -> None:
+        self._call("unload", timeout=timeout)
+
+    def voices(self, *, timeout: TimeoutArg = ...) -> list[dict[str, Any]]:
+        voices: list[dict[str, Any]] = self._call("voices", timeout=timeout)
+        return voices
+
+    def restart(self) -> None:
+        self._call("restart")
+
+    def is_alive(self) -> bool:
+        return self._portal is not None and self._client is not None and bool(self._call("is_alive"))
+
+    # -------------------------------------------------------------- properties
+
+    def _client_or_fail(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("the sidecar has not started yet")
+        return self._client
+
+    @property
+    def info(self) -> SidecarInfo:
+        return self._client_or_fail().info
+
+    @property
+    def pid(self) -> Union[int, None]:
+        return None if self._client is None else self._client.pid
+
+    @property
+    def restarts(self) -> int:
+        return 0 if self._client is None else self._client.restarts
+
+    @property
+    def dead(self) -> bool:
+        return self._client is not None and self._client.dead
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def stderr_tail(self) -> str:
+        return "" if self._client is None else self._client.stderr_tail
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._portal is not None else "new"
+        return f"<BlockingClient {state} pid={self.pid}>"
+
+
+class BlockingStream:
+    """A streamed request, iterated synchronously inside ``with``; leaving early cancels it."""
+
+    def __init__(self, portal: BlockingPortal, synthesis: Synthesis) -> None:
+        self._portal = portal
+        self._synthesis = synthesis
+        self._entered = False
+
+    def __enter__(self) -> BlockingStream:
+        self._portal.call(self._synthesis.__aenter__)
+        self._entered = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        self._portal.call(self._synthesis.__aexit__, exc_type, exc, tb)
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        if not self._entered:
+            raise RuntimeError("iterate inside 'with client.stream(...) as chunks:', so that leaving early cancels it")
+        while True:
+            try:
+                chunk: AudioChunk = self._portal.call(self._synthesis.__anext__)
+            except StopAsyncIteration:
+                return
+            yield chunk
+
+    @property
+    def finished(self) -> bool:
+        return self._synthesis.finished
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self._synthesis.timings
+
+    @property
+    def request_id(self) -> Union[int, None]:
+        return self._synthesis.request_id
