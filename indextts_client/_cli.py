@@ -239,6 +239,13 @@ def _parser() -> argparse.ArgumentParser:
     engines.add_argument("--python", default=None, help="interpreter of the engine's venv (default: this one)")
     engines.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
 
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible speech endpoint over a pool of sidecars (serve -h for its options)",
+        add_help=False,
+    )
+    serve.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
     doctor = commands.add_parser(
         "doctor", help="check an engine venv: versions, GPU, indextts, checkpoints", parents=[verbose]
     )
@@ -251,6 +258,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Union[list[str], None] = None) -> int:
+    raw = sys.argv[1:] if argv is None else list(argv)
+    leading = 0
+    while leading < len(raw) and raw[leading] in ("-v", "--verbose"):
+        leading += 1
+    if raw[leading : leading + 1] == ["serve"]:
+        # serve has its own parser (indextts_client.http), which needs the [server] extra.
+        if leading:
+            logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+        try:
+            from .http import main as serve
+        except ImportError as exc:
+            print(f"{PROG} serve: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return serve(raw[leading + 1 :], prog=f"{PROG} serve")
     args = _parser().parse_args(argv)
     # Without -v, failures speak through the error message (with the stderr tail), not through logs.
     verbose = getattr(args, "verbose", False)

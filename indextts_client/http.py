@@ -394,7 +394,7 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-def main(argv: Union[list[str], None] = None) -> int:
+def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_client.http") -> int:
     """``indextts-client serve`` / ``python -m indextts_client.http``: run the app under uvicorn."""
     import argparse
     import ipaddress
@@ -402,7 +402,7 @@ def main(argv: Union[list[str], None] = None) -> int:
 
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="indextts-client serve", description="An OpenAI-compatible speech endpoint.")
+    parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible speech endpoint.")
     parser.add_argument("--engine", default="espeak")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--size", type=int, help="sidecars (default 1)")

@@ -206,15 +206,16 @@ async def test_a_client_that_disconnects_cancels_its_request() -> None:
             assert 'indextts_requests_total{outcome="cancelled"} 1.0' in (await http.get("/metrics")).text
 
 
-def test_a_public_host_needs_an_api_key() -> None:
+@pytest.mark.parametrize("command", [["indextts_client.http"], ["indextts_client", "serve"]])
+def test_a_public_host_needs_an_api_key(command: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "indextts_client.http", "--engine", "fake", "--host", "0.0.0.0"],
+        [sys.executable, "-m", *command, "--engine", "fake", "--host", "0.0.0.0"],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ},
     )
-    assert done.returncode == 2 and "not loopback" in done.stderr
+    assert done.returncode == 2 and "not loopback: give --api-key, or --public" in done.stderr
 
 
 def test_wav_header_streaming_sizes() -> None:
