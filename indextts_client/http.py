@@ -36,7 +36,7 @@ import json
 import struct
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 import anyio
 import numpy as np
@@ -148,21 +148,30 @@ def create_app(
     engine: Union[str, None] = None,
     *,
     pool: Union[Pool, None] = None,
+    ray: Any = None,
     api_key: Union[str, None] = None,
     model: str = "indextts",
     voices: Union[Mapping[str, Union[str, None]], None] = None,
     **pool_kwargs: Any,
 ) -> Starlette:
-    """The ASGI app.  It starts ``pool`` (or a ``Pool(engine, **pool_kwargs)``) in its lifespan.
+    """The ASGI app over ``pool`` (or a ``Pool(engine, **pool_kwargs)``), which it starts and
+    stops in its lifespan, or over ``ray``, a :class:`indextts_client.ray.RayClient` (the app
+    is then the ingress of a Ray Serve deployment: see :func:`indextts_client.ray.http_ingress`).
 
     ``voices`` maps request voice names to what the sidecar gets (a reference clip path for
     IndexTTS, an espeak voice, None for the engine's default).
     """
-    if pool is None:
-        pool = Pool(engine, **pool_kwargs)
-    elif engine is not None or pool_kwargs:
-        raise ValueError("give a pool or the arguments to make one, not both")
-    the_pool = pool
+    backend: _Backend
+    if ray is not None:
+        if pool is not None or engine is not None or pool_kwargs:
+            raise ValueError("give ray, or a pool, or the arguments to make one")
+        backend = _RayBackend(ray)
+    else:
+        if pool is None:
+            pool = Pool(engine, **pool_kwargs)
+        elif engine is not None or pool_kwargs:
+            raise ValueError("give a pool or the arguments to make one, not both")
+        backend = _PoolBackend(pool)
     metrics = _Metrics()
     voice_map = dict(voices or {})
     state: dict[str, Any] = {"ready": False, "error": None}
@@ -170,7 +179,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            await the_pool.start()
+            await backend.start()
             state["ready"] = True
         except Exception as exc:  # serve /health with the reason rather than die
             state["error"] = f"{type(exc).__name__}: {exc}"
@@ -178,7 +187,7 @@ def create_app(
             yield
         finally:
             state["ready"] = False
-            await the_pool.aclose()
+            await backend.aclose()
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -193,29 +202,15 @@ def create_app(
                 code="invalid_api_key",
             )
 
-    def ready_info() -> Union[SidecarInfo, None]:
-        for client in the_pool.members:
-            with contextlib.suppress(RuntimeError):
-                return client.info
-        return None
-
-    def capabilities() -> tuple[str, ...]:
-        info = ready_info()
-        return info.capabilities if info is not None else ()
-
-    def engine_name() -> str:
-        info = ready_info()
-        return info.engine if info is not None else ""
-
-    def speed_options(speed: float) -> dict[str, Any]:
+    async def speed_options(speed: float) -> dict[str, Any]:
         if speed == 1.0:
             return {}
         if not 0.25 <= speed <= 4.0:
             raise _HTTPError(400, "speed must be in [0.25, 4.0]", "invalid_request_error", param="speed")
-        name = engine_name()
+        name, capabilities = await backend.engine()
         if name == "espeak":
             return {"rate": max(80, min(450, round(175 * speed)))}
-        if name in ("indextts2.5", "indextts") and "duration" in capabilities():
+        if name in ("indextts2.5", "indextts") and "duration" in capabilities:
             return {"duration_factor": 1.0 / speed}
         raise _HTTPError(400, f"engine {name!r} has no speed control", "invalid_request_error", param="speed")
 
@@ -252,14 +247,14 @@ def create_app(
             raise _HTTPError(400, "voice must be a string", "invalid_request_error", param="voice")
         if voice in voice_map:
             voice = voice_map[voice]
-        elif voice in OPENAI_VOICES and "voice_clone" not in capabilities():
+        elif voice in OPENAI_VOICES and "voice_clone" not in (await backend.engine())[1]:
             voice = None
         return {
             "text": text,
             "voice": voice,
             "format": fmt,
             "stream_format": stream_format,
-            "options": {**extra, **speed_options(float(speed))},
+            "options": {**extra, **(await speed_options(float(speed)))},
         }
 
     async def speech(request: Request) -> Response:
@@ -275,10 +270,10 @@ def create_app(
         rate = PCM_RATE if job["format"] == "pcm" else None
         if job["format"] == "flac":
             return await whole_flac(job, started)
-        stream = the_pool.stream(job["text"], voice=job["voice"], sample_rate=rate, **job["options"])
+        stream = backend.stream(job["text"], voice=job["voice"], sample_rate=rate, **job["options"])
         try:
-            await stream.__aenter__()
-            first = await anext_or_none(stream)
+            chunks = await stream.__aenter__()
+            first = await anext_or_none(chunks)
         except (SidecarError, anyio.get_cancelled_exc_class()) as exc:
             with anyio.CancelScope(shield=True):
                 await stream.__aexit__(None, None, None)
@@ -288,7 +283,7 @@ def create_app(
             metrics.requests.labels(outcome=str(error.status)).inc()
             return error.response()
         metrics.first_audio.observe(time.perf_counter() - started)
-        body = produce(stream, first, job, started)
+        body = produce(stream, chunks, first, job, started)
         if job["stream_format"] == "sse":
             return StreamingResponse(body, media_type="text/event-stream")
         return StreamingResponse(body, media_type=_FORMATS[job["format"]])
@@ -299,7 +294,9 @@ def create_app(
         except StopAsyncIteration:
             return None
 
-    async def produce(stream: Any, first: Any, job: dict[str, Any], started: float) -> AsyncIterator[bytes]:
+    async def produce(
+        stream: Any, chunks: Any, first: Any, job: dict[str, Any], started: float
+    ) -> AsyncIterator[bytes]:
         sse = job["stream_format"] == "sse"
         outcome = "200"
         try:
@@ -314,7 +311,7 @@ def create_app(
                     yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
                 else:
                     yield data
-                chunk = await anext_or_none(stream)
+                chunk = await anext_or_none(chunks)
             if sse:
                 yield _sse({"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0}})
         except SidecarError as exc:
@@ -333,7 +330,7 @@ def create_app(
 
     async def whole_flac(job: dict[str, Any], started: float) -> Response:
         try:
-            audio = await the_pool.synthesize(job["text"], voice=job["voice"], **job["options"])
+            audio = await backend.synthesize(job["text"], voice=job["voice"], **job["options"])
             data = _flac(audio.samples, audio.sample_rate)
         except (SidecarError, _HTTPError) as exc:
             error = exc if isinstance(exc, _HTTPError) else _error_for(exc)
@@ -353,10 +350,71 @@ def create_app(
     async def health(request: Request) -> Response:
         if not state["ready"]:
             return JSONResponse({"status": "starting", "error": state["error"]}, status_code=503)
-        members = await the_pool.health()
-        ready = any(m.state == "ready" for m in members)
-        body = {
-            "status": "ok" if ready else "unavailable",
+        body = await backend.health()
+        ready = body["status"] == "ok"
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics_route(request: Request) -> Response:
+        for member in (await backend.health()).get("members", []) if state["ready"] else []:
+            metrics.queue_depth.labels(member=str(member["index"])).set(member["outstanding"])
+            metrics.restarts.labels(member=str(member["index"])).set(member["restarts"])
+        data = prometheus_client.generate_latest(metrics.registry)
+        return Response(data, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[
+            Route("/v1/audio/speech", speech, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+class _Backend(Protocol):
+    """What the app serves from: a local Pool, or a Ray Serve deployment through RayClient."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def engine(self) -> tuple[str, tuple[str, ...]]: ...
+
+    def stream(self, text: str, **kwargs: Any) -> Any: ...
+
+    async def synthesize(self, text: str, **kwargs: Any) -> Any: ...
+
+    async def health(self) -> dict[str, Any]: ...
+
+
+class _PoolBackend:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    async def engine(self) -> tuple[str, tuple[str, ...]]:
+        for client in self.pool.members:
+            with contextlib.suppress(RuntimeError):
+                info: SidecarInfo = client.info
+                return info.engine, info.capabilities
+        return "", ()
+
+    def stream(self, text: str, **kwargs: Any) -> Any:
+        return self.pool.stream(text, **kwargs)
+
+    async def synthesize(self, text: str, **kwargs: Any) -> Any:
+        return await self.pool.synthesize(text, **kwargs)
+
+    async def health(self) -> dict[str, Any]:
+        members = await self.pool.health()
+        return {
+            "status": "ok" if any(m.state == "ready" for m in members) else "unavailable",
             "members": [
                 {
                     "index": m.index,
@@ -370,24 +428,39 @@ def create_app(
                 for m in members
             ],
         }
-        return JSONResponse(body, status_code=200 if ready else 503)
 
-    async def metrics_route(request: Request) -> Response:
-        for member in (await the_pool.health()) if state["ready"] else []:
-            metrics.queue_depth.labels(member=str(member.index)).set(member.outstanding)
-            metrics.restarts.labels(member=str(member.index)).set(member.restarts)
-        data = prometheus_client.generate_latest(metrics.registry)
-        return Response(data, media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
-    return Starlette(
-        routes=[
-            Route("/v1/audio/speech", speech, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/metrics", metrics_route, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+class _RayBackend:
+    """A Ray Serve deployment: Serve owns the replicas, so start and close are no-ops."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._engine: Union[tuple[str, tuple[str, ...]], None] = None
+
+    async def start(self) -> None:
+        await self.engine()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def engine(self) -> tuple[str, tuple[str, ...]]:
+        if self._engine is None:
+            info = await self.client.info()
+            self._engine = (str(info["engine"]), tuple(info["capabilities"]))
+        return self._engine
+
+    def stream(self, text: str, **kwargs: Any) -> Any:
+        return self.client.stream(text, **kwargs)
+
+    async def synthesize(self, text: str, **kwargs: Any) -> Any:
+        return await self.client.synthesize(text, **kwargs)
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            replica = await self.client.ping()
+        except Exception as exc:
+            return {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
+        return {"status": "ok", "replica": replica}
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
         f"indextts_client.ray needs the [ray] extra: pip install 'indextts-sidecar[ray]' ({exc})"
     ) from exc
 
-__all__ = ["RayClient", "SidecarReplica", "deployment"]
+__all__ = ["RayClient", "SidecarReplica", "deployment", "http_ingress"]
 
 
 class SidecarReplica:
@@ -78,6 +78,12 @@ class SidecarReplica:
                     "seq": chunk.seq,
                     "offset_samples": chunk.offset_samples,
                 }
+
+    async def info(self) -> dict[str, Any]:
+        """The sidecar's ready facts: engine, capabilities, native rate."""
+        client = await self._ready()
+        info = client.info
+        return {"engine": info.engine, "capabilities": list(info.capabilities), "sample_rate": info.sample_rate}
 
     async def ping(self) -> dict[str, Any]:
         client = await self._ready()
@@ -133,6 +139,32 @@ def deployment(
     return cls.bind(engine, dict(engine_options or {}), client_kwargs)
 
 
+def http_ingress(
+    app_name: str,
+    *,
+    deployment_name: str = "indextts",
+    api_key: Union[str, None] = None,
+    voices: Union[dict[str, Union[str, None]], None] = None,
+    num_replicas: int = 1,
+) -> Any:
+    """The OpenAI-compatible HTTP app (:mod:`indextts_client.http`) as a Ray Serve ingress in
+    front of the sidecar deployment ``deployment_name`` of the application ``app_name``::
+
+        serve.run(deployment("indextts2", ...), name="tts", route_prefix=None)
+        serve.run(http_ingress("tts", api_key=KEY), name="tts-http", route_prefix="/")
+    """
+    voice_map = dict(voices or {})
+
+    def build() -> Any:
+        from .http import create_app
+
+        handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        return create_app(ray=RayClient(handle), api_key=api_key, voices=voice_map)
+
+    ingress = serve.deployment(name=f"{deployment_name}-http", num_replicas=num_replicas)(serve.ingress(build)())
+    return ingress.bind()
+
+
 class RayClient:
     """The Client's async API (``synthesize``, ``stream``, ``ping``) over a deployment handle."""
 
@@ -143,6 +175,11 @@ class RayClient:
         result = await _result(self._handle.synthesize.remote(text, **kwargs))
         samples = np.frombuffer(result["samples"], dtype=SAMPLE_DTYPE).copy()
         return Audio(samples=samples, sample_rate=int(result["sample_rate"]), timings=dict(result["timings"]))
+
+    async def info(self) -> dict[str, Any]:
+        """A replica's sidecar facts: engine, capabilities, native rate."""
+        result: dict[str, Any] = await _result(self._handle.info.remote())
+        return result
 
     async def ping(self) -> dict[str, Any]:
         """One replica's answer (which one is Serve's choice): pid, loaded, queue depth, memory."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,10 +22,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ray` runs these tests in a Ray venv")
 from ray import serve  # noqa: E402
 
-from indextts_client.ray import RayClient, deployment  # noqa: E402
+from indextts_client.ray import RayClient, deployment, http_ingress  # noqa: E402
 from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
+HTTP: dict[str, int] = {}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 120
 
@@ -48,6 +50,10 @@ def cluster() -> Iterator[None]:
     # Workers import indextts_client from this checkout.
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    with socket.socket() as probe:  # a free loopback port for Serve's HTTP proxy
+        probe.bind(("127.0.0.1", 0))
+        HTTP["port"] = probe.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": HTTP["port"]})
     try:
         yield
     finally:
@@ -152,3 +158,25 @@ def test_ray_client_under_trio(cluster: None) -> None:
     assert anyio.run(main, backend="trio") == render_bytes("from trio")
     assert time.monotonic() - started < TIMEOUT
     serve.delete("trio")
+
+
+@pytest.mark.anyio
+async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
+    httpx = pytest.importorskip("httpx")
+    run(deployment("fake", num_replicas=1, num_cpus=0.5), "sidecars")
+    serve.run(http_ingress("sidecars", api_key="k3y-for-tests"), name="http", route_prefix="/")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{HTTP['port']}", timeout=TIMEOUT) as http:
+        with anyio.fail_after(TIMEOUT):
+            body = {"model": "indextts", "input": "over ray", "voice": "alloy"}
+            refused = await http.post("/v1/audio/speech", json=body)
+            assert refused.status_code == 401
+            headers = {"Authorization": "Bearer k3y-for-tests"}
+            wav = await http.post("/v1/audio/speech", json=body, headers=headers)
+            assert wav.status_code == 200, wav.text
+            assert wav.content[:4] == b"RIFF" and wav.content[44:] == render_bytes("over ray")
+            pcm = await http.post("/v1/audio/speech", json={**body, "response_format": "pcm"}, headers=headers)
+            assert pcm.content == render_bytes("over ray")  # the fake engine runs at 24 kHz already
+            health = await http.get("/health")
+            assert health.status_code == 200 and health.json()["replica"]["pid"] > 0
+    serve.delete("http")
+    serve.delete("sidecars")
