@@ -182,6 +182,8 @@ class Connection(Requester):
         self._max_buffered = max_buffered
         self._ring = shared_audio
         self._send_stream = send_stream
+        #: A synchronous write that takes what fits now (our pipe streams have one).
+        self._try_send: Union[Callable[[bytes], int], None] = getattr(send_stream, "try_send", None)
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
         self._frame_timeout = frame_timeout
         self._ready_timeout = ready_timeout
@@ -634,27 +636,36 @@ class Connection(Requester):
         await self._send_frame(data, exchange)
 
     async def _send_frame(self, data: bytes, exchange: Union[_Exchange, None]) -> None:
-        failure: Union[str, None] = None
-        async with self._send_lock:
-            if self._error is not None:
-                raise fresh(self._error)
-            if self._ending is not None:
+        # Fast path: nothing else is writing and the pipe takes the whole frame at once,
+        # which is nearly always so for a request.  No lock round trip, no cancel scopes, no
+        # await: the frame is written whole or not at all before another task can run.
+        # Whatever does not fit goes the slow way below, still holding the lock, so frames
+        # never interleave.
+        try_send = self._try_send
+        held = False
+        if try_send is not None and self._error is None and self._ending is None and not self._send_lock.locked():
+            self._send_lock.acquire_nowait()
+            held = True
+            if exchange is not None:
+                exchange.sent_at = anyio.current_time()
+            try:
+                written = try_send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                written = 0  # the slow path reports it
+            if written == len(data):
+                self._send_lock.release()
                 if exchange is not None:
-                    self._pending.pop(exchange.id, None)
-                raise UnreadError(self._ending.message)
-            with anyio.CancelScope(shield=True):
-                if exchange is not None:
-                    exchange.sent_at = anyio.current_time()
-                limit = math.inf if self._frame_timeout is None else self._frame_timeout
-                with anyio.move_on_after(limit) as scope:
-                    try:
-                        await self._send_stream.send(data)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                        failure = f"writing to the sidecar failed: {exc!r}"
-                if scope.cancelled_caught:
-                    failure = f"writing a frame to the sidecar stalled for {limit:g} s"
-                elif failure is None and exchange is not None:
                     exchange.sent = True
+                return
+            data = data[written:]
+        try:
+            if not held:
+                await self._send_lock.acquire()
+                held = True
+            failure = await self._send_frame_locked(data, exchange)
+        finally:
+            if held:
+                self._send_lock.release()
         if failure is None:
             return
         # The reader usually sees the end of the stream at the same time; give it a
@@ -665,6 +676,30 @@ class Connection(Requester):
         await self._closed_event.wait()
         assert self._error is not None
         raise fresh(self._error)
+
+    async def _send_frame_locked(self, data: bytes, exchange: Union[_Exchange, None]) -> Union[str, None]:
+        """The slow path of :meth:`_send_frame`, under the send lock; returns what failed, if anything."""
+        failure: Union[str, None] = None
+        if self._error is not None:
+            raise fresh(self._error)
+        if self._ending is not None:
+            if exchange is not None:
+                self._pending.pop(exchange.id, None)
+            raise UnreadError(self._ending.message)
+        with anyio.CancelScope(shield=True):
+            if exchange is not None:
+                exchange.sent_at = anyio.current_time()
+            limit = math.inf if self._frame_timeout is None else self._frame_timeout
+            with anyio.move_on_after(limit) as scope:
+                try:
+                    await self._send_stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    failure = f"writing to the sidecar failed: {exc!r}"
+            if scope.cancelled_caught:
+                failure = f"writing a frame to the sidecar stalled for {limit:g} s"
+            elif failure is None and exchange is not None:
+                exchange.sent = True
+        return failure
 
     def _forget(self, exchange: _Exchange) -> Union[anyio.Event, None]:
         """The request's caller gave up on it; cancel it in the background if it was sent.

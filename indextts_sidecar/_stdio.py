@@ -76,6 +76,20 @@ class FdSendStream(_FdStream, ByteSendStream):
     async def send(self, item: bytes) -> None:
         await self.send_parts((item,))
 
+    def try_send(self, item: Union[bytes, memoryview]) -> int:
+        """Write what fits now, without waiting: the number of bytes written (0 if the pipe is full).
+
+        Raises anyio's ``ClosedResourceError`` or ``BrokenResourceError`` as :meth:`send` does.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return os.write(self._fd, item)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
     async def send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> None:
         """Write ``parts`` back to back with ``writev``: no joining copy."""
         await checkpoint()
