@@ -24,6 +24,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
+    AuthenticationError,
     BufferFullError,
     BusyError,
     ClosedError,
@@ -47,6 +48,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Audio",
     "AudioChunk",
+    "AuthenticationError",
     "BufferFullError",
     "BusyError",
     "Client",

@@ -1,0 +1,209 @@
+"""Sidecars on sockets: real listening processes on loopback TCP and Unix sockets in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Union
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from indextts_client import (
+    AuthenticationError,
+    Client,
+    SidecarError,
+)
+from indextts_sidecar.engines.fake import render_bytes
+
+TIMEOUT = 60
+TOKEN = "s3cret-token-0123456789abcdef"
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short private directory: a Unix socket path must fit in about 100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="itts-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _command(directory: Path, listen: str, *extra: str, token: Union[str, None] = TOKEN) -> list[str]:
+    voices = directory / "voices"
+    voices.mkdir(exist_ok=True)
+    args = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
+    args += ["--listen", listen, "--voice-dir", str(voices), *extra]
+    if token is not None:
+        token_file = directory / "token"
+        token_file.write_text(token + "\n")
+        args += ["--token-file", str(token_file)]
+    return args
+
+
+class Listening:
+    def __init__(self, process: Process, url: str) -> None:
+        self.process = process
+        self.url = url
+
+
+@asynccontextmanager
+async def listening(
+    directory: Path, transport: str = "unix", *extra: str, token: Union[str, None] = TOKEN, name: str = "s"
+) -> AsyncIterator[Listening]:
+    """A listening sidecar; yields once its 'listening on URL' line arrived; reaps it after."""
+    listen = f"unix://{directory / name}.sock" if transport == "unix" else "tcp://127.0.0.1:0"
+    log = open(directory / f"{name}.log", "ab")  # noqa: SIM115 - closed below, after the process
+    process = await anyio.open_process(
+        _command(directory, listen, *extra, token=token), stdin=subprocess.DEVNULL, stderr=log
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with anyio.fail_after(TIMEOUT):
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive(1)
+        text = line.decode().strip()
+        assert text.startswith("listening on "), text
+        yield Listening(process, text.removeprefix("listening on "))
+    finally:
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.terminate()
+                with anyio.move_on_after(10):
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.aclose()
+            log.close()
+
+
+def _client(url: str, **kwargs: Any) -> Client:
+    kwargs.setdefault("token", TOKEN)
+    kwargs.setdefault("ready_timeout", TIMEOUT)
+    return Client(url=url, **kwargs)
+
+
+# ----------------------------------------------------------------- start-up
+
+
+def _start(
+    directory: Path, listen: str, *extra: str, token: Union[str, None] = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(directory, listen, *extra, token=token),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def test_tcp_without_a_token_refuses_to_start(sockdir: Path) -> None:
+    refused = _start(sockdir, "tcp://127.0.0.1:0")
+    assert refused.returncode == 2
+    assert "--token-file" in refused.stderr and "--insecure" in refused.stderr
+    # Off loopback, --insecure is no excuse (refused before anything is bound).
+    wide = _start(sockdir, "tcp://0.0.0.0:0", "--insecure")
+    assert wide.returncode == 2 and "--token-file" in wide.stderr
+    # A socket always needs the path allow-list.
+    (sockdir / "voices").mkdir(exist_ok=True)
+    no_dir = subprocess.run(
+        [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--listen", f"unix://{sockdir}/x.sock"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert no_dir.returncode == 2 and "--voice-dir" in no_dir.stderr
+    short = sockdir / "short"
+    short.write_text("too short\n")
+    weak = _start(sockdir, "unix://" + str(sockdir / "y.sock"), "--token-file", str(short))
+    assert weak.returncode == 2 and "shorter than 16 bytes" in weak.stderr
+    assert "too short" not in weak.stderr  # the token never appears in logs
+
+
+@pytest.mark.anyio
+async def test_insecure_loopback_tcp_serves_without_a_token(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp", "--insecure", token=None) as sidecar:
+            assert sidecar.url.startswith("tcp://127.0.0.1:")
+            async with Client(url=sidecar.url, ready_timeout=TIMEOUT) as client:
+                assert (await client.synthesize("open")).samples.tobytes() == render_bytes("open")
+
+
+@pytest.mark.anyio
+async def test_unix_socket_is_created_mode_0600_and_removed_at_exit(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix") as sidecar:
+            path = sidecar.url.removeprefix("unix://")
+            info = os.stat(path)
+            assert stat.S_ISSOCK(info.st_mode)
+            assert stat.S_IMODE(info.st_mode) == 0o600
+            sidecar.process.send_signal(signal.SIGTERM)
+            assert await sidecar.process.wait() == 0
+            assert not os.path.exists(path)
+
+
+# --------------------------------------------------------------- the token
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_a_wrong_or_missing_token_is_refused(sockdir: Path, transport: str) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, transport) as sidecar:
+            with pytest.raises(AuthenticationError) as wrong:
+                async with _client(sidecar.url, token="not-the-token-0123456789"):
+                    pass
+            assert wrong.value.code == "unauthorized"
+            assert isinstance(wrong.value, SidecarError)
+            with pytest.raises(AuthenticationError, match="requires a token"):
+                async with _client(sidecar.url, token=None):
+                    pass
+            async with _client(sidecar.url) as client:
+                audio = await client.synthesize("hello")
+                assert audio.samples.tobytes() == render_bytes("hello")
+                assert client.info.engine == "fake"
+        log = (sockdir / "s.log").read_text()
+        assert "authenticate" in log and TOKEN not in log
+
+
+# ------------------------------------------------------- many connections
+
+
+@pytest.mark.anyio
+async def test_two_clients_with_fifty_concurrent_requests_each_get_their_own_audio(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp") as sidecar:
+            results: dict[tuple[int, int], bytes] = {}
+
+            async def run(c: int) -> None:
+                async with _client(sidecar.url) as client:
+
+                    async def one(i: int) -> None:
+                        audio = await client.synthesize(f"c{c} r{i}", chunk_seconds=0.05)
+                        results[c, i] = audio.samples.tobytes()
+
+                    async with anyio.create_task_group() as tg:
+                        for i in range(50):
+                            tg.start_soon(one, i)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, 0)
+                tg.start_soon(run, 1)
+            assert len(results) == 100
+            for (c, i), data in results.items():
+                assert data == render_bytes(f"c{c} r{i}"), (c, i)
