@@ -63,7 +63,7 @@ class VoiceStore:
         path = os.path.join(self.directory, filename)
         if not os.path.exists(path):
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            self._make_room()
+            self._make_room(replacing=name)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".upload-")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -75,11 +75,12 @@ class VoiceStore:
         self._names[name] = filename
         return {"name": name, "voice": REGISTERED_PREFIX + name, "sha256": digest, "bytes": len(audio)}
 
-    def _make_room(self) -> None:
+    def _make_room(self, replacing: str) -> None:
         files = self._files()
         if len(files) < self.max_count:
             return
-        used = set(self._names.values())
+        # The clip ``replacing`` names now is about to lose that name.
+        used = {filename for name, filename in self._names.items() if name != replacing}
         unused = [f for f in files if f not in used]
         if not unused:
             raise RequestError(
