@@ -193,6 +193,8 @@ class SocketService:
             await self._connection(stream)
         except (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             log.info("a connection failed before it was served: %s", exc)
+        except Exception:  # one connection's failure must never take the others down
+            log.exception("internal error serving a connection")
         finally:
             self._connections -= 1
             with anyio.CancelScope(shield=True):

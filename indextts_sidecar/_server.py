@@ -310,7 +310,8 @@ class Server:
     async def _writer(self, writer: FrameWriter, stop: anyio.CancelScope) -> None:
         try:
             await self._write_all(writer)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            # (A TLS stream reports a peer that closed as EndOfStream, also on send.)
             log.info("parent closed the reply stream; stopping")
             stop.cancel()
         finally:

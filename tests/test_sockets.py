@@ -253,126 +253,162 @@ async def test_one_client_with_a_hundred_queued_requests_does_not_starve_another
 async def test_a_dropped_connection_fails_the_stream_typed_and_the_client_reconnects(sockdir: Path) -> None:
     with anyio.fail_after(TIMEOUT):
         client = _client(f"unix://{sockdir / 's'}.sock", restart_backoff=0.05)
-        async with listening(sockdir, "unix") as sidecar:
-            async with client:
-                received: list[bytes] = []
-                with pytest.raises(CrashedError):
-                    async with client.stream("abcdefghij", chunk_seconds=0.3, hang_at=1) as chunks:
-                        async for chunk in chunks:
-                            received.append(chunk.samples.tobytes())
-                            sidecar.process.kill()  # the connection drops mid-stream
-                assert len(received) == 1
-                await sidecar.process.wait()
-                # The sidecar is gone: reconnecting fails typed, within the restart budget.
-                with pytest.raises(SidecarError):
-                    await client.synthesize("nobody there")
-                # A new sidecar on the same socket: the next call reconnects.
-                async with listening(sockdir, "unix"):
-                    audio = await client.synthesize("back again")
-                    assert audio.samples.tobytes() == render_bytes("back again")
-                    assert client.restarts >= 1
+        async with listening(sockdir, "unix") as sidecar, client:
+            received: list[bytes] = []
+
+            async def consume() -> None:
+                async with client.stream("abcdefghij", chunk_seconds=0.3, hang_at=1) as chunks:
+                    async for chunk in chunks:
+                        received.append(chunk.samples.tobytes())
+                        sidecar.process.kill()  # the connection drops mid-stream
+
+            with pytest.raises(CrashedError):
+                await consume()
+            assert len(received) == 1
+            await sidecar.process.wait()
+            # The sidecar is gone: reconnecting fails typed, within the restart budget.
+            with pytest.raises(SidecarError):
+                await client.synthesize("nobody there")
+            # A new sidecar on the same socket: the next call reconnects.
+            async with listening(sockdir, "unix"):
+                audio = await client.synthesize("back again")
+                assert audio.samples.tobytes() == render_bytes("back again")
+                assert client.restarts >= 1
 
 
 @pytest.mark.anyio
 async def test_closing_a_connection_cancels_its_own_requests_only(sockdir: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with listening(sockdir, "unix") as sidecar:
-            async with _client(sidecar.url) as b:
-                a = _client(sidecar.url)
-                await a.start()
-                holding = anyio.Event()
+        async with listening(sockdir, "unix") as sidecar, _client(sidecar.url) as b:
+            a = _client(sidecar.url)
+            await a.start()
+            holding = anyio.Event()
 
-                def started(event: ProgressEvent) -> None:
-                    if event.stage == "synthesize":
-                        holding.set()
+            def started(event: ProgressEvent) -> None:
+                if event.stage == "synthesize":
+                    holding.set()
 
-                errors: list[BaseException] = []
+            errors: list[BaseException] = []
 
-                async def hold() -> None:
-                    try:
-                        await a.synthesize("abcdefghij", chunk_seconds=0.3, hang_at=1, on_progress=started)
-                    except SidecarError as exc:
-                        errors.append(exc)
+            async def hold() -> None:
+                try:
+                    await a.synthesize("abcdefghij", chunk_seconds=0.3, hang_at=1, on_progress=started)
+                except SidecarError as exc:
+                    errors.append(exc)
 
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(hold)
-                    await holding.wait()
-                    # B's request queues behind A's hanging one; closing A frees the engine.
-                    async with anyio.create_task_group() as inner:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await holding.wait()
+                # B's request queues behind A's hanging one; closing A frees the engine.
+                async with anyio.create_task_group() as inner:
 
-                        async def b_one() -> None:
-                            audio = await b.synthesize("b after a")
-                            assert audio.samples.tobytes() == render_bytes("b after a")
+                    async def b_one() -> None:
+                        audio = await b.synthesize("b after a")
+                        assert audio.samples.tobytes() == render_bytes("b after a")
 
-                        inner.start_soon(b_one)
-                        while (await b.ping()).queue_depth < 1:
-                            pass
-                        await a.aclose()
-                assert len(errors) == 1 and type(errors[0]).__name__ in ("ClosedError", "RequestCancelledError")
-                health = await b.ping()
-                assert health.queue_depth == 0 and health.active is None
+                    inner.start_soon(b_one)
+                    while (await b.ping()).queue_depth < 1:
+                        pass
+                    await a.aclose()
+            assert len(errors) == 1 and type(errors[0]).__name__ in ("ClosedError", "RequestCancelledError")
+            health = await b.ping()
+            assert health.queue_depth == 0 and health.active is None
 
 
 @pytest.mark.anyio
 async def test_register_voice_uploads_a_clip_that_requests_can_name(sockdir: Path) -> None:
     clip = b"RIFF" + bytes(range(256)) * 4
     with anyio.fail_after(TIMEOUT):
-        async with listening(sockdir, "tcp") as sidecar:
-            async with _client(sidecar.url) as client:
-                assert "registered_voices" in client.info.capabilities
-                voice = await client.register_voice("alice", clip)
-                assert voice == "registered:alice"
-                audio = await client.synthesize("with a voice", voice=voice)
-                assert audio.samples.tobytes() == render_bytes("with a voice")
-                stored = list((sockdir / "voices" / ".registered-voices").iterdir())
-                assert [p.read_bytes() for p in stored] == [clip] and stored[0].suffix == ".wav"
-                # The same clip under a second name is stored once.
-                await client.register_voice("alice2", clip)
-                assert len(list((sockdir / "voices" / ".registered-voices").iterdir())) == 1
-                with pytest.raises(InvalidRequestError, match="no voice is registered"):
-                    await client.synthesize("x", voice="registered:bob")
-                with pytest.raises(InvalidRequestError, match="voice name"):
-                    await client.register_voice("../escape", clip)
-                # A path outside --voice-dir is refused over a socket.
-                outside = sockdir / "outside.wav"
-                outside.write_bytes(clip)
-                with pytest.raises(InvalidRequestError, match="outside the allowed directories"):
-                    await client.synthesize("x", voice=str(outside))
+        async with listening(sockdir, "tcp") as sidecar, _client(sidecar.url) as client:
+            assert "registered_voices" in client.info.capabilities
+            voice = await client.register_voice("alice", clip)
+            assert voice == "registered:alice"
+            audio = await client.synthesize("with a voice", voice=voice)
+            assert audio.samples.tobytes() == render_bytes("with a voice")
+            stored = list((sockdir / "voices" / ".registered-voices").iterdir())
+            assert [p.read_bytes() for p in stored] == [clip] and stored[0].suffix == ".wav"
+            # The same clip under a second name is stored once.
+            await client.register_voice("alice2", clip)
+            assert len(list((sockdir / "voices" / ".registered-voices").iterdir())) == 1
+            with pytest.raises(InvalidRequestError, match="no voice is registered"):
+                await client.synthesize("x", voice="registered:bob")
+            with pytest.raises(InvalidRequestError, match="voice name"):
+                await client.register_voice("../escape", clip)
+            # A path outside --voice-dir is refused over a socket.
+            outside = sockdir / "outside.wav"
+            outside.write_bytes(clip)
+            with pytest.raises(InvalidRequestError, match="outside the allowed directories"):
+                await client.synthesize("x", voice=str(outside))
 
 
 @pytest.mark.anyio
 async def test_register_voice_is_bounded_in_size_and_count(sockdir: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with listening(sockdir, "unix", "--max-voice-bytes", "1000", "--max-voices", "2") as sidecar:
-            async with _client(sidecar.url) as client:
-                with pytest.raises(InvalidRequestError, match="more than the limit of 1000"):
-                    await client.register_voice("big", b"x" * 1001)
-                await client.register_voice("one", b"1" * 10)
-                await client.register_voice("two", b"2" * 10)
-                with pytest.raises(InvalidRequestError, match="all of them named"):
-                    await client.register_voice("three", b"3" * 10)
-                # A name given a new clip lets its old clip make room.
-                await client.register_voice("one", b"4" * 10)
-                names = sorted(p.read_bytes() for p in (sockdir / "voices" / ".registered-voices").iterdir())
-                assert names == [b"2" * 10, b"4" * 10]
-                audio = await client.synthesize("still there", voice="registered:two")
-                assert audio.samples.tobytes() == render_bytes("still there")
+        async with (
+            listening(sockdir, "unix", "--max-voice-bytes", "1000", "--max-voices", "2") as sidecar,
+            _client(sidecar.url) as client,
+        ):
+            with pytest.raises(InvalidRequestError, match="more than the limit of 1000"):
+                await client.register_voice("big", b"x" * 1001)
+            await client.register_voice("one", b"1" * 10)
+            await client.register_voice("two", b"2" * 10)
+            with pytest.raises(InvalidRequestError, match="all of them named"):
+                await client.register_voice("three", b"3" * 10)
+            # A name given a new clip lets its old clip make room.
+            await client.register_voice("one", b"4" * 10)
+            names = sorted(p.read_bytes() for p in (sockdir / "voices" / ".registered-voices").iterdir())
+            assert names == [b"2" * 10, b"4" * 10]
+            audio = await client.synthesize("still there", voice="registered:two")
+            assert audio.samples.tobytes() == render_bytes("still there")
 
 
 @pytest.mark.anyio
 async def test_a_pool_mixes_remote_and_local_members(sockdir: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with listening(sockdir, "unix") as sidecar:
-            async with Pool("fake", size=1, urls=[sidecar.url], token=TOKEN, max_outstanding=1) as pool:
-                results: dict[int, bytes] = {}
+        async with (
+            listening(sockdir, "unix") as sidecar,
+            Pool("fake", size=1, urls=[sidecar.url], token=TOKEN, max_outstanding=1) as pool,
+        ):
+            results: dict[int, bytes] = {}
 
-                async def one(i: int) -> None:
-                    results[i] = (await pool.synthesize(f"pool {i}")).samples.tobytes()
+            async def one(i: int) -> None:
+                results[i] = (await pool.synthesize(f"pool {i}")).samples.tobytes()
 
-                async with anyio.create_task_group() as tg:
-                    for i in range(6):
-                        tg.start_soon(one, i)
-                assert results == {i: render_bytes(f"pool {i}") for i in range(6)}
-                health = await pool.health()
-                assert [h.url for h in health] == [None, sidecar.url]
-                assert all(h.served >= 1 for h in health), health
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(one, i)
+            assert results == {i: render_bytes(f"pool {i}") for i in range(6)}
+            health = await pool.health()
+            assert [h.url for h in health] == [None, sidecar.url]
+            assert all(h.served >= 1 for h in health), health
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+async def test_tls_with_a_token(sockdir: Path) -> None:
+    import ssl
+
+    cert, key = sockdir / "cert.pem", sockdir / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+            *("-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp", "--tls-cert", str(cert), "--tls-key", str(key)) as sidecar:
+            context = ssl.create_default_context(cafile=str(cert))
+            async with _client(sidecar.url, ssl_context=context) as client:
+                audio = await client.synthesize("over tls")
+                assert audio.samples.tobytes() == render_bytes("over tls")
+            with pytest.raises(AuthenticationError):
+                async with _client(sidecar.url, ssl_context=context, token="wrong-token-0123456789abc"):
+                    pass
+            # A client that does not trust the certificate never gets to the token.
+            with pytest.raises(SidecarError, match="cannot connect"):
+                async with _client(sidecar.url, ssl_context=ssl.create_default_context()):
+                    pass
