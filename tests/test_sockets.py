@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import anyio
+import msgspec
 import pytest
 from anyio.abc import Process
 
@@ -25,6 +28,8 @@ from indextts_client import (
     InvalidRequestError,
     Pool,
     ProgressEvent,
+    RequestCancelledError,
+    RestartLimitError,
     SidecarError,
 )
 from indextts_sidecar.engines.fake import render_bytes
@@ -412,3 +417,119 @@ async def test_tls_with_a_token(sockdir: Path) -> None:
             with pytest.raises(SidecarError, match="cannot connect"):
                 async with _client(sidecar.url, ssl_context=ssl.create_default_context()):
                     pass
+
+
+class RawPeer:
+    """A parent written from docs/protocol.md alone: frames over a socket, no client code."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        body = msgspec.msgpack.encode(message)
+        await self.stream.send(len(body).to_bytes(4, "big") + body)
+
+    async def recv(self) -> Union[dict[str, Any], None]:
+        while True:
+            if len(self.buffer) >= 4:
+                size = int.from_bytes(self.buffer[:4], "big")
+                if len(self.buffer) >= 4 + size:
+                    body = bytes(self.buffer[4 : 4 + size])
+                    del self.buffer[: 4 + size]
+                    message: dict[str, Any] = msgspec.msgpack.decode(body)
+                    return message
+            try:
+                self.buffer += await self.stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return None
+
+    async def until_terminal(self, request_id: int) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+        while True:
+            frame = await self.recv()
+            assert frame is not None, frames
+            frames.append(frame)
+            if frame.get("id") == request_id and frame["op"] in ("done", "ok", "pong", "error"):
+                return frames
+
+
+def _mac(token: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, b"indextts-sidecar auth v1\0" + nonce, hashlib.sha256).digest()
+
+
+@pytest.mark.anyio
+async def test_the_exchange_on_the_wire_own_ids_per_connection_and_shutdown_ends_one_connection(
+    sockdir: Path,
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix") as sidecar:
+            path = sidecar.url.removeprefix("unix://")
+            async with await anyio.connect_unix(path) as s1, await anyio.connect_unix(path) as s2:
+                peers = [RawPeer(s1), RawPeer(s2)]
+                for peer in peers:
+                    challenge = await peer.recv()
+                    assert challenge is not None and challenge["op"] == "challenge"
+                    assert challenge["method"] == "hmac-sha256" and len(challenge["nonce"]) == 32
+                    await peer.send({"op": "auth", "mac": _mac(TOKEN.encode(), challenge["nonce"])})
+                    ready = await peer.recv()
+                    assert ready is not None and ready["op"] == "ready" and ready["protocol"] == 1
+                # The same id on both connections: two requests, each answered on its own connection.
+                await peers[0].send({"op": "synthesize", "id": 1, "text": "first"})
+                await peers[1].send({"op": "synthesize", "id": 1, "text": "second"})
+                for peer, text in zip(peers, ("first", "second"), strict=True):
+                    frames = await peer.until_terminal(1)
+                    pcm = b"".join(f["pcm"] for f in frames if f["op"] == "audio")
+                    assert frames[-1]["op"] == "done" and pcm == render_bytes(text)
+                # shutdown ends the connection that sent it, not the sidecar.
+                await peers[0].send({"op": "shutdown", "id": 2})
+                assert (await peers[0].until_terminal(2))[-1]["op"] == "ok"
+                assert await peers[0].recv() is None
+                await peers[1].send({"op": "ping", "id": 2})
+                assert (await peers[1].until_terminal(2))[-1]["op"] == "pong"
+            # A wrong answer: refused after the fixed delay, then closed.
+            async with await anyio.connect_unix(path) as s3:
+                peer = RawPeer(s3)
+                challenge = await peer.recv()
+                assert challenge is not None
+                began = anyio.current_time()
+                await peer.send({"op": "auth", "mac": _mac(b"wrong-token-0123456789", challenge["nonce"])})
+                refusal = await peer.recv()
+                assert refusal is not None and refusal["op"] == "error" and refusal["code"] == "unauthorized"
+                assert "id" not in refusal
+                assert anyio.current_time() - began >= 0.9  # the fixed delay (a lower bound only)
+                assert await peer.recv() is None
+
+
+@pytest.mark.anyio
+async def test_sigterm_ends_every_connection_s_requests_with_a_typed_error(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp") as sidecar, _client(sidecar.url, max_restarts=0) as client:
+            running = anyio.Event()
+
+            def started(event: ProgressEvent) -> None:
+                if event.stage == "synthesize":
+                    running.set()
+
+            outcomes: dict[str, BaseException] = {}
+
+            async def one(name: str, **options: Any) -> None:
+                try:
+                    await client.synthesize("abcdefghij", chunk_seconds=0.3, **options)
+                except SidecarError as exc:
+                    outcomes[name] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: one("running", hang_at=1, on_progress=started))
+                await running.wait()
+                tg.start_soon(one, "queued")
+                while (await client.ping()).queue_depth < 1:
+                    pass
+                sidecar.process.send_signal(signal.SIGTERM)
+            assert await sidecar.process.wait() == 0
+            # The running request had started: it ends with shutting_down.
+            assert isinstance(outcomes["running"], RequestCancelledError)
+            assert outcomes["running"].code == "shutting_down"
+            # The queued one produced nothing, so the client sends it again, as to a restarted
+            # sidecar; with max_restarts=0 that fails typed instead of hanging.
+            assert isinstance(outcomes["queued"], RestartLimitError)
