@@ -31,6 +31,7 @@ from indextts_client import (
     RequestCancelledError,
     RestartLimitError,
     SidecarError,
+    StartError,
 )
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -533,3 +534,17 @@ async def test_sigterm_ends_every_connection_s_requests_with_a_typed_error(sockd
             # The queued one produced nothing, so the client sends it again, as to a restarted
             # sidecar; with max_restarts=0 that fails typed instead of hanging.
             assert isinstance(outcomes["queued"], RestartLimitError)
+
+
+@pytest.mark.anyio
+async def test_connections_beyond_max_connections_are_refused_busy(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            listening(sockdir, "unix", "--max-connections", "1") as sidecar,
+            _client(sidecar.url) as first,
+        ):
+            with pytest.raises(StartError) as refused:
+                async with _client(sidecar.url):
+                    pass
+            assert refused.value.code == "busy"
+            assert (await first.synthesize("still served")).samples.tobytes() == render_bytes("still served")
