@@ -689,8 +689,12 @@ class Client(Requester):
                 await conn._closed_event.wait()
             conn.abort("the sidecar was stopped")
 
-    async def _beat(self, child: SidecarProcess, conn: Connection, interval: float) -> None:
-        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill."""
+    async def _beat(self, child: Union[SidecarProcess, None], conn: Connection, interval: float) -> None:
+        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill.
+
+        A sidecar on a socket (no ``child``) is not ours to kill: the connection is dropped,
+        and the next call reconnects.
+        """
         misses = 0
         while conn.accepting:
             began = anyio.current_time()
@@ -700,12 +704,19 @@ class Client(Requester):
                 misses += 1
                 if misses < self._heartbeat_misses:
                     continue
-                reason = (
-                    f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
-                    "the sidecar is hung or stopped; it was killed"
-                )
-                log.error("sidecar pid %d: %s", child.pid, reason)
-                child.signal_group(signal.SIGKILL)
+                if child is None:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        f"the sidecar at {self._url} is hung or unreachable; the connection was dropped"
+                    )
+                    log.error("%s", reason)
+                else:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        "the sidecar is hung or stopped; it was killed"
+                    )
+                    log.error("sidecar pid %d: %s", child.pid, reason)
+                    child.signal_group(signal.SIGKILL)
                 conn.abort(reason)
                 return
             except SidecarError:
@@ -757,6 +768,8 @@ class Client(Requester):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
                 if await self._handshake(session, conn, None):
+                    if self._heartbeat is not None:
+                        tg.start_soon(self._beat, None, conn, self._heartbeat)
                     await _wait_any(conn._closed_event, session.stop_requested)
                 conn.mark_closing()
                 tg.cancel_scope.cancel()

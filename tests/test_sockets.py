@@ -548,3 +548,17 @@ async def test_connections_beyond_max_connections_are_refused_busy(sockdir: Path
                     pass
             assert refused.value.code == "busy"
             assert (await first.synthesize("still served")).samples.tobytes() == render_bytes("still served")
+
+
+@pytest.mark.anyio
+async def test_the_heartbeat_drops_the_connection_to_a_stopped_remote_sidecar(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix") as sidecar:
+            try:
+                async with _client(sidecar.url, heartbeat=0.2, heartbeat_misses=2) as client:
+                    await client.ping()
+                    sidecar.process.send_signal(signal.SIGSTOP)  # hung: the socket stays open
+                    with pytest.raises(CrashedError, match="heartbeats in a row"):
+                        await client.synthesize("never answered", idle_timeout=None)
+            finally:
+                sidecar.process.send_signal(signal.SIGCONT)
