@@ -562,3 +562,34 @@ async def test_the_heartbeat_drops_the_connection_to_a_stopped_remote_sidecar(so
                         await client.synthesize("never answered", idle_timeout=None)
             finally:
                 sidecar.process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+async def test_connections_leave_no_descriptors_behind_in_the_sidecar(sockdir: Path) -> None:
+    def descriptors(pid: int) -> int:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp") as sidecar, _client(sidecar.url) as probe:
+            await probe.synthesize("warm")  # the engine loaded, its files open
+            baseline = descriptors(sidecar.process.pid)
+
+            async def good(i: int) -> None:
+                async with _client(sidecar.url) as client:
+                    await client.synthesize(f"client {i}")
+
+            async def refused() -> None:
+                with pytest.raises(AuthenticationError):
+                    async with _client(sidecar.url, token="wrong-token-0123456789abc"):
+                        pass
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(good, i)
+                for _ in range(3):
+                    tg.start_soon(refused)
+            # Each pong is answered after the sidecar's loop handled what came before it; the
+            # loop ends once every closed connection's descriptor is closed (else fail_after).
+            while descriptors(sidecar.process.pid) != baseline:
+                await probe.ping()
