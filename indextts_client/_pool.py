@@ -32,14 +32,15 @@ import anyio
 
 from ._audio import Audio, AudioChunk
 from ._client import Client, _unwrap
-from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError
+from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError
 from ._request import EmotionLike, Synthesis
 from ._types import Health, ProgressCallback
 
 __all__ = ["MemberHealth", "Pool", "PoolStream"]
 
 #: Failures after which a request that delivered nothing may run on another member.
-_RETRYABLE = (CrashedError, BusyError, RestartLimitError)
+#: StartError: a member could not (re)start, e.g. a remote sidecar that refuses connections.
+_RETRYABLE = (CrashedError, BusyError, RestartLimitError, StartError)
 #: Client options that only make sense for a sidecar the client spawns itself.
 _SPAWN_ONLY = frozenset(
     {"engine_options", "python", "command", "sidecar_args", "inherit_env", "cwd", "shared_audio", "exit_with_parent"}

@@ -593,3 +593,29 @@ async def test_connections_leave_no_descriptors_behind_in_the_sidecar(sockdir: P
             # loop ends once every closed connection's descriptor is closed (else fail_after).
             while descriptors(sidecar.process.pid) != baseline:
                 await probe.ping()
+
+
+@pytest.mark.anyio
+async def test_a_pool_of_remote_sidecars_survives_losing_one_under_load(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            listening(sockdir, "unix", name="one") as first,
+            listening(sockdir, "unix", name="two") as second,
+            Pool(urls=[first.url, second.url], token=TOKEN, max_outstanding=4, restart_backoff=0.05) as pool,
+        ):
+            results: dict[int, bytes] = {}
+            some_done = anyio.Event()
+
+            async def one(i: int) -> None:
+                results[i] = (await pool.synthesize(f"load {i}", delay=0.02)).samples.tobytes()
+                if len(results) == 4:
+                    some_done.set()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(24):
+                    tg.start_soon(one, i)
+                await some_done.wait()
+                first.process.kill()
+            assert results == {i: render_bytes(f"load {i}") for i in range(24)}
+            health = await pool.health()
+            assert health[1].state == "ready" and health[1].served >= 12
