@@ -181,7 +181,8 @@ class Connection(Requester):
         token: Union[str, bytes, None] = None,
     ) -> None:
         self._receive_stream = receive_stream
-        self._token = token
+        # As the sidecar reads its --token-file: surrounding whitespace (a trailing newline) is not part of it.
+        self._token = token.strip() if token is not None else None
         self._challenged = False
         self._max_buffered = max_buffered
         self._ring = shared_audio

@@ -183,7 +183,7 @@ async def test_a_wrong_or_missing_token_is_refused(sockdir: Path, transport: str
             with pytest.raises(AuthenticationError, match="requires a token"):
                 async with _client(sidecar.url, token=None):
                     pass
-            async with _client(sidecar.url) as client:
+            async with _client(sidecar.url, token=f"{TOKEN}\n".encode()) as client:  # as read from the file
                 audio = await client.synthesize("hello")
                 assert audio.samples.tobytes() == render_bytes("hello")
                 assert client.info.engine == "fake"
