@@ -100,3 +100,13 @@ def test_pytest_example(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout
+
+
+def test_remote_sidecar(tmp_path: Path) -> None:
+    out = run_example("remote_sidecar.py", cwd=tmp_path)
+    assert "sidecar listening on unix://" in out
+    assert "wrong token: AuthenticationError" in out
+    assert "registered: registered:alice" in out
+    assert re.search(r"^alice: \d+\.\d\d s of audio$", out, re.M) and re.search(r"^bob: ", out, re.M)
+    assert "same sidecar: True" in out
+    assert "sidecar exit code: 0" in out
