@@ -619,3 +619,21 @@ async def test_a_pool_of_remote_sidecars_survives_losing_one_under_load(sockdir:
             assert results == {i: render_bytes(f"load {i}") for i in range(24)}
             health = await pool.health()
             assert health[1].state == "ready" and health[1].served >= 12
+
+
+@pytest.mark.anyio
+async def test_register_voice_works_over_pipes_too_and_needs_a_voice_dir(sockdir: Path) -> None:
+    voices = sockdir / "voices"
+    voices.mkdir()
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake", sidecar_args=["--voice-dir", str(voices)], ready_timeout=TIMEOUT) as client:
+            voice = await client.register_voice("carol", b"fLaC" + bytes(100))
+            audio = await client.synthesize("piped", voice=voice, emotion={"kind": "audio", "path": voice})
+            assert audio.samples.tobytes() == render_bytes("piped")
+            assert [p.suffix for p in (voices / ".registered-voices").iterdir()] == [".flac"]
+        async with Client("fake", ready_timeout=TIMEOUT) as plain:
+            assert "registered_voices" not in plain.info.capabilities
+            with pytest.raises(InvalidRequestError, match="--voice-dir"):
+                await plain.register_voice("carol", b"x")
+            with pytest.raises(InvalidRequestError, match="--voice-dir"):
+                await plain.synthesize("x", voice="registered:carol")
