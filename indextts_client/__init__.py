@@ -28,6 +28,7 @@ from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
 from ._connection import Connection, LossInfo
 from ._exceptions import (
+    AuthenticationError,
     BufferFullError,
     BusyError,
     ClosedError,
@@ -51,6 +52,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Audio",
     "AudioChunk",
+    "AuthenticationError",
     "BlockingClient",
     "BlockingStream",
     "BufferFullError",

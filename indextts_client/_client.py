@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import ssl
 import sys
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -27,12 +28,20 @@ from typing import Any, Union
 
 import anyio
 import msgspec
-from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
+from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
 
 from indextts_sidecar import protocol
 
 from ._connection import Connection, LossInfo
-from ._exceptions import ClosedError, RequestTimeoutError, RestartLimitError, SidecarError, StartError, fresh
+from ._exceptions import (
+    AuthenticationError,
+    ClosedError,
+    RequestTimeoutError,
+    RestartLimitError,
+    SidecarError,
+    StartError,
+    fresh,
+)
 from ._process import Redactor, SidecarProcess
 from ._request import Requester
 from ._types import RestartCallback, SidecarInfo
@@ -185,6 +194,13 @@ class Client(Requester):
     **Logs.**  The sidecar's stderr goes to the ``indextts_client.sidecar`` logger, with
     Hugging Face tokens, the values of secret-named environment variables (TOKEN, KEY,
     SECRET, PASSWORD) and the strings in ``redact`` replaced by ``***``.
+
+    **A sidecar on a socket.**  With ``url="tcp://HOST:PORT"`` or ``url="unix:///PATH"``
+    the client connects to a running ``python -m indextts_sidecar --listen URL`` instead
+    of spawning one (``token``: the shared secret of its ``--token-file``; ``ssl_context``:
+    TLS for ``tcp://``).  The API is the same.  When the connection drops, pending
+    requests fail with :class:`CrashedError`; the next call reconnects, with the restart
+    backoff and budget above.  A refused token raises :class:`AuthenticationError`.
     """
 
     def __init__(
@@ -214,7 +230,23 @@ class Client(Requester):
         heartbeat: Union[float, None] = None,
         heartbeat_misses: int = 3,
         exit_with_parent: bool = True,
+        url: Union[str, None] = None,
+        token: Union[str, bytes, None] = None,
+        ssl_context: Union[ssl.SSLContext, None] = None,
     ) -> None:
+        self._url = None
+        if url is not None:
+            from indextts_sidecar._listen import parse_url
+
+            if engine is not None or command is not None or python is not None:
+                raise ValueError("give url (a running sidecar) or engine/command/python (one to spawn), not both")
+            self._url = parse_url(url)
+            if ssl_context is not None and self._url.scheme != "tcp":
+                raise ValueError("ssl_context is for tcp:// addresses")
+        elif token is not None or ssl_context is not None:
+            raise ValueError("token and ssl_context are for a sidecar reached by url")
+        self._token = token
+        self._ssl_context = ssl_context
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
         if max_restarts < 0:
@@ -232,6 +264,8 @@ class Client(Requester):
         for key, value in (engine_options or {}).items():
             argv += ["-o", f"{key}={msgspec.json.encode(value).decode()}"]
         argv += list(sidecar_args)
+        if self._url is not None:
+            argv = []
         self.argv: list[str] = argv
         """The sidecar's command line."""
         child_env = dict(os.environ) if inherit_env else {}
@@ -254,7 +288,7 @@ class Client(Requester):
         self._heartbeat = heartbeat
         self._heartbeat_misses = heartbeat_misses
         # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
-        self._shared_audio = shared_audio if command is None else 0
+        self._shared_audio = shared_audio if command is None and url is None else 0
         self._streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
         self._ids = itertools.count(1)
         self._state = _NEW
@@ -314,6 +348,11 @@ class Client(Requester):
         if self._last_info is None:
             raise RuntimeError("the sidecar has not started yet")
         return self._last_info
+
+    @property
+    def url(self) -> Union[str, None]:
+        """The address of the sidecar this client connects to, None when it spawns one."""
+        return None if self._url is None else str(self._url)
 
     @property
     def pid(self) -> Union[int, None]:
@@ -495,6 +534,8 @@ class Client(Requester):
             ended_at = previous.ended_at or ended_at
         if self._streams is not None:
             raise fresh(reason) if isinstance(reason, SidecarError) else ClosedError(str(reason))
+        if isinstance(reason, AuthenticationError):
+            raise fresh(reason)  # the same token would be refused again
         now = anyio.current_time()
         while self._restart_times and now - self._restart_times[0] >= self._restart_window:
             self._restart_times.popleft()
@@ -514,7 +555,12 @@ class Client(Requester):
             self._check_state()
         self._restart_times.append(anyio.current_time())
         self.restarts += 1
-        log.warning("restarting the sidecar (restart %d) after: %s", self.restarts, _summary(reason))
+        log.warning(
+            "%s (restart %d) after: %s",
+            "restarting the sidecar" if self._url is None else f"reconnecting to {self._url}",
+            self.restarts,
+            _summary(reason),
+        )
         if self._on_restart is not None:
             try:
                 result = self._on_restart(self.restarts, reason)
@@ -548,6 +594,8 @@ class Client(Requester):
         try:
             if self._streams is not None:
                 await self._stream_session(session)
+            elif self._url is not None:
+                await self._socket_session(session)
             else:
                 await self._process_session(session)
         except Exception as exc:
@@ -582,6 +630,7 @@ class Client(Requester):
             ids=self._ids,
             shared_audio=child.ring if child is not None else None,
             max_buffered=self._max_buffered,
+            token=self._token,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
@@ -672,8 +721,12 @@ class Client(Requester):
                 await conn._closed_event.wait()
             conn.abort("the sidecar was stopped")
 
-    async def _beat(self, child: SidecarProcess, conn: Connection, interval: float) -> None:
-        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill."""
+    async def _beat(self, child: Union[SidecarProcess, None], conn: Connection, interval: float) -> None:
+        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill.
+
+        A sidecar on a socket (no ``child``) is not ours to kill: the connection is dropped,
+        and the next call reconnects.
+        """
         misses = 0
         while conn.accepting:
             began = anyio.current_time()
@@ -683,12 +736,19 @@ class Client(Requester):
                 misses += 1
                 if misses < self._heartbeat_misses:
                     continue
-                reason = (
-                    f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
-                    "the sidecar is hung or stopped; it was killed"
-                )
-                log.error("sidecar pid %d: %s", child.pid, reason)
-                child.signal_group(signal.SIGKILL)
+                if child is None:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        f"the sidecar at {self._url} is hung or unreachable; the connection was dropped"
+                    )
+                    log.error("%s", reason)
+                else:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        "the sidecar is hung or stopped; it was killed"
+                    )
+                    log.error("sidecar pid %d: %s", child.pid, reason)
+                    child.signal_group(signal.SIGKILL)
                 conn.abort(reason)
                 return
             except SidecarError:
@@ -711,6 +771,37 @@ class Client(Requester):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
                 if await self._handshake(session, conn, None):
+                    await _wait_any(conn._closed_event, session.stop_requested)
+                conn.mark_closing()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.aclose()
+
+    async def _socket_session(self, session: _Session) -> None:
+        """Connect to a listening sidecar; then as a stream session."""
+        address = self._url
+        assert address is not None
+        stream: Union[ByteStream, None] = None
+        try:
+            with anyio.fail_after(math.inf if self._ready_timeout is None else self._ready_timeout):
+                if address.scheme == "unix":
+                    stream = await anyio.connect_unix(address.path)
+                elif self._ssl_context is not None:
+                    stream = await anyio.connect_tcp(
+                        address.host, address.port, ssl_context=self._ssl_context, tls_standard_compatible=False
+                    )
+                else:
+                    stream = await anyio.connect_tcp(address.host, address.port)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
+        conn = session.conn = self._new_connection(stream, stream, None)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                if await self._handshake(session, conn, None):
+                    if self._heartbeat is not None:
+                        tg.start_soon(self._beat, None, conn, self._heartbeat)
                     await _wait_any(conn._closed_event, session.stop_requested)
                 conn.mark_closing()
                 tg.cancel_scope.cancel()

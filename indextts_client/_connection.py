@@ -33,12 +33,13 @@ import msgspec
 import numpy as np
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
-from indextts_sidecar import protocol
+from indextts_sidecar import _auth, protocol
 from indextts_sidecar._framing import FrameReader, FramingError
 from indextts_sidecar._shm import AudioRing, RingError
 
 from ._audio import AudioAssembler
 from ._exceptions import (
+    AuthenticationError,
     BufferFullError,
     ClosedError,
     CrashedError,
@@ -177,8 +178,12 @@ class Connection(Requester):
         ids: Union[Iterator[int], None] = None,
         shared_audio: Union[AudioRing, None] = None,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
+        token: Union[str, bytes, None] = None,
     ) -> None:
         self._receive_stream = receive_stream
+        # As the sidecar reads its --token-file: surrounding whitespace (a trailing newline) is not part of it.
+        self._token = token.strip() if token is not None else None
+        self._challenged = False
         self._max_buffered = max_buffered
         self._ring = shared_audio
         self._send_stream = send_stream
@@ -392,6 +397,14 @@ class Connection(Requester):
                         return _Loss("eof", "the sidecar's output stream ended")
                     if body is None:
                         return _Loss("eof", "the sidecar's output stream ended")
+                    if self.ready is None and not self._challenged:
+                        challenge = _challenge_of(body)
+                        if challenge is not None:
+                            self._challenged = True
+                            loss = await self._answer(challenge)
+                            if loss is not None:
+                                return loss
+                            continue
                     loss = self._handle(body)
                     if loss is not None:
                         return loss
@@ -399,6 +412,22 @@ class Connection(Requester):
                 log.exception("internal error in the frame reader")
                 return _Loss("protocol", f"internal error in the frame reader: {exc!r}")
         return _Loss("aborted", self._abort_reason)
+
+    async def _answer(self, challenge: dict[str, Any]) -> Union[_Loss, None]:
+        """Prove we hold the token (socket transport); the token itself is never sent."""
+        nonce = challenge.get("nonce")
+        if challenge.get("method") != _auth.METHOD or not isinstance(nonce, bytes):
+            return _Loss("protocol", f"the sidecar's challenge is not one this client answers: {challenge!r}")
+        if self._token is None:
+            return _Loss("auth", "the sidecar requires a token, and none was given (token=...)")
+        mac = _auth.answer(self._token, nonce)
+        body = msgspec.msgpack.encode({"op": "auth", "mac": mac})
+        async with self._send_lock:
+            try:
+                await self._send_stream.send(len(body).to_bytes(protocol.HEADER, "big") + body)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                return _Loss("eof", f"sending the token's proof failed: {exc!r}")
+        return None
 
     def _handle(self, body: memoryview) -> Union[_Loss, None]:
         if self.ready is None:
@@ -551,6 +580,10 @@ class Connection(Requester):
             message += f"; the sidecar reported: {self._fatal.code}: {self._redact(self._fatal.message)}"
         exit_text = describe_exit(info.exit_code, info.signal)
         if self.ready is None:
+            if loss.kind == "auth":
+                return AuthenticationError(message, code="unauthorized")
+            if loss.extra.get("code") == "unauthorized":
+                return AuthenticationError("the sidecar refused the token (wrong token)", code="unauthorized")
             if loss.kind == "version":
                 return VersionMismatchError(
                     message,
@@ -765,6 +798,17 @@ class Connection(Requester):
         self.mark_closing()
         self._stop_asked = True
         await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
+
+
+def _challenge_of(body: memoryview) -> Union[dict[str, Any], None]:
+    """The socket transport's ``challenge`` message, if ``body`` is one."""
+    try:
+        loose = msgspec.msgpack.decode(body)
+    except msgspec.MsgspecError:
+        return None
+    if isinstance(loose, dict) and loose.get("op") == "challenge":
+        return loose
+    return None
 
 
 def _describe_reply(reply: protocol.Reply) -> str:

@@ -13,6 +13,7 @@ import signal as _signal
 from typing import Any, Literal, TypeVar, Union
 
 __all__ = [
+    "AuthenticationError",
     "BusyError",
     "ClosedError",
     "CrashedError",
@@ -91,6 +92,13 @@ class StartError(SidecarError):
 
     def __str__(self) -> str:
         return _with_tail(self.message, self.stderr_tail)
+
+
+class AuthenticationError(StartError):
+    """A sidecar on a socket refused the connection's token (or wanted one and none was given).
+
+    Not retried by reconnecting: the same token would be refused again.
+    """
 
 
 class VersionMismatchError(StartError):

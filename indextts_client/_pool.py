@@ -32,14 +32,19 @@ import anyio
 
 from ._audio import Audio, AudioChunk
 from ._client import Client, _unwrap
-from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError
+from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError
 from ._request import EmotionLike, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback
 
 __all__ = ["MemberHealth", "Pool", "PoolStream"]
 
 #: Failures after which a request that delivered nothing may run on another member.
-_RETRYABLE = (CrashedError, BusyError, RestartLimitError)
+#: StartError: a member could not (re)start, e.g. a remote sidecar that refuses connections.
+_RETRYABLE = (CrashedError, BusyError, RestartLimitError, StartError)
+#: Client options that only make sense for a sidecar the client spawns itself.
+_SPAWN_ONLY = frozenset(
+    {"engine_options", "python", "command", "sidecar_args", "inherit_env", "cwd", "shared_audio", "exit_with_parent"}
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class MemberHealth:
     #: The member's own answer to ``ping``; None when it could not answer.
     health: Union[Health, None]
     error: Union[str, None] = None
+    #: The address of a remote member (``urls``); None for a member the pool spawned.
+    url: Union[str, None] = None
 
 
 @dataclass
@@ -67,6 +74,7 @@ class _Member:
     client: Client
     outstanding: int = 0
     served: int = 0
+    url: Union[str, None] = None
 
     @property
     def usable(self) -> bool:
@@ -99,6 +107,11 @@ class Pool:
     ``size`` sidecars, or one per entry of ``devices`` (each with ``CUDA_VISIBLE_DEVICES``
     pinned, so each sees its GPU as ``cuda:0``).  ``client_kwargs`` go to every
     :class:`Client` (``engine_options``, ``python``, ``env``, timeouts...).
+
+    ``urls`` adds one member per running sidecar reached over a socket
+    (``tcp://HOST:PORT``, ``unix:///PATH``; ``token`` and ``ssl_context`` apply to each),
+    after the local ones.  With ``urls`` and neither ``size`` nor ``devices``, the pool
+    spawns no sidecar of its own.
     """
 
     def __init__(
@@ -111,14 +124,19 @@ class Pool:
         pool_timeout: Union[float, None] = 30.0,
         retries: int = 1,
         affinity_slack: int = 2,
+        urls: Sequence[str] = (),
+        token: Union[str, bytes, None] = None,
+        ssl_context: Any = None,
         **client_kwargs: Any,
     ) -> None:
+        if isinstance(urls, str):
+            raise TypeError("urls is a list of addresses, not one string")
         if devices is not None and size is not None and size != len(devices):
             raise ValueError("give size or devices, or a size equal to len(devices)")
         if devices is not None and not devices:
             raise ValueError("devices is empty")
-        count = len(devices) if devices is not None else (size if size is not None else 1)
-        if count < 1:
+        count = len(devices) if devices is not None else (size if size is not None else (0 if urls else 1))
+        if count < 0 or count + len(urls) < 1:
             raise ValueError("a pool needs at least one member")
         if max_outstanding < 1:
             raise ValueError("max_outstanding must be >= 1")
@@ -130,6 +148,10 @@ class Pool:
             device = devices[index] if devices is not None else None
             env = {**base_env, **(_device_env(device) if device is not None else {})}
             members.append(_Member(index, device, Client(engine, env=env, **client_kwargs)))
+        remote_kwargs = {k: v for k, v in client_kwargs.items() if k not in _SPAWN_ONLY}
+        for url in urls:
+            client = Client(url=url, token=token, ssl_context=ssl_context, **remote_kwargs)
+            members.append(_Member(len(members), None, client, url=url))
         self._routing = _Routing(members)
         self._lock = anyio.Lock()
         self._room = anyio.Condition(self._lock)
@@ -284,6 +306,12 @@ class Pool:
     async def unload(self) -> None:
         await self._on_all(lambda client: client.unload())
 
+    async def register_voice(self, name: str, audio: Union[bytes, bytearray, memoryview]) -> str:
+        """Upload a reference clip to every member (see :meth:`Client.register_voice`); returns the voice."""
+        data = bytes(audio)
+        voices = await self._on_all(lambda client: client.register_voice(name, data))
+        return str(next(v for v in voices if v is not None))
+
     async def ping(self) -> list[Health]:
         """Every member's health, in member order."""
         return await self._on_all(lambda client: client.ping())
@@ -313,6 +341,7 @@ class Pool:
                 pid=client.pid,
                 health=health,
                 error=error,
+                url=member.url,
             )
 
         async with anyio.create_task_group() as tg:

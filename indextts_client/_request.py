@@ -678,3 +678,32 @@ class Requester:
         )
         assert isinstance(call._reply, protocol.Ok)
         return [dict(voice) for voice in call._reply.info.get("voices", [])]
+
+    async def register_voice(
+        self,
+        name: str,
+        audio: Union[bytes, bytearray, memoryview],
+        *,
+        timeout: TimeoutArg = ...,  # noqa: ASYNC109
+    ) -> str:
+        """Upload a reference clip to the sidecar, stored there under ``name``; returns the voice to use.
+
+        For a sidecar on another machine, where a local path means nothing::
+
+            voice = await client.register_voice("alice", Path("alice.wav").read_bytes())
+            audio = await client.synthesize("Hello.", voice=voice)  # voice == "registered:alice"
+
+        The sidecar needs ``--voice-dir`` (it keeps clips there, by content hash, bounded
+        by ``--max-voice-bytes`` and ``--max-voices``); registering a name again replaces it.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        data = bytes(audio)
+        call = await self._call(
+            lambda i: protocol.RegisterVoice(id=i, name=name, audio=data),
+            timeout=_resolve(timeout, self._default_timeout),
+            idle_timeout=self._default_idle_timeout,
+        )
+        assert call._reply is not None
+        info = dict(getattr(call._reply, "info", {}))
+        return str(info.get("voice", protocol.REGISTERED_PREFIX + name))

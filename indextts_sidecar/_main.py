@@ -92,6 +92,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PID",
         help=f"stop (as on SIGTERM) once process PID is gone; also {_PARENT_ENV} (see docs/protocol.md)",
     )
+    sockets = parser.add_argument_group("sockets (see docs/protocol.md, 'Sockets')")
+    sockets.add_argument(
+        "--listen",
+        metavar="URL",
+        help="serve many connections on tcp://HOST:PORT or unix:///PATH instead of stdin/stdout; "
+        "prints 'listening on URL' on stdout once bound",
+    )
+    sockets.add_argument(
+        "--token-file", metavar="FILE", help="shared secret (16 bytes or more) a connection must prove it holds"
+    )
+    sockets.add_argument(
+        "--insecure", action="store_true", help="allow tcp:// without --token-file (loopback addresses only)"
+    )
+    sockets.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (tcp:// only)")
+    sockets.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    sockets.add_argument(
+        "--max-connections", type=int, default=64, help="connections served at once; more are refused (default 64)"
+    )
+    sockets.add_argument(
+        "--max-voices",
+        type=int,
+        default=256,
+        help="reference clips register_voice may store under the first --voice-dir (default 256)",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
@@ -145,6 +169,8 @@ def _startup_error(write_fd: int, code: str, message: str, field: Union[str, Non
     sys.stderr.write(f"indextts_sidecar: {message}\n")
     sys.stderr.flush()
     detail = {"field": field} if field else {}
+    if write_fd < 0:
+        return EXIT_USAGE
     try:
         os.write(write_fd, protocol.frame(protocol.Error(code=code, message=message, detail=detail)))
     except OSError:
@@ -171,15 +197,18 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._fds import take_over_stdio
 
     read_fd, write_fd = take_over_stdio()
+    # A listening sidecar's stdout is one text line ("listening on URL"), never frames.
+    frame_fd = write_fd if args.listen is None else -1
     for directory in args.voice_dir:
         if not os.path.isdir(directory):
             return _startup_error(
-                write_fd, "invalid_option", f"--voice-dir {directory!r} is not a directory", "--voice-dir"
+                frame_fd, "invalid_option", f"--voice-dir {directory!r} is not a directory", "--voice-dir"
             )
     limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
-    for name, value in (*limits, ("--max-voice-bytes", args.max_voice_bytes)):
+    more = (("--max-voice-bytes", args.max_voice_bytes), ("--max-connections", args.max_connections))
+    for name, value in (*limits, *more, ("--max-voices", args.max_voices)):
         if value < 1:
-            return _startup_error(write_fd, "invalid_option", f"{name} must be at least 1", name)
+            return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -187,21 +216,29 @@ def main(argv: Union[list[str], None] = None) -> int:
             f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}",
             "--max-frame-size",
         )
+    listen = None
+    if args.listen is not None:
+        checked = _check_listen(args)
+        if isinstance(checked, tuple):
+            return _startup_error(frame_fd, "invalid_option", *checked)
+        listen = checked
     from .engines import engine_class
 
     args.engine = args.engine or "espeak"
     try:
         cls = engine_class(args.engine)
     except LookupError as exc:
-        return _startup_error(write_fd, "unknown_engine", str(exc), "--engine")
+        return _startup_error(frame_fd, "unknown_engine", str(exc), "--engine")
     try:
         options = msgspec.convert(parse_options(args.option), cls.Options, strict=False)
     except (ValueError, msgspec.ValidationError) as exc:
-        return _startup_error(write_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
+        return _startup_error(frame_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
     ring = None
     raw_fd, source = args.shared_audio_fd, "--shared-audio-fd"
     named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
+    if listen is not None:
+        named = None  # shared memory is for a parent on the other end of a pipe
     if raw_fd is None and named is not None:
         if named.isdigit():
             raw_fd, source = named, _SHARED_FD_ENV
@@ -215,13 +252,13 @@ def main(argv: Union[list[str], None] = None) -> int:
         shared_fd = _fd_number(raw_fd)
         if shared_fd is None:
             return _startup_error(
-                write_fd, "invalid_option", f"{source}: {raw_fd!r} is not a file descriptor number", source
+                frame_fd, "invalid_option", f"{source}: {raw_fd!r} is not a file descriptor number", source
             )
         try:
             ring = AudioRing(shared_fd)
             os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
         except (OSError, ValueError, OverflowError) as exc:
-            return _startup_error(write_fd, "invalid_option", f"{source}: {exc}", source)
+            return _startup_error(frame_fd, "invalid_option", f"{source}: {exc}", source)
     parent_pid = args.parent_pid
     named_parent = os.environ.pop(_PARENT_ENV, None)
     if parent_pid is None and named_parent:
@@ -235,10 +272,15 @@ def main(argv: Union[list[str], None] = None) -> int:
         pid=os.getpid(),
         max_frame_size=args.max_frame_size,
         sample_rate=engine.sample_rate,
-        capabilities=[*cls.capabilities, *(["shared_audio"] if ring is not None else [])],
+        capabilities=[
+            *cls.capabilities,
+            *(["shared_audio"] if ring is not None else []),
+            *(["registered_voices"] if args.voice_dir else []),
+        ],
         options=msgspec.to_builtins(options),
     )
-    os.write(write_fd, protocol.frame(ready))
+    if listen is None:
+        os.write(write_fd, protocol.frame(ready))
 
     import logging
 
@@ -250,11 +292,19 @@ def main(argv: Union[list[str], None] = None) -> int:
     import anyio
 
     from ._paths import PathPolicy
-    from ._server import Server
+    from ._server import Scheduler, Server
     from ._stdio import FdReceiveStream, FdSendStream
+    from ._voices import STORE_DIR, VoiceStore
 
-    async def serve() -> int:
-        server = Server(
+    paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
+    voices = None
+    if args.voice_dir:
+        voices = VoiceStore(
+            os.path.join(args.voice_dir[0], STORE_DIR), max_bytes=args.max_voice_bytes, max_count=args.max_voices
+        )
+
+    def make_server(scheduler: Union[Scheduler, None] = None) -> Server:
+        return Server(
             engine,
             max_queue=args.max_queue,
             max_frame_size=args.max_frame_size,
@@ -262,8 +312,22 @@ def main(argv: Union[list[str], None] = None) -> int:
             shared_audio=ring,
             max_text=args.max_text,
             max_outgoing=args.max_outgoing,
-            paths=PathPolicy(args.voice_dir, args.max_voice_bytes),
+            paths=paths,
+            scheduler=scheduler,
+            voices=voices,
         )
+
+    if listen is not None:
+        from ._listen import serve_socket
+
+        listen_code: int = anyio.run(serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
+        sys.stderr.flush()
+        if engine_thread_busy():
+            os._exit(listen_code)
+        return listen_code
+
+    async def serve() -> int:
+        server = make_server()
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)
             if parent_pid is not None and parent_pid > 0:
@@ -278,6 +342,53 @@ def main(argv: Union[list[str], None] = None) -> int:
         # An engine stuck in native code must not hold the exit hostage.
         os._exit(code)
     return code
+
+
+def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
+    """The ``--listen`` settings, checked; or (message, option) of the first problem."""
+    from ._auth import load_token
+    from ._listen import ListenConfig, is_loopback, parse_url
+
+    try:
+        address = parse_url(args.listen)
+    except ValueError as exc:
+        return str(exc), "--listen"
+    if not args.voice_dir:
+        return "--listen needs --voice-dir: over a socket, requests may name files only inside it", "--voice-dir"
+    if args.shared_audio_fd is not None:
+        return "--shared-audio-fd works over stdin/stdout only, not with --listen", "--shared-audio-fd"
+    token = None
+    if args.token_file is not None:
+        try:
+            token = load_token(args.token_file)
+        except (OSError, ValueError) as exc:
+            return f"--token-file: {exc}", "--token-file"
+    elif address.scheme == "tcp":
+        if not is_loopback(address.host):
+            return (
+                f"refusing to listen on {address} without --token-file: anyone who can reach it could use it",
+                "--token-file",
+            )
+        if not args.insecure:
+            return (
+                f"refusing to listen on {address} without --token-file; on a loopback address, "
+                "--insecure allows it (every local user can then connect)",
+                "--token-file",
+            )
+    ssl_context = None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return "--tls-cert and --tls-key go together", "--tls-cert"
+    if args.tls_cert is not None:
+        if address.scheme != "tcp":
+            return "TLS is for tcp:// addresses", "--tls-cert"
+        import ssl
+
+        try:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"--tls-cert/--tls-key: {exc}", "--tls-cert"
+    return ListenConfig(address, token, ssl_context, args.max_connections)
 
 
 def engine_thread_busy() -> bool:

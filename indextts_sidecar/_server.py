@@ -6,6 +6,12 @@ bounded FIFO to the worker, which runs them one at a time on a dedicated engine 
 Every frame leaves through one writer task, so frames never interleave on the pipe;
 audio frames hold one of a few slots until written, which bounds the memory audio can
 take when the parent reads slowly, while control frames never wait for a slot.
+
+A :class:`Server` serves one connection.  Its FIFO is one of the queues of a
+:class:`Scheduler`, which owns the engine thread: over stdio there is one connection
+and one queue; a sidecar listening on a socket gives every connection its own
+:class:`Server` (its own ids, its own queue) over one shared scheduler, which takes
+the next job from each non-empty queue in turn, so no connection starves another.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from . import protocol
 from ._framing import FrameReader, FrameWriter, FramingError
 from ._paths import PathPolicy
 from ._shm import AudioRing
-from .engines import Cancelled, Engine, EngineError, SynthesisRequest
+from ._voices import VoiceStore
+from .engines import Cancelled, Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import (
+    REGISTERED_PREFIX,
     Cancel,
     Done,
     EmotionAudio,
@@ -43,12 +51,13 @@ from .protocol import (
     Ping,
     Pong,
     Progress,
+    RegisterVoice,
     Shutdown,
     Synthesize,
     Unload,
 )
 
-__all__ = ["EngineThread", "Server"]
+__all__ = ["EngineThread", "Scheduler", "Server"]
 
 log = logging.getLogger("indextts_sidecar")
 T = TypeVar("T")
@@ -149,6 +158,53 @@ class LoopPoster:
             pass
 
 
+class Scheduler:
+    """One engine thread, fed round robin from the queues of the connections attached to it."""
+
+    def __init__(self, engine: Engine[Any, Any]) -> None:
+        self.engine = engine
+        self.engine_thread = EngineThread()
+        self.started = time.monotonic()
+        self.servers: list[Server] = []
+        self._changed = anyio.Event()
+        self._turn = 0
+
+    def attach(self, server: Server) -> None:
+        self.servers.append(server)
+
+    def detach(self, server: Server) -> None:
+        if server in self.servers:
+            self.servers.remove(server)
+
+    def notify(self) -> None:
+        """A queue gained a job."""
+        self._changed.set()
+
+    async def _next(self) -> tuple[Server, _Job]:
+        while True:
+            count = len(self.servers)
+            for step in range(count):
+                index = (self._turn + step) % count
+                server = self.servers[index]
+                if server._queue:
+                    # The next turn starts after this connection: round robin.
+                    self._turn = index + 1
+                    job_id = next(iter(server._queue))
+                    return server, server._queue.pop(job_id)
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+    async def run(self) -> None:
+        """Run queued jobs one at a time, for ever (until cancelled)."""
+        while True:
+            server, job = await self._next()
+            await server._run_job(job)
+
+    def close(self) -> None:
+        """Let the engine thread end after its current call."""
+        self.engine_thread.close()
+
+
 class _Job:
     __slots__ = ("cancel", "cancel_code", "enqueued", "finished", "id", "kind", "request", "started")
 
@@ -188,8 +244,14 @@ class Server:
         max_text: int = DEFAULT_MAX_TEXT,
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         paths: Union[PathPolicy, None] = None,
+        scheduler: Union[Scheduler, None] = None,
+        voices: Union[VoiceStore, None] = None,
     ) -> None:
         self.engine = engine
+        #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
+        self._owns_scheduler = scheduler is None
+        self.scheduler = scheduler if scheduler is not None else Scheduler(engine)
+        self.voices = voices
         self.paths = paths if paths is not None else PathPolicy()
         self.max_text = max_text
         self.max_outgoing = max_outgoing
@@ -198,11 +260,9 @@ class Server:
         self.max_frame_size = max_frame_size
         self.frame_timeout = frame_timeout
         self.shutdown_grace = shutdown_grace
-        self.engine_thread = EngineThread()
-        self._started = time.monotonic()
+        self.engine_thread = self.scheduler.engine_thread
         self._inflight: dict[int, _Job] = {}
         self._queue: dict[int, _Job] = {}
-        self._queue_changed = anyio.Event()
         self._active: Union[_Job, None] = None
         self._idle = anyio.Event()
         self._idle.set()
@@ -250,7 +310,8 @@ class Server:
     async def _writer(self, writer: FrameWriter, stop: anyio.CancelScope) -> None:
         try:
             await self._write_all(writer)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            # (A TLS stream reports a peer that closed as EndOfStream, also on send.)
             log.info("parent closed the reply stream; stopping")
             stop.cancel()
         finally:
@@ -292,10 +353,12 @@ class Server:
         code = EXIT_OK
         if ready is not None:
             self._send(ready)
+        self.scheduler.attach(self)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer, writer, self._read_scope)
-                tg.start_soon(self._worker)
+                if self._owns_scheduler:
+                    tg.start_soon(self.scheduler.run)
                 try:
                     with self._read_scope:
                         code = await self._read_loop(reader)
@@ -317,7 +380,9 @@ class Server:
                             await self._writer_done.wait()
                         tg.cancel_scope.cancel()
         finally:
-            self.engine_thread.close()
+            self.scheduler.detach(self)
+            if self._owns_scheduler:
+                self.scheduler.close()
             with anyio.CancelScope(shield=True):
                 await writer.aclose()
                 await receive.aclose()
@@ -414,6 +479,25 @@ class Server:
         if isinstance(message, protocol.Voices):
             self._send(_voices_reply(self.engine, message.id))
             return
+        if isinstance(message, RegisterVoice):
+            if self.voices is None:
+                self._send(
+                    Error(
+                        code="invalid_input",
+                        id=message.id,
+                        message="this sidecar stores no voices: start it with --voice-dir",
+                        detail={"field": "$.audio"},
+                    )
+                )
+                return
+            try:
+                info = self.voices.register(message.name, message.audio)
+            except EngineError as exc:
+                self._send(_error_for(message.id, exc))
+                return
+            log.info("voice %r registered (%d bytes, sha256 %s)", message.name, info["bytes"], info["sha256"])
+            self._send(Ok(id=message.id, info=info))
+            return
         job: _Job
         if isinstance(message, Synthesize):
             try:
@@ -438,7 +522,7 @@ class Server:
             return
         self._inflight[job.id] = job
         self._queue[job.id] = job
-        self._queue_changed.set()
+        self.scheduler.notify()
 
     def _synthesis_request(self, message: Synthesize) -> SynthesisRequest[Any]:
         engine = self.engine
@@ -460,21 +544,32 @@ class Server:
                 code="invalid_option",
                 field="$.sample_rate",
             )
+        voice = message.voice
+        if voice is not None and voice.startswith(REGISTERED_PREFIX):
+            voice = self._registered(voice, "$.voice")
+        if isinstance(message.emotion, EmotionAudio) and message.emotion.path.startswith(REGISTERED_PREFIX):
+            path = self._registered(message.emotion.path, "$.emotion.path")
+            message.emotion = EmotionAudio(path=path, alpha=message.emotion.alpha)
         if engine.reads_paths:
-            if message.voice is not None:
-                self.paths.check(message.voice, "$.voice", "voice reference")
+            if voice is not None:
+                self.paths.check(voice, "$.voice", "voice reference")
             if isinstance(message.emotion, EmotionAudio):
                 self.paths.check(message.emotion.path, "$.emotion.path", "emotion reference")
         request = SynthesisRequest(
             id=message.id,
             text=message.text,
-            voice=message.voice,
+            voice=voice,
             emotion=message.emotion,
             options=options,
             sample_rate=message.sample_rate,
         )
         engine.check(request)
         return request
+
+    def _registered(self, value: str, field: str) -> str:
+        if self.voices is None:
+            raise RequestError(f"{value!r} names a registered voice, but this sidecar has no --voice-dir", field=field)
+        return self.voices.resolve(value, field)
 
     def _cancel(self, target: int) -> bool:
         job = self._queue.pop(target, None)
@@ -500,35 +595,27 @@ class Server:
             queue_depth=len(self._queue),
             active=None if active is None else active.id,
             memory=memory,
-            uptime=round(time.monotonic() - self._started, 3),
+            uptime=round(time.monotonic() - self.scheduler.started, 3),
             dropped_options=list(self.engine.dropped_options),
         )
 
     # ------------------------------------------------------------- worker
 
-    async def _next_job(self) -> _Job:
-        while not self._queue:
-            self._queue_changed = anyio.Event()
-            await self._queue_changed.wait()
-        job_id = next(iter(self._queue))
-        return self._queue.pop(job_id)
-
-    async def _worker(self) -> None:
-        while True:
-            job = await self._next_job()
-            self._active = job
-            self._idle = anyio.Event()
-            job.started = time.monotonic()
-            post = LoopPoster()
-            try:
-                terminal = await self.engine_thread.run(functools.partial(self._execute, job, post))
-            except Exception as exc:  # a bug here must still end the request
-                log.exception("internal error running request %d", job.id)
-                terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
-            finally:
-                self._active = None
-                self._idle.set()
-            self._finish(job, terminal)
+    async def _run_job(self, job: _Job) -> None:
+        """Run one of this connection's jobs on the engine thread (called by the scheduler)."""
+        self._active = job
+        self._idle = anyio.Event()
+        job.started = time.monotonic()
+        post = LoopPoster()
+        try:
+            terminal = await self.engine_thread.run(functools.partial(self._execute, job, post))
+        except Exception as exc:  # a bug here must still end the request
+            log.exception("internal error running request %d", job.id)
+            terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._active = None
+            self._idle.set()
+        self._finish(job, terminal)
 
     def _progress_fn(self, job: _Job, post: LoopPoster) -> Callable[..., None]:
         def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
@@ -543,10 +630,11 @@ class Server:
             return
         self._send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
         if stage == "load":
-            # Every request queued behind this one is waiting on the same load.
-            for waiting in self._queue.values():
-                if waiting.kind == "synthesize":
-                    self._send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
+            # Every request queued behind this one, on any connection, waits on the same load.
+            for server in self.scheduler.servers:
+                for waiting in server._queue.values():
+                    if waiting.kind == "synthesize":
+                        server._send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
     def _execute(self, job: _Job, post: LoopPoster) -> protocol.Reply:
         """Runs on the engine thread; returns the job's terminal message."""

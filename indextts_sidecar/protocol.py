@@ -26,6 +26,7 @@ __all__ = [
     "MAX_ID",
     "MIN_MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "REGISTERED_PREFIX",
     "REQUEST_OPS",
     "Audio",
     "Cancel",
@@ -43,6 +44,7 @@ __all__ = [
     "Pong",
     "Progress",
     "Ready",
+    "RegisterVoice",
     "Reply",
     "Request",
     "Shutdown",
@@ -105,6 +107,7 @@ ErrorCode = Literal[
     "frame_too_large",  # framing lost: the sidecar exits after sending this
     "truncated_frame",  # framing lost: the stream ended or stalled inside a frame
     "unknown_engine",  # startup: no engine of that name
+    "unauthorized",  # socket transport: the token was refused (connection-level, then closed)
     "internal",  # a bug in the sidecar
 ]
 
@@ -208,8 +211,24 @@ class Shutdown(_Message, tag="shutdown"):
     id: RequestId
 
 
-Request = Union[Synthesize, Load, Unload, Ping, Cancel, Voices, Shutdown]
-REQUEST_OPS: Final = frozenset(("synthesize", "load", "unload", "ping", "cancel", "voices", "shutdown"))
+class RegisterVoice(_Message, tag="register_voice"):
+    """Store a reference clip on the sidecar under ``name``; answered by ``ok`` at once.
+
+    Requests then name it as ``voice`` (or an emotion ``path``) ``registered:NAME``.
+    """
+
+    id: RequestId
+    name: str
+    audio: bytes
+
+
+Request = Union[Synthesize, Load, Unload, Ping, Cancel, Voices, Shutdown, RegisterVoice]
+REQUEST_OPS: Final = frozenset(
+    ("synthesize", "load", "unload", "ping", "cancel", "voices", "shutdown", "register_voice")
+)
+
+#: The prefix of a ``voice`` (or emotion ``path``) naming a clip stored with ``register_voice``.
+REGISTERED_PREFIX: Final = "registered:"
 
 # ---------------------------------------------------------- sidecar -> parent
 

@@ -133,3 +133,13 @@ def test_blocking(tmp_path: Path, name: str) -> None:
     samples = int(re.search(rf"wrote {re.escape(name)}: (\d+) samples at 22050 Hz", out).group(1))  # type: ignore[union-attr]
     data, rate = soundfile.read(tmp_path / name, dtype="int16")
     assert rate == 22050 and len(data) == samples > 0
+
+
+def test_remote_sidecar(tmp_path: Path) -> None:
+    out = run_example("remote_sidecar.py", cwd=tmp_path)
+    assert "sidecar listening on unix://" in out
+    assert "wrong token: AuthenticationError" in out
+    assert "registered: registered:alice" in out
+    assert re.search(r"^alice: \d+\.\d\d s of audio$", out, re.M) and re.search(r"^bob: ", out, re.M)
+    assert "same sidecar: True" in out
+    assert "sidecar exit code: 0" in out

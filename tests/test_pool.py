@@ -133,17 +133,17 @@ async def test_a_stream_moves_only_before_its_first_chunk(tmp_path: Path) -> Non
                 received = b"".join([chunk.samples.tobytes() async for chunk in chunks])
             assert received == render_bytes(TEXT)
             # Crash after a chunk reached the caller: a typed error, no silent duplicate.
-            marker = tmp_path / "second"
+            # (The member is killed once chunk 0 arrived: with crash_at=1 the process
+            # could exit before its writer had sent chunk 0, and the stream would move.)
             delivered: list[bytes] = []
 
             async def consume() -> None:
-                # delay: the engine thread crashes (os._exit) the moment chunk 1 is due; without a
-                # pause the sidecar's writer may not have sent chunk 0 yet, and then nothing was
-                # delivered and the stream rightly moves on (seen on trio about one run in two).
-                options = {"crash_at": 1, "crash_once": str(marker), "chunk_seconds": 0.3, "delay": 0.5}
-                async with p.stream(TEXT, **options) as chunks:
+                async with p.stream(TEXT, hang_at=1, chunk_seconds=0.3) as chunks:
                     async for chunk in chunks:
                         delivered.append(chunk.samples.tobytes())
+                        busy = [h.pid for h in await p.health() if h.outstanding]
+                        assert len(busy) == 1 and busy[0] is not None
+                        os.kill(busy[0], signal.SIGKILL)
 
             with pytest.raises(CrashedError):
                 await consume()

@@ -1,0 +1,74 @@
+"""One sidecar, several clients, over a Unix socket with a token; a voice uploaded by one of them.
+
+::
+
+    python examples/remote_sidecar.py
+
+Starts ``python -m indextts_sidecar --engine fake --listen unix:///...`` in a temporary
+directory (in production: a service on the GPU machine, ``--listen tcp://HOST:PORT`` with
+``--tls-cert``/``--tls-key``), reads the address it prints, and connects two clients to it.
+Each has its own requests; the sidecar serves them in turn on its one engine.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import anyio
+
+from indextts_client import AuthenticationError, Client
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="tts-") as tmp:
+        directory = Path(tmp)
+        token = secrets.token_urlsafe(32)
+        (directory / "token").write_text(token + "\n")
+        (directory / "voices").mkdir()
+        command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
+        command += ["--listen", f"unix://{directory}/tts.sock", "--token-file", str(directory / "token")]
+        command += ["--voice-dir", str(directory / "voices")]
+        sidecar = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=None)
+        try:
+            assert sidecar.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):  # "listening on unix:///.../tts.sock"
+                line += await sidecar.stdout.receive(1)
+            url = line.decode().split()[-1]
+            print(f"sidecar {line.decode().strip()}")
+
+            try:
+                async with Client(url=url, token="not the token, but long enough"):
+                    pass
+            except AuthenticationError as exc:
+                print(f"wrong token: {type(exc).__name__}: {exc.message}")
+
+            async with Client(url=url, token=token) as alice, Client(url=url, token=token) as bob:
+                voice = await alice.register_voice("alice", b"RIFF" + bytes(1000))  # a clip's bytes
+                print(f"registered: {voice}")
+                results: dict[str, float] = {}
+
+                async def speak(name: str, client: Client, voice: Union[str, None]) -> None:
+                    audio = await client.synthesize(f"Hello from {name}.", voice=voice)
+                    results[name] = audio.duration
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(speak, "alice", alice, voice)
+                    tg.start_soon(speak, "bob", bob, None)
+                for name in sorted(results):
+                    print(f"{name}: {results[name]:.2f} s of audio")
+                print(f"same sidecar: {alice.info.pid == bob.info.pid}")
+        finally:
+            if sidecar.returncode is None:
+                sidecar.terminate()  # SIGTERM: the sidecar ends its connections and exits 0
+            print(f"sidecar exit code: {await sidecar.wait()}")
+            await sidecar.aclose()
+
+
+if __name__ == "__main__":
+    anyio.run(main)
