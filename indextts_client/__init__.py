@@ -20,7 +20,7 @@ error derives from :class:`SidecarError`.
 
 import logging
 
-from indextts_sidecar._version import __version__
+from indextts_sidecar import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
 from ._audio import Audio, AudioChunk

@@ -17,7 +17,7 @@ from typing import IO, Any, Union
 import numpy as np
 import numpy.typing as npt
 
-from indextts_sidecar._shm import AudioRing
+from indextts_sidecar.protocol.shm import AudioRing
 
 from ._exceptions import ProtocolError
 

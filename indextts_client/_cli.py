@@ -19,7 +19,7 @@ from typing import Any, Union
 
 import anyio
 
-from indextts_sidecar._version import __version__
+from indextts_sidecar import __version__
 
 __all__ = ["main"]
 
@@ -33,7 +33,7 @@ class UsageError(Exception):
 
 
 def _pairs(values: list[str], flag: str, kind: str) -> dict[str, Any]:
-    from indextts_sidecar._main import parse_options
+    from indextts_sidecar.protocol.options import parse_options
 
     try:
         return parse_options(values, kind)

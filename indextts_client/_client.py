@@ -236,7 +236,7 @@ class Client(Requester):
     ) -> None:
         self._url = None
         if url is not None:
-            from indextts_sidecar._listen import parse_url
+            from indextts_sidecar.protocol.address import parse_url
 
             if engine is not None or command is not None or python is not None:
                 raise ValueError("give url (a running sidecar) or engine/command/python (one to spawn), not both")

@@ -33,9 +33,10 @@ import msgspec
 import numpy as np
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
-from indextts_sidecar import _auth, protocol
-from indextts_sidecar._framing import FrameReader, FramingError
-from indextts_sidecar._shm import AudioRing, RingError
+from indextts_sidecar import protocol
+from indextts_sidecar.protocol import auth as _auth
+from indextts_sidecar.protocol.framing import FrameReader, FramingError
+from indextts_sidecar.protocol.shm import AudioRing, RingError
 
 from ._audio import AudioAssembler
 from ._exceptions import (

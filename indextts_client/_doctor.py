@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Union
 import anyio
 import msgspec
 
-from indextts_sidecar._doctor import DoctorReport, Problem, is_indextts
+from indextts_sidecar.protocol.doctor import DoctorReport, Problem, is_indextts
 
 if TYPE_CHECKING:
     from rich.console import Console

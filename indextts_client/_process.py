@@ -28,8 +28,8 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.lowlevel import cancel_shielded_checkpoint
 
-from indextts_sidecar._shm import SHARED_AUDIO_ENV, AudioRing, create_shared_memory
-from indextts_sidecar._stdio import FdReceiveStream, FdSendStream
+from indextts_sidecar.protocol.shm import SHARED_AUDIO_ENV, AudioRing, create_shared_memory
+from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
 from ._connection import LossInfo
 from ._exceptions import StartError

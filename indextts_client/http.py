@@ -41,6 +41,8 @@ from typing import Any, Protocol, Union
 import anyio
 import numpy as np
 
+from indextts_sidecar.protocol.options import parse_options
+
 from ._exceptions import (
     BusyError,
     ClosedError,
@@ -500,23 +502,18 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
         if not loopback:
             parser.error(f"--host {args.host} is not loopback: give --api-key, or --public to serve it open")
 
-    def pairs(items: list[str], what: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                parser.error(f"{what} {item!r} is not KEY=VALUE")
-            try:
-                out[key] = json.loads(value)
-            except ValueError:
-                out[key] = value
-        return out
-
-    voices = {
-        name: (None if value in (None, "") else str(value)) for name, value in pairs(args.voice, "--voice").items()
-    }
+    try:
+        engine_options = parse_options(args.option)
+    except ValueError as exc:
+        parser.error(str(exc))
+    voices: dict[str, Union[str, None]] = {}
+    for item in args.voice:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--voice {item!r} is not NAME=VALUE")
+        voices[name] = value or None
     kwargs: dict[str, Any] = {
-        "engine_options": pairs(args.option, "engine option"),
+        "engine_options": engine_options,
         "max_outstanding": args.max_outstanding,
         "pool_timeout": args.pool_timeout,
     }

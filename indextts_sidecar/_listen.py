@@ -1,7 +1,7 @@
 """``--listen``: serve many connections on a TCP or Unix socket over one engine.
 
 Every accepted connection is authenticated first when a token is configured (see
-:mod:`._auth`), then gets ``ready`` and a :class:`~._server.Server` of its own: its
+:mod:`.protocol.auth`), then gets ``ready`` and a :class:`~._server.Server` of its own: its
 own request ids, its own queue, its own writer.  All of them feed one
 :class:`~._server.Scheduler`, so there is one engine thread, and the queues are served
 round robin.  A connection that ends (closed, lost, framing broken, ``shutdown``) ends
@@ -10,7 +10,6 @@ its own requests only; the sidecar keeps listening until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -20,15 +19,16 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
-from urllib.parse import unquote, urlsplit
 
 import anyio
 import msgspec
 from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
 
-from . import _auth, protocol
-from ._framing import FrameReader, FrameWriter, FramingError
+from . import protocol
 from ._server import Scheduler, Server
+from .protocol import auth as _auth
+from .protocol.address import Address, is_loopback, parse_url
+from .protocol.framing import FrameReader, FrameWriter, FramingError
 
 __all__ = ["Address", "SocketService", "is_loopback", "parse_url"]
 
@@ -42,50 +42,6 @@ HANDSHAKE_TIMEOUT = 10.0
 #: Largest frame read before a connection is authenticated.
 _HANDSHAKE_FRAME = 4096
 DEFAULT_MAX_CONNECTIONS = 64
-
-
-@dataclass(frozen=True)
-class Address:
-    """``tcp://HOST:PORT`` or ``unix:///PATH``."""
-
-    scheme: str
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.scheme == "unix":
-            return f"unix://{self.path}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port}"
-
-
-def parse_url(url: str) -> Address:
-    """Parse a listen or connect address; ValueError with a readable message when it is not one."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        path = unquote(parts.netloc + parts.path)
-        if not path:
-            raise ValueError(f"{url!r}: a unix address needs a path, as in unix:///run/tts.sock")
-        return Address("unix", path=path)
-    if parts.scheme == "tcp":
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None or parts.path not in ("", "/"):
-            raise ValueError(f"{url!r}: a tcp address is tcp://HOST:PORT")
-        return Address("tcp", host=parts.hostname, port=port)
-    raise ValueError(f"{url!r}: the address must start with tcp:// or unix://")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _remove_stale_socket(path: str) -> None:

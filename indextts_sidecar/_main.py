@@ -17,6 +17,7 @@ import msgspec
 
 from . import protocol
 from ._version import __version__
+from .protocol.options import parse_options
 
 EXIT_USAGE = 2
 
@@ -133,23 +134,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_options(pairs: list[str], kind: str = "engine option") -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``: JSON values where they parse.
-
-    ``kind`` names what the pairs are in the error for a malformed one.
-    """
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{kind} {pair!r} is not KEY=VALUE")
-        try:
-            options[key.replace("-", "_")] = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            options[key.replace("-", "_")] = raw
-    return options
-
-
 _SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
 _PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
 #: Seconds between two looks at the parent process.
@@ -247,7 +231,7 @@ def main(argv: Union[list[str], None] = None) -> int:
             # know the variable ignores it, and so does this one, but it says so.
             sys.stderr.write(f"indextts_sidecar: ignoring {_SHARED_FD_ENV}={named!r}: not a file descriptor number\n")
     if raw_fd is not None:
-        from ._shm import AudioRing
+        from .protocol.shm import AudioRing
 
         shared_fd = _fd_number(raw_fd)
         if shared_fd is None:
@@ -293,8 +277,8 @@ def main(argv: Union[list[str], None] = None) -> int:
 
     from ._paths import PathPolicy
     from ._server import Scheduler, Server
-    from ._stdio import FdReceiveStream, FdSendStream
     from ._voices import STORE_DIR, VoiceStore
+    from .protocol.streams import FdReceiveStream, FdSendStream
 
     paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
     voices = None
@@ -346,8 +330,8 @@ def main(argv: Union[list[str], None] = None) -> int:
 
 def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
     """The ``--listen`` settings, checked; or (message, option) of the first problem."""
-    from ._auth import load_token
     from ._listen import ListenConfig, is_loopback, parse_url
+    from .protocol.auth import load_token
 
     try:
         address = parse_url(args.listen)

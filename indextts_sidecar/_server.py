@@ -35,9 +35,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.lowlevel import current_token
 
 from . import protocol
-from ._framing import FrameReader, FrameWriter, FramingError
 from ._paths import PathPolicy
-from ._shm import AudioRing
 from ._voices import VoiceStore
 from .engines import Cancelled, Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import (
@@ -56,6 +54,8 @@ from .protocol import (
     Synthesize,
     Unload,
 )
+from .protocol.framing import FrameReader, FrameWriter, FramingError
+from .protocol.shm import AudioRing
 
 __all__ = ["EngineThread", "Scheduler", "Server"]
 

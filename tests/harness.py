@@ -2,7 +2,7 @@
 
 It spawns ``python -m indextts_sidecar`` and speaks the protocol with nothing but the
 protocol module and anyio: the frame reader below is deliberately separate from the
-one in ``indextts_sidecar._framing`` so the tests check the wire, not our reader.
+one in ``indextts_sidecar.protocol.framing`` so the tests check the wire, not our reader.
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ import anyio
 from anyio.abc import SocketStream, TaskGroup
 
 from indextts_client import Client
-from indextts_sidecar import protocol
+from indextts_sidecar import __version__, protocol
 from indextts_sidecar._server import Server
-from indextts_sidecar._version import __version__
 from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, render_bytes
 
 PY = sys.executable

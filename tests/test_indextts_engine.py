@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 from harness import REPO, STANDIN, make_checkpoints
 
-from indextts_sidecar._main import parse_options
 from indextts_sidecar.engines import Cancelled, LoadError, RequestError, SynthesisRequest, engine_class
 from indextts_sidecar.engines import indextts as adapter
 from indextts_sidecar.engines.indextts import (
@@ -46,6 +45,7 @@ from indextts_sidecar.engines.indextts import (
     to_pcm16,
 )
 from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
+from indextts_sidecar.protocol.options import parse_options
 
 ALL_ENTRIES = [*CHECKPOINT_FILES, "qwen0.6bemo4-merge/"]
 ALL_ENTRIES_25 = [*CHECKPOINT_FILES_25, "qwen0.6bemo4-merge/"]

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from indextts_sidecar import protocol
-from indextts_sidecar._framing import FrameReader
 from indextts_sidecar.protocol import (
     Audio,
     Cancel,
@@ -37,6 +36,7 @@ from indextts_sidecar.protocol import (
     Synthesize,
     Unload,
 )
+from indextts_sidecar.protocol.framing import FrameReader
 
 ids = st.integers(min_value=0, max_value=2**63 - 1)
 floats = st.floats(allow_nan=False, allow_infinity=False)

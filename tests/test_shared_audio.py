@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from indextts_client import Client
 from indextts_client._process import shared_audio_supported
-from indextts_sidecar._shm import HEADER_SIZE, AudioRing, RingError, create_shared_memory
 from indextts_sidecar.engines.fake import render_bytes
+from indextts_sidecar.protocol.shm import HEADER_SIZE, AudioRing, RingError, create_shared_memory
 
 pytestmark = pytest.mark.skipif(not shared_audio_supported(), reason="the shared audio ring needs Linux on x86-64")
 

@@ -9,7 +9,7 @@ from typing import Union, cast
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
-from . import protocol
+from indextts_sidecar import protocol
 
 __all__ = ["FrameReader", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
 
