@@ -151,6 +151,73 @@ def _identity(text: str) -> str:
     return text
 
 
+class _FrameSender:
+    """The one writer of a connection: frames go out whole, one at a time, never interleaved.
+
+    Fast path: when nothing else is writing and the stream takes the whole frame at once
+    (a pipe nearly always does for a request), it is written without an await, so no lock
+    round trip and no cancel scopes.  Otherwise, or for what did not fit, the frame goes
+    out under the lock, shielded from cancellation once started (a half-written frame
+    would break framing), bounded by ``frame_timeout``.
+    """
+
+    def __init__(self, stream: ByteSendStream, frame_timeout: Union[float, None]) -> None:
+        self.stream = stream
+        self._try_send: Union[Callable[[bytes], int], None] = getattr(stream, "try_send", None)
+        self._limit = math.inf if frame_timeout is None else frame_timeout
+        self._lock = anyio.Lock()
+
+    async def send(
+        self, data: bytes, exchange: Union[_Exchange, None], check: Callable[[Union[_Exchange, None]], None]
+    ) -> Union[str, None]:
+        """Write ``data``; returns what failed (the stream broke or stalled), else None.
+
+        ``check`` raises when nothing may be sent any more; it runs before writing, under
+        the lock.
+        """
+        check(exchange)
+        if self._try_send is not None and not self._lock.locked():
+            self._lock.acquire_nowait()
+            try:
+                if exchange is not None:
+                    exchange.sent_at = anyio.current_time()
+                try:
+                    written = self._try_send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    written = 0  # the slow path reports it
+                if written == len(data):
+                    if exchange is not None:
+                        exchange.sent = True
+                    return None
+                return await self._write(data[written:], exchange)
+            finally:
+                self._lock.release()
+        async with self._lock:
+            check(exchange)
+            return await self._write(data, exchange)
+
+    async def send_raw(self, data: bytes) -> Union[str, None]:
+        """A frame outside any request (the handshake's answer)."""
+        async with self._lock:
+            return await self._write(data, None)
+
+    async def _write(self, data: bytes, exchange: Union[_Exchange, None]) -> Union[str, None]:
+        failure: Union[str, None] = None
+        with anyio.CancelScope(shield=True):
+            if exchange is not None:
+                exchange.sent_at = anyio.current_time()
+            with anyio.move_on_after(self._limit) as scope:
+                try:
+                    await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    failure = f"writing to the sidecar failed: {exc!r}"
+            if scope.cancelled_caught:
+                failure = f"writing a frame to the sidecar stalled for {self._limit:g} s"
+            elif failure is None and exchange is not None:
+                exchange.sent = True
+        return failure
+
+
 class Connection(Requester):
     """Protocol v1 over a byte stream pair: routing by request id, one reader, one writer.
 
@@ -188,17 +255,14 @@ class Connection(Requester):
         self._max_buffered = max_buffered
         self._ring = shared_audio
         self._send_stream = send_stream
-        #: A synchronous write that takes what fits now (our pipe streams have one).
-        self._try_send: Union[Callable[[bytes], int], None] = getattr(send_stream, "try_send", None)
+        self._sender = _FrameSender(send_stream, frame_timeout)
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
-        self._frame_timeout = frame_timeout
         self._ready_timeout = ready_timeout
         self._describe_loss = describe_loss
         self._redact = redact
         self._ids = ids if ids is not None else itertools.count(1)
         self._default_timeout = timeout
         self._default_idle_timeout = idle_timeout
-        self._send_lock = anyio.Lock()
         self._pending: dict[int, _Exchange] = {}
         self._tg: Union[TaskGroup, None] = None
         self._read_scope = anyio.CancelScope()
@@ -423,11 +487,9 @@ class Connection(Requester):
             return _Loss("auth", "the sidecar requires a token, and none was given (token=...)")
         mac = _auth.answer(self._token, nonce)
         body = msgspec.msgpack.encode({"op": "auth", "mac": mac})
-        async with self._send_lock:
-            try:
-                await self._send_stream.send(len(body).to_bytes(protocol.HEADER, "big") + body)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                return _Loss("eof", f"sending the token's proof failed: {exc!r}")
+        failure = await self._sender.send_raw(len(body).to_bytes(protocol.HEADER, "big") + body)
+        if failure is not None:
+            return _Loss("eof", f"sending the token's proof failed: {failure}")
         return None
 
     def _handle(self, body: memoryview) -> Union[_Loss, None]:
@@ -670,36 +732,7 @@ class Connection(Requester):
         await self._send_frame(data, exchange)
 
     async def _send_frame(self, data: bytes, exchange: Union[_Exchange, None]) -> None:
-        # Fast path: nothing else is writing and the pipe takes the whole frame at once,
-        # which is nearly always so for a request.  No lock round trip, no cancel scopes, no
-        # await: the frame is written whole or not at all before another task can run.
-        # Whatever does not fit goes the slow way below, still holding the lock, so frames
-        # never interleave.
-        try_send = self._try_send
-        held = False
-        if try_send is not None and self._error is None and self._ending is None and not self._send_lock.locked():
-            self._send_lock.acquire_nowait()
-            held = True
-            if exchange is not None:
-                exchange.sent_at = anyio.current_time()
-            try:
-                written = try_send(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                written = 0  # the slow path reports it
-            if written == len(data):
-                self._send_lock.release()
-                if exchange is not None:
-                    exchange.sent = True
-                return
-            data = data[written:]
-        try:
-            if not held:
-                await self._send_lock.acquire()
-                held = True
-            failure = await self._send_frame_locked(data, exchange)
-        finally:
-            if held:
-                self._send_lock.release()
+        failure = await self._sender.send(data, exchange, self._check_sendable)
         if failure is None:
             return
         # The reader usually sees the end of the stream at the same time; give it a
@@ -711,29 +744,14 @@ class Connection(Requester):
         assert self._error is not None
         raise fresh(self._error)
 
-    async def _send_frame_locked(self, data: bytes, exchange: Union[_Exchange, None]) -> Union[str, None]:
-        """The slow path of :meth:`_send_frame`, under the send lock; returns what failed, if anything."""
-        failure: Union[str, None] = None
+    def _check_sendable(self, exchange: Union[_Exchange, None]) -> None:
+        """Raise the connection's error, or its ending, if nothing may be sent any more."""
         if self._error is not None:
             raise fresh(self._error)
         if self._ending is not None:
             if exchange is not None:
                 self._pending.pop(exchange.id, None)
             raise UnreadError(self._ending.message)
-        with anyio.CancelScope(shield=True):
-            if exchange is not None:
-                exchange.sent_at = anyio.current_time()
-            limit = math.inf if self._frame_timeout is None else self._frame_timeout
-            with anyio.move_on_after(limit) as scope:
-                try:
-                    await self._send_stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    failure = f"writing to the sidecar failed: {exc!r}"
-            if scope.cancelled_caught:
-                failure = f"writing a frame to the sidecar stalled for {limit:g} s"
-            elif failure is None and exchange is not None:
-                exchange.sent = True
-        return failure
 
     def _forget(self, exchange: _Exchange) -> Union[anyio.Event, None]:
         """The request's caller gave up on it; cancel it in the background if it was sent.
