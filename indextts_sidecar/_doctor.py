@@ -22,7 +22,6 @@ from typing import Any, Union
 import msgspec
 
 from .protocol.doctor import (
-    DOCTOR_VERSION,
     TRANSFORMERS_PIN,
     CheckpointInfo,
     DoctorReport,
@@ -34,19 +33,8 @@ from .protocol.doctor import (
     is_indextts,
 )
 
-__all__ = [
-    "DOCTOR_VERSION",
-    "TRANSFORMERS_PIN",
-    "CheckpointInfo",
-    "DoctorReport",
-    "IndexTTSInfo",
-    "Problem",
-    "PythonInfo",
-    "TorchInfo",
-    "TransformersInfo",
-    "build_report",
-    "main",
-]
+# The report's types live in protocol.doctor, which the client imports too.
+__all__ = ["build_report", "main"]
 
 _UPSTREAM_INSTALL = (
     "git clone https://github.com/index-tts/index-tts && pip install -e ./index-tts in this venv "
