@@ -181,6 +181,11 @@ class Client(Requester):
     group, then SIGKILLs it, waiting at most ``shutdown_timeout`` seconds at each step,
     shielded from cancellation.
 
+    **Busy.**  When the sidecar's queue is full (``--max-queue``) a request is refused
+    ``busy``; with ``pool_timeout`` set it waits instead until another request of this
+    client ends and is sent again, for up to ``pool_timeout`` seconds, and only then raises
+    :class:`BusyError` (None, the default: at once, as before).
+
     **Requests.**  ``timeout`` and ``idle_timeout`` are the defaults of every request
     (None: no limit).  Requests run concurrently over the one sidecar.
 
@@ -218,6 +223,7 @@ class Client(Requester):
         shutdown_timeout: float = 2.0,
         timeout: Union[float, None] = None,
         idle_timeout: Union[float, None] = 300.0,
+        pool_timeout: Union[float, None] = None,
         max_restarts: int = 3,
         restart_window: float = 60.0,
         restart_backoff: float = 0.5,
@@ -277,6 +283,9 @@ class Client(Requester):
         self._shutdown_timeout = shutdown_timeout
         self._default_timeout = timeout
         self._default_idle_timeout = idle_timeout
+        if pool_timeout is not None and pool_timeout < 0:
+            raise ValueError("pool_timeout must be >= 0")
+        self._default_pool_timeout = pool_timeout
         self._max_restarts = max_restarts
         self._restart_window = restart_window
         self._restart_backoff = restart_backoff

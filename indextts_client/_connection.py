@@ -256,6 +256,9 @@ class Connection(Requester):
         self._ring = shared_audio
         self._send_stream = send_stream
         self._sender = _FrameSender(send_stream, frame_timeout)
+        #: Set when a request ends (a place in the sidecar's queue may be free), if anyone waits.
+        self._room = anyio.Event()
+        self._room_wanted = False
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
         self._ready_timeout = ready_timeout
         self._describe_loss = describe_loss
@@ -518,6 +521,10 @@ class Connection(Requester):
         terminal = protocol.is_terminal(reply)
         if terminal:
             del self._pending[request_id]
+            if self._room_wanted:  # a request that was refused busy waits for this
+                self._room_wanted = False
+                self._room.set()
+                self._room = anyio.Event()
             if exchange.abandoned:
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
@@ -743,6 +750,11 @@ class Connection(Requester):
         await self._closed_event.wait()
         assert self._error is not None
         raise fresh(self._error)
+
+    def _room_event(self) -> anyio.Event:
+        """An event set when the next request of this connection ends."""
+        self._room_wanted = True
+        return self._room
 
     def _check_sendable(self, exchange: Union[_Exchange, None]) -> None:
         """Raise the connection's error, or its ending, if nothing may be sent any more."""

@@ -108,8 +108,12 @@ class _Tracked:
         idle_timeout: Union[float, None],
         on_progress: Union[ProgressCallback, None],
         cancellable: bool = True,
+        pool_timeout: Union[float, None] = None,
     ) -> None:
         self._opener = opener
+        #: How long a request the sidecar refuses ``busy`` waits for room and is sent again.
+        self._pool_timeout = pool_timeout
+        self._busy_until: Union[float, None] = None
         self._build = build
         self._timeout = timeout
         self._idle = idle_timeout
@@ -215,6 +219,18 @@ class _Tracked:
                     ex, conn = self._ex, self._conn
                     assert ex is not None and conn is not None
                     continue
+                if (
+                    isinstance(item, protocol.Error)
+                    and item.code == "busy"
+                    and not self._received
+                    and self._pool_timeout is not None
+                    and await self._room_within_pool_timeout(conn)
+                ):
+                    # The sidecar's queue was full; a place came free: send it again.
+                    await self._send()
+                    ex, conn = self._ex, self._conn
+                    assert ex is not None and conn is not None
+                    continue
                 self._received += 1
                 return item
             error = ex.error
@@ -232,6 +248,19 @@ class _Tracked:
                 self._fire(which)
             with anyio.move_on_at(deadline):
                 await ex.wait()
+
+    async def _room_within_pool_timeout(self, conn: Connection) -> bool:
+        """Wait until another request of ``conn`` ends, within ``pool_timeout`` of the first refusal."""
+        assert self._pool_timeout is not None
+        now = anyio.current_time()
+        if self._busy_until is None:
+            self._busy_until = now + self._pool_timeout
+        limit = self._busy_until if self._deadline is None else min(self._busy_until, self._deadline)
+        room = conn._room_event()
+        with anyio.move_on_at(limit):
+            await room.wait()
+            return True
+        return False
 
     def _next_deadline(self, ex: _Exchange, conn: Connection) -> tuple[float, Deadline]:
         best, which = math.inf, "timeout"
@@ -361,8 +390,16 @@ class Synthesis(_Tracked):
         timeout: Union[float, None],
         idle_timeout: Union[float, None],
         on_progress: Union[ProgressCallback, None],
+        pool_timeout: Union[float, None] = None,
     ) -> None:
-        super().__init__(opener, build, timeout=timeout, idle_timeout=idle_timeout, on_progress=on_progress)
+        super().__init__(
+            opener,
+            build,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            on_progress=on_progress,
+            pool_timeout=pool_timeout,
+        )
         self._keep = keep_audio
         self._assembler: Union[AudioAssembler, None] = None
         #: Set by synthesize(), which never hands out chunks: the connection's reader
@@ -496,6 +533,7 @@ class Requester:
 
     _default_timeout: Union[float, None] = None
     _default_idle_timeout: Union[float, None] = None
+    _default_pool_timeout: Union[float, None] = None
 
     async def _connection(self) -> Connection:
         raise NotImplementedError
@@ -519,6 +557,7 @@ class Requester:
             timeout=_resolve(timeout, self._default_timeout),
             idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
             on_progress=on_progress,
+            pool_timeout=self._default_pool_timeout,
         )
 
     def request(

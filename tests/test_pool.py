@@ -204,3 +204,32 @@ def test_bad_arguments() -> None:
         Pool("fake", size=3, devices=["cuda:0"])
     with pytest.raises(ValueError, match="at least one"):
         Pool("fake", size=0)
+
+
+async def test_a_client_with_pool_timeout_waits_for_room_instead_of_busy() -> None:
+    """12 concurrent requests on one client, a sidecar queue of 2: busy at once, or all served."""
+    from indextts_client import Client
+
+    texts = [f"t{i}" for i in range(12)]
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake", sidecar_args=["--max-queue", "2"], ready_timeout=TIMEOUT) as plain:
+            outcomes: list[str] = []
+
+            async def one(client: Client, text: str) -> None:
+                try:
+                    audio = await client.synthesize(text, delay=0.2)  # all 12 are sent long before one ends
+                    outcomes.append("ok" if audio.samples.tobytes() == render_bytes(text) else "wrong")
+                except BusyError:
+                    outcomes.append("busy")
+
+            async with anyio.create_task_group() as tg:
+                for text in texts:
+                    tg.start_soon(one, plain, text)
+            assert outcomes.count("busy") >= 1 and "wrong" not in outcomes
+
+        async with Client("fake", sidecar_args=["--max-queue", "2"], pool_timeout=TIMEOUT) as waiting:
+            outcomes = []
+            async with anyio.create_task_group() as tg:
+                for text in texts:
+                    tg.start_soon(one, waiting, text)
+            assert outcomes == ["ok"] * len(texts)
