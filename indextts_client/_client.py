@@ -775,17 +775,7 @@ class Client(Requester):
     async def _stream_session(self, session: _Session) -> None:
         assert self._streams is not None
         receive, send = self._streams
-        conn = session.conn = self._new_connection(receive, send, None)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(conn.run)
-                if await self._handshake(session, conn, None):
-                    await _wait_any(conn._closed_event, session.stop_requested)
-                conn.mark_closing()
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.aclose()
+        await self._serve_streams(session, receive, send, heartbeat=None)
 
     async def _socket_session(self, session: _Session) -> None:
         """Connect to a listening sidecar; then as a stream session."""
@@ -804,13 +794,24 @@ class Client(Requester):
                     stream = await anyio.connect_tcp(address.host, address.port)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
-        conn = session.conn = self._new_connection(stream, stream, None)
+        await self._serve_streams(session, stream, stream, heartbeat=self._heartbeat)
+
+    async def _serve_streams(
+        self,
+        session: _Session,
+        receive: ByteReceiveStream,
+        send: ByteSendStream,
+        *,
+        heartbeat: Union[float, None],
+    ) -> None:
+        """A session over streams with no process behind them: until they end or a stop is asked."""
+        conn = session.conn = self._new_connection(receive, send, None)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
                 if await self._handshake(session, conn, None):
-                    if self._heartbeat is not None:
-                        tg.start_soon(self._beat, None, conn, self._heartbeat)
+                    if heartbeat is not None:
+                        tg.start_soon(self._beat, None, conn, heartbeat)
                     await _wait_any(conn._closed_event, session.stop_requested)
                 conn.mark_closing()
                 tg.cancel_scope.cancel()

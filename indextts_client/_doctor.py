@@ -110,8 +110,7 @@ def render(report: DoctorReport, console: Console) -> None:
 
     ok, warn, bad = "[green]ok[/]", "[yellow]warning[/]", "[red]problem[/]"
 
-    engine = report.engine_info
-    if report.ran and engine is not None and not is_indextts(report.engine):
+    def new_table() -> Table:
         table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
         table.add_column("check", style="bold")
         table.add_column("status")
@@ -119,17 +118,16 @@ def render(report: DoctorReport, console: Console) -> None:
         py = report.python
         table.add_row("python", ok, escape(f"{py.implementation} {py.version} ({py.executable})"))
         table.add_row("indextts-sidecar", ok, escape(str(report.packages.get("indextts_sidecar"))))
+        return table
+
+    engine = report.engine_info
+    if report.ran and engine is not None and not is_indextts(report.engine):
+        table = new_table()
         detail = engine.description if engine.available else engine.problem or "not available"
         table.add_row(f"engine {escape(engine.name)}", ok if engine.available else bad, escape(detail))
         console.print(table)
     elif report.ran:
-        table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
-        table.add_column("check", style="bold")
-        table.add_column("status")
-        table.add_column("details", overflow="fold")
-        py = report.python
-        table.add_row("python", ok, escape(f"{py.implementation} {py.version} ({py.executable})"))
-        table.add_row("indextts-sidecar", ok, escape(str(report.packages.get("indextts_sidecar"))))
+        table = new_table()
         torch = report.torch
         if torch.importable:
             table.add_row(
