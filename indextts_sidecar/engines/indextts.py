@@ -885,7 +885,8 @@ class _IndexTTSEngine(Engine[Any, Any]):
                     stage, message = "prepare", "preparing the references and the first segment"
                 else:
                     stage, message = "synthesize", f"generating segment {segments + 1}"
-                if not (flavour.silence_after_each and index % 2):
+                is_silence = flavour.silence_after_each and index % 2 == 1
+                if not is_silence:
                     progress(stage, None, message)
                 with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
                     try:
@@ -893,10 +894,12 @@ class _IndexTTSEngine(Engine[Any, Any]):
                     except StopIteration:
                         break
                     except Exception as exc:
-                        if index == 0:
-                            raise _PrepareFailed(exc) from exc
+                        if index == 0:  # upstream's lazy first step: the references
+                            raise EngineError(
+                                f"preparing the references failed: {type(exc).__name__}: {exc}",
+                                field=_failed_reference(exc, voice, emotion_path),
+                            ) from exc
                         raise
-                is_silence = flavour.silence_after_each and index % 2 == 1
                 index += 1
                 if index == 1:
                     prepared()
@@ -926,12 +929,6 @@ class _IndexTTSEngine(Engine[Any, Any]):
                 progress("synthesize", None, ready)
                 if pcm.size:
                     yield pcm
-        except _PrepareFailed as failed:
-            cause = failed.__cause__
-            raise EngineError(
-                f"preparing the references failed: {type(cause).__name__}: {cause}",
-                field=_failed_reference(cause, voice, emotion_path),
-            ) from cause
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -1050,10 +1047,6 @@ class IndexTTSAuto(_IndexTTSEngine):
 # ------------------------------------------------------------------ helpers
 
 
-class _PrepareFailed(Exception):
-    """Upstream failed before its first chunk: while processing the references."""
-
-
 def _check_text(text: str) -> None:
     """Refuse text upstream cannot speak: it raises on empty text, and 2.5 turns text without
     a letter or digit ("...") into audio from the language tag alone."""
@@ -1106,17 +1099,12 @@ def _preserved_process_state() -> Iterator[None]:
     with contextlib.suppress(ImportError):
         importlib.import_module("huggingface_hub")
     filters = list(warnings.filters)
-    saved = {name: os.environ.get(name) for name in ("HF_HUB_CACHE", "HF_HOME", "HF_HUB_OFFLINE")}
     try:
-        yield
+        with _restored_environ("HF_HUB_CACHE", "HF_HOME", "HF_HUB_OFFLINE"):
+            yield
     finally:
         warnings.filters[:] = filters  # type: ignore[index]
         warnings._filters_mutated()  # type: ignore[attr-defined]
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextmanager
@@ -1126,8 +1114,15 @@ def _offline(offline: bool) -> Iterator[None]:
         yield
         return
     names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    with _restored_environ(*names):
+        os.environ.update(dict.fromkeys(names, "1"))
+        yield
+
+
+@contextmanager
+def _restored_environ(*names: str) -> Iterator[None]:
+    """Put the environment variables ``names`` back as they were (set or unset) on leaving."""
     saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, "1"))
     try:
         yield
     finally:

@@ -107,7 +107,7 @@ def build(flavour: str, python: str) -> Path:
         if path.exists():
             print(f"removing an unfinished build: {path}", file=sys.stderr)
             shutil.rmtree(path)
-        print(f"building the {flavour} venv in {path} (first run only: several GB)", file=sys.stderr)
+        print(f"building the {flavour} venv in {path} (first run only)", file=sys.stderr)
         subprocess.run([python, "-m", "venv", str(path)], check=True)
         pip = [str(venv_python(path)), "-m", "pip", "--disable-pip-version-check", "--no-input"]
         log = path / "build.log"
