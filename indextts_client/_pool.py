@@ -160,6 +160,7 @@ class Pool:
         self._retries = retries
         self._affinity_slack = affinity_slack
         self._closed = False
+        self._started = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -190,6 +191,7 @@ class Pool:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
             raise _first_error(exc) from None
+        self._started = True
 
     async def aclose(self) -> None:
         """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""
@@ -228,6 +230,8 @@ class Pool:
             while True:
                 if self._closed:
                     raise ClosedError("the pool is closed")
+                if not self._started:
+                    raise RuntimeError("the pool is not started: use 'async with Pool(...)' or 'await pool.start()'")
                 if not any(m.usable for m in self._routing.members):
                     raise RestartLimitError("every member of the pool is dead or closed")
                 member = self._pick(voice, exclude)

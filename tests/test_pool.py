@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from indextts_client import BusyError, CrashedError, Pool, ProgressEvent
+from indextts_client import BusyError, ClosedError, CrashedError, Pool, ProgressEvent
 from indextts_sidecar.engines.fake import render_bytes
 
 pytestmark = pytest.mark.anyio
@@ -195,6 +195,15 @@ async def test_devices_pin_each_member(tmp_path: Path) -> None:
             assert b"CUDA_VISIBLE_DEVICES=3" in environ[0]
             assert b"CUDA_VISIBLE_DEVICES=" in environ[1]
             assert [h.device for h in await p.health()] == ["cuda:3", "cpu"]
+
+
+async def test_a_pool_used_before_start_says_so() -> None:
+    p = pool(size=1)
+    with pytest.raises(RuntimeError, match=r"pool is not started: use 'async with Pool"):
+        await p.synthesize("hi")
+    await p.aclose()
+    with pytest.raises(ClosedError):
+        await p.synthesize("hi")
 
 
 def test_bad_arguments() -> None:

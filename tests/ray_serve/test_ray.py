@@ -22,6 +22,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ray` runs these tests in a Ray venv")
 from ray import serve  # noqa: E402
 
+from indextts_client import InvalidRequestError  # noqa: E402
 from indextts_client.ray import RayClient, deployment, http_ingress  # noqa: E402
 from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
 
@@ -88,6 +89,10 @@ async def test_two_replicas_share_requests_and_stream(cluster: None) -> None:
                 tg.start_soon(one, i)
         assert len(pids) == 2
 
+        # The sidecar's typed errors reach the caller as such (Ray's wrapper is an instance of them).
+        with pytest.raises(InvalidRequestError) as empty:
+            await client.synthesize("   ")
+        assert empty.value.code == "invalid_input"
         audio = await client.synthesize("hello ray")
         assert audio.samples.tobytes() == render_bytes("hello ray") and audio.sample_rate == 24000
         received = b""
