@@ -117,7 +117,6 @@ class SocketService:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self.scheduler.run)
                 with self._scope:
                     await listener.serve(self._accepted, task_group=tg)
                 # Stopping: each connection ends its requests and says so, then closes.

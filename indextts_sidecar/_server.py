@@ -1,41 +1,37 @@
-"""The sidecar server: reader, dispatcher, one engine worker, one writer.
+"""The sidecar server: one connection's reader and dispatcher, and the jobs it runs.
 
 The event loop never runs engine code.  The reader decodes frames and answers
-``ping`` and ``cancel`` at once; ``synthesize``, ``load`` and ``unload`` go through a
-bounded FIFO to the worker, which runs them one at a time on a dedicated engine thread.
-Every frame leaves through one writer task, so frames never interleave on the pipe;
-audio frames hold one of a few slots until written, which bounds the memory audio can
-take when the parent reads slowly, while control frames never wait for a slot.
+``ping`` and ``cancel`` at once; ``synthesize``, ``load`` and ``unload`` go into this
+connection's bounded FIFO, from which the :class:`~._scheduler.Scheduler`'s engine
+thread takes them, one at a time, and runs them here (:meth:`Server.run_job`).
+Every frame leaves through the connection's :class:`~._outbox.Outbox`, so frames never
+interleave; the engine thread writes its audio and terminal frames itself when the
+stream takes them at once, without a turn of the event loop.
 
-A :class:`Server` serves one connection.  Its FIFO is one of the queues of a
-:class:`Scheduler`, which owns the engine thread: over stdio there is one connection
-and one queue; a sidecar listening on a socket gives every connection its own
-:class:`Server` (its own ids, its own queue) over one shared scheduler, which takes
-the next job from each non-empty queue in turn, so no connection starves another.
+Over stdio there is one connection and one queue; a sidecar listening on a socket gives
+every connection its own :class:`Server` (its own ids, its own queue) over one shared
+scheduler.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import os
-import queue
 import resource
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, Union
+from typing import Any, Union
 
 import anyio
 import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
-from anyio.lowlevel import current_token
 
 from . import protocol
+from ._outbox import Outbox
 from ._paths import PathPolicy
+from ._scheduler import Job, Scheduler
 from ._voices import VoiceStore
 from .engines import Cancelled, Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import (
@@ -54,13 +50,12 @@ from .protocol import (
     Synthesize,
     Unload,
 )
-from .protocol.framing import FrameReader, FrameWriter, FramingError
+from .protocol.framing import FrameReader, FramingError
 from .protocol.shm import AudioRing
 
-__all__ = ["EngineThread", "Scheduler", "Server"]
+__all__ = ["Scheduler", "Server"]
 
 log = logging.getLogger("indextts_sidecar")
-T = TypeVar("T")
 
 #: Exit codes, documented in docs/protocol.md.
 EXIT_OK = 0
@@ -72,152 +67,11 @@ DEFAULT_MAX_TEXT = 100_000
 #: Frames queued for the parent past which the reader stops reading requests (``--max-outgoing``).
 DEFAULT_MAX_OUTGOING = 1024
 
-_AUDIO_SLOTS = 4
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
 #: Chunks smaller than this travel in the frame: the pipe moves them as fast, and the ring
 #: pages the parent touches would count in its resident memory.
 _SHARED_MIN = 256 * 1024
 _EMPTY = memoryview(b"")
-
-
-class EngineThread:
-    """One long-lived thread that runs every engine call, one at a time.
-
-    Engines wrap libraries that are not thread-safe and that keep per-thread state
-    (CUDA streams, caches); a thread pool would move them between threads.
-    """
-
-    def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[Union[Callable[[], None], None]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._main, name="indextts-engine", daemon=True)
-
-    def _main(self) -> None:
-        while (call := self._calls.get()) is not None:
-            call()
-
-    def close(self) -> None:
-        """Let the thread end after its current call."""
-        self._calls.put(None)
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the engine thread and return its result.
-
-        If the caller is cancelled, ``fn`` keeps running: engines stop cooperatively,
-        through the cancellation check they are given.
-        """
-        if not self._thread.is_alive():
-            self._thread.start()
-        post = LoopPoster()
-        done = anyio.Event()
-        outcome: list[Any] = []
-
-        def call() -> None:
-            try:
-                outcome.append((True, fn()))
-            except BaseException as exc:  # delivered to the awaiting task
-                outcome.append((False, exc))
-            post(done.set)
-
-        self._calls.put(call)
-        await done.wait()
-        ok, value = outcome[0]
-        if ok:
-            return value  # type: ignore[no-any-return]
-        raise value
-
-
-#: Parts of one frame to write back to back, and whether the frame holds an audio slot.
-_Outgoing = tuple[tuple[Union[bytes, memoryview], ...], bool]
-
-
-class LoopPoster:
-    """Schedules a callback on the current event loop from any thread, without waiting.
-
-    ``anyio.from_thread.run_sync`` waits for the loop to run the callback, a round trip
-    per progress or audio frame; the engine thread only needs its frames queued in order,
-    so it hands them over with the backend's own thread-safe ``call_soon``.
-    """
-
-    def __init__(self) -> None:
-        native: Any = current_token().native_token
-        # asyncio: the loop's call_soon_threadsafe; trio: TrioToken.run_sync_soon.
-        self._post: Callable[[Callable[[], None]], object] = getattr(native, "call_soon_threadsafe", None) or (
-            native.run_sync_soon
-        )
-
-    def __call__(self, fn: Callable[..., None], *args: Any) -> None:
-        def guarded() -> None:
-            try:
-                fn(*args)
-            except Exception:  # a callback must never take the event loop down
-                log.exception("internal error in a callback from the engine thread")
-
-        try:
-            self._post(guarded)
-        except Exception:  # the event loop has ended: nobody is listening
-            pass
-
-
-class Scheduler:
-    """One engine thread, fed round robin from the queues of the connections attached to it."""
-
-    def __init__(self, engine: Engine[Any, Any]) -> None:
-        self.engine = engine
-        self.engine_thread = EngineThread()
-        self.started = time.monotonic()
-        self.servers: list[Server] = []
-        self._changed = anyio.Event()
-        self._turn = 0
-
-    def attach(self, server: Server) -> None:
-        self.servers.append(server)
-
-    def detach(self, server: Server) -> None:
-        if server in self.servers:
-            self.servers.remove(server)
-
-    def notify(self) -> None:
-        """A queue gained a job."""
-        self._changed.set()
-
-    async def _next(self) -> tuple[Server, _Job]:
-        while True:
-            count = len(self.servers)
-            for step in range(count):
-                index = (self._turn + step) % count
-                server = self.servers[index]
-                if server._queue:
-                    # The next turn starts after this connection: round robin.
-                    self._turn = index + 1
-                    job_id = next(iter(server._queue))
-                    return server, server._queue.pop(job_id)
-            self._changed = anyio.Event()
-            await self._changed.wait()
-
-    async def run(self) -> None:
-        """Run queued jobs one at a time, for ever (until cancelled)."""
-        while True:
-            server, job = await self._next()
-            await server._run_job(job)
-
-    def close(self) -> None:
-        """Let the engine thread end after its current call."""
-        self.engine_thread.close()
-
-
-class _Job:
-    __slots__ = ("cancel", "cancel_code", "enqueued", "finished", "id", "kind", "request", "started")
-
-    def __init__(self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None) -> None:
-        self.id = request_id
-        self.kind = kind
-        self.request = request
-        self.cancel = threading.Event()
-        #: The error code the job ends with once ``cancel`` is set.
-        self.cancel_code = "cancelled"
-        self.enqueued = time.monotonic()
-        self.started = 0.0
-        self.finished = False
 
 
 def _rss() -> int:
@@ -260,83 +114,54 @@ class Server:
         self.max_frame_size = max_frame_size
         self.frame_timeout = frame_timeout
         self.shutdown_grace = shutdown_grace
-        self.engine_thread = self.scheduler.engine_thread
-        self._inflight: dict[int, _Job] = {}
-        self._queue: dict[int, _Job] = {}
-        self._active: Union[_Job, None] = None
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._out_send, self._out_receive = anyio.create_memory_object_stream[_Outgoing](math.inf)
-        # Audio frames queued but not yet written; the engine thread waits for a slot.
-        self._audio_slots = threading.Semaphore(_AUDIO_SLOTS)
+        self._inflight: dict[int, Job] = {}
+        #: Jobs waiting for the engine thread, and the one it runs (guarded by the scheduler's lock).
+        self.queue: dict[int, Job] = {}
+        self.active: Union[Job, None] = None
+        #: Set by the engine thread when the active job ends, if the event loop waits for that.
+        self._idle_waiter: Union[anyio.Event, None] = None
+        self._outbox: Union[Outbox, None] = None
         self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._read_scope = anyio.CancelScope()
         self._shutdown_requested = False
-        self._drained = anyio.Event()
         self._writer_done = anyio.Event()
 
     # ------------------------------------------------------------ output
 
-    def _send(self, message: protocol.Reply) -> None:
-        """Queue a control frame; never blocks, never waits behind audio."""
+    def send(self, message: protocol.Reply) -> None:
+        """Send a frame that belongs to no running job's stream; never blocks, never waits behind audio."""
+        outbox = self._outbox
+        if outbox is not None:
+            outbox.put((protocol.frame(message),))
+
+    def _finish(self, job: Job, message: protocol.Reply) -> None:
+        """Send ``job``'s terminal frame, unless it already has one.  From any thread."""
+        with self.scheduler.lock:
+            if job.finished:
+                return
+            job.finished = True
+            self._inflight.pop(job.id, None)
+            self.send(message)
+
+    def _send_job_frame(self, job: Job, parts: tuple[Union[bytes, memoryview], ...], audio: bool) -> None:
+        """A frame of a running job: dropped once the job has its terminal frame (shutdown)."""
+        outbox = self._outbox
+        with self.scheduler.lock:
+            if outbox is not None and not job.finished:
+                outbox.put(parts, audio)
+                return
+        if audio and outbox is not None:
+            outbox.audio_slots.release()
+
+    async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
-            self._out_send.send_nowait(((protocol.frame(message),), False))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-
-    def _finish(self, job: _Job, message: protocol.Reply) -> None:
-        """Send ``job``'s terminal frame, unless it already has one."""
-        if job.finished:
-            return
-        job.finished = True
-        self._inflight.pop(job.id, None)
-        self._send(message)
-
-    def _queue_audio(self, job: _Job, parts: tuple[bytes, memoryview]) -> None:
-        if job.finished:  # ended meanwhile (shutdown): nothing may follow its terminal frame
-            self._audio_slots.release()
-            return
-        try:
-            self._out_send.send_nowait((parts, True))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._audio_slots.release()
-
-    def _send_shared(self, job: _Job, message: protocol.Audio) -> None:
-        # A job is finished early only when the sidecar is stopping; its unsent region
-        # would be released with the next one the parent releases.
-        if not job.finished:
-            self._send(message)
-
-    async def _writer(self, writer: FrameWriter, stop: anyio.CancelScope) -> None:
-        try:
-            await self._write_all(writer)
+            await outbox.run()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
             # (A TLS stream reports a peer that closed as EndOfStream, also on send.)
             log.info("parent closed the reply stream; stopping")
             stop.cancel()
         finally:
             self._writer_done.set()
-
-    async def _write_all(self, writer: FrameWriter) -> None:
-        async with self._out_receive:
-            async for parts, is_audio in self._out_receive:
-                # Frames queued meanwhile go out in the same writev, up to 1 MiB.
-                batch, audio, size = list(parts), int(is_audio), sum(map(len, parts))
-                while size < 1 << 20:
-                    try:
-                        parts, is_audio = self._out_receive.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                    batch.extend(parts)
-                    audio += is_audio
-                    size += sum(map(len, parts))
-                try:
-                    await writer.send_parts(batch)
-                finally:
-                    for _ in range(audio):
-                        self._audio_slots.release()
-                if self._out_receive.statistics().current_buffer_used <= self.max_outgoing // 2:
-                    self._drained.set()
 
     # ------------------------------------------------------------- serve
 
@@ -348,33 +173,31 @@ class Server:
         self, receive: ByteReceiveStream, send: ByteSendStream, ready: Union[protocol.Ready, None] = None
     ) -> int:
         """Serve until shutdown, end of input or framing loss; return the exit code."""
-        writer = FrameWriter(send)
+        outbox = self._outbox = Outbox(send, max_outgoing=self.max_outgoing)
         reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
         code = EXIT_OK
         if ready is not None:
-            self._send(ready)
+            self.send(ready)
         self.scheduler.attach(self)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._writer, writer, self._read_scope)
-                if self._owns_scheduler:
-                    tg.start_soon(self.scheduler.run)
+                tg.start_soon(self._writer, outbox, self._read_scope)
                 try:
                     with self._read_scope:
-                        code = await self._read_loop(reader)
+                        code = await self._read_loop(reader, outbox)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._stop_jobs()
                         if code == EXIT_OK and not self._shutdown_requested:
                             # After every terminal frame: a request without one was never
                             # read, and the parent may send it to a new sidecar.
-                            self._send(
+                            self.send(
                                 Error(
                                     code="shutting_down",
                                     message="the sidecar is stopping; it read no request after those it ended",
                                 )
                             )
-                        self._out_send.close()
+                        outbox.close()
                         # The writer flushes what is queued, then ends.
                         with anyio.move_on_after(self.shutdown_grace):
                             await self._writer_done.wait()
@@ -384,81 +207,105 @@ class Server:
             if self._owns_scheduler:
                 self.scheduler.close()
             with anyio.CancelScope(shield=True):
-                await writer.aclose()
+                await outbox.aclose()
                 await receive.aclose()
         return code
 
     async def _stop_jobs(self) -> None:
         """End every request with a terminal frame; give the running one a grace period."""
-        for job in list(self._queue.values()):
-            self._queue.pop(job.id, None)
-            self._finish(job, _shutting_down(job))
-        active = self._active
-        if active is not None:
-            active.cancel_code = "shutting_down"
-            active.cancel.set()
+        with self.scheduler.lock:
+            for job in list(self.queue.values()):
+                del self.queue[job.id]
+                self._finish(job, _shutting_down(job))
+            active = self.active
+            idle = None
+            if active is not None:
+                active.cancel_code = "shutting_down"
+                active.cancel.set()
+                idle = self._idle_waiter = anyio.Event()
+        if idle is not None:
             with anyio.move_on_after(self.shutdown_grace):
-                await self._idle.wait()
-        for job in list(self._inflight.values()):
-            self._finish(job, _shutting_down(job))
+                await idle.wait()
+        with self.scheduler.lock:
+            for job in list(self._inflight.values()):
+                self._finish(job, _shutting_down(job))
 
-    async def _read_loop(self, reader: FrameReader) -> int:
+    async def _read_loop(self, reader: FrameReader, outbox: Outbox) -> int:
+        shutdown: list[Shutdown] = []
+
+        def on_frame(body: memoryview) -> bool:
+            """Handle one request frame; True stops the pump (a shutdown, or too much unwritten)."""
+            message = self._on_frame(body)
+            if isinstance(message, Shutdown):
+                shutdown.append(message)
+                return True
+            return len(outbox) >= self.max_outgoing
+
         while True:
-            while self._out_send.statistics().current_buffer_used >= self.max_outgoing:
+            while len(outbox) >= self.max_outgoing:
                 # The parent is not reading replies: stop reading requests (which make
                 # more replies) until half the queue is written. The pipe then fills up,
                 # and the parent's writes wait, instead of our memory growing.
-                self._drained = anyio.Event()
-                await self._drained.wait()
+                outbox.drained = anyio.Event()
+                await outbox.drained.wait()
             try:
-                body = await reader.receive()
+                stopped = await reader.pump(on_frame)
             except FramingError as exc:
                 log.error("framing lost: %s", exc)
-                self._send(Error(code=exc.code, message=f"{exc}; closing the connection", detail={"fatal": True}))
+                self.send(Error(code=exc.code, message=f"{exc}; closing the connection", detail={"fatal": True}))
                 return EXIT_FRAMING
-            if body is None:
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                stopped = False
+            if not stopped:
                 log.info("end of input: the parent closed the request stream")
                 return EXIT_OK
-            try:
-                message = protocol.decode_request(body)
-            except (msgspec.MsgspecError, RecursionError) as exc:
-                # RecursionError: nested deeper than msgspec can follow. One bad message
-                # costs that message only, never the connection.
-                self._reject(protocol.describe_invalid(body, exc))
-                continue
-            if message.id in self._inflight:
-                # Checked first, for every op: a ping, cancel or shutdown reusing a live
-                # id would otherwise give that id a second terminal frame.
-                self._send(
-                    Error(
-                        code="duplicate_id",
-                        message=f"request id {message.id} is already in flight",
-                        detail={"field": "$.id"},
-                    )
-                )
-                continue
-            if isinstance(message, Cancel) and message.target == message.id:
-                self._send(
-                    Error(
-                        code="invalid_message",
-                        id=message.id,
-                        message=f"cancel {message.id} names itself as its target",
-                        detail={"field": "$.target"},
-                    )
-                )
-                continue
-            if isinstance(message, Shutdown):
+            if shutdown:
                 self._shutdown_requested = True
                 await self._stop_jobs()
-                self._send(Ok(id=message.id, info={"exit_code": EXIT_OK}))
+                self.send(Ok(id=shutdown[0].id, info={"exit_code": EXIT_OK}))
                 return EXIT_OK
-            try:
-                self._dispatch(message)
-            except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
-                log.exception("internal error dispatching request %d", message.id)
+
+    def _on_frame(self, body: memoryview) -> Union[Shutdown, None]:
+        """Decode and dispatch one request; a ``shutdown`` is returned for the read loop to carry out."""
+        try:
+            message = protocol.decode_request(body)
+        except (msgspec.MsgspecError, RecursionError) as exc:
+            # RecursionError: nested deeper than msgspec can follow. One bad message
+            # costs that message only, never the connection.
+            self._reject(protocol.describe_invalid(body, exc))
+            return None
+        if message.id in self._inflight:
+            # Checked first, for every op: a ping, cancel or shutdown reusing a live
+            # id would otherwise give that id a second terminal frame.
+            self.send(
+                Error(
+                    code="duplicate_id",
+                    message=f"request id {message.id} is already in flight",
+                    detail={"field": "$.id"},
+                )
+            )
+            return None
+        if isinstance(message, Cancel) and message.target == message.id:
+            self.send(
+                Error(
+                    code="invalid_message",
+                    id=message.id,
+                    message=f"cancel {message.id} names itself as its target",
+                    detail={"field": "$.target"},
+                )
+            )
+            return None
+        if isinstance(message, Shutdown):
+            return message
+        try:
+            self._dispatch(message)
+        except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
+            log.exception("internal error dispatching request %d", message.id)
+            with self.scheduler.lock:
                 self._inflight.pop(message.id, None)
-                self._queue.pop(message.id, None)
-                self._send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
+                self.queue.pop(message.id, None)
+            self.send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
+        return None
 
     # ----------------------------------------------------------- dispatch
 
@@ -466,22 +313,22 @@ class Server:
         """Answer a message that could not be decoded."""
         if error.id is not None and error.id in self._inflight:
             error.id = None  # never a second terminal frame for a live id
-        self._send(error)
+        self.send(error)
 
     def _dispatch(self, message: protocol.Request) -> None:
         if isinstance(message, Ping):
-            self._send(self._pong(message.id))
+            self.send(self._pong(message.id))
             return
         if isinstance(message, Cancel):
             found = self._cancel(message.target)
-            self._send(Ok(id=message.id, info={"found": found}))
+            self.send(Ok(id=message.id, info={"found": found}))
             return
         if isinstance(message, protocol.Voices):
-            self._send(_voices_reply(self.engine, message.id))
+            self.send(_voices_reply(self.engine, message.id))
             return
         if isinstance(message, RegisterVoice):
             if self.voices is None:
-                self._send(
+                self.send(
                     Error(
                         code="invalid_input",
                         id=message.id,
@@ -493,36 +340,38 @@ class Server:
             try:
                 info = self.voices.register(message.name, message.audio)
             except EngineError as exc:
-                self._send(_error_for(message.id, exc))
+                self.send(_error_for(message.id, exc))
                 return
             log.info("voice %r registered (%d bytes, sha256 %s)", message.name, info["bytes"], info["sha256"])
-            self._send(Ok(id=message.id, info=info))
+            self.send(Ok(id=message.id, info=info))
             return
-        job: _Job
+        job: Job
         if isinstance(message, Synthesize):
             try:
-                job = _Job(message.id, "synthesize", self._synthesis_request(message))
+                job = Job(message.id, "synthesize", self._synthesis_request(message))
             except EngineError as exc:
-                self._send(_error_for(message.id, exc))
+                self.send(_error_for(message.id, exc))
                 return
         elif isinstance(message, (Load, Unload)):
-            job = _Job(message.id, message.__struct_config__.tag)  # type: ignore[arg-type]
+            job = Job(message.id, message.__struct_config__.tag)  # type: ignore[arg-type]
         else:  # pragma: no cover - the union is exhausted above
             raise AssertionError(message)
-        if len(self._queue) >= self.max_queue:
-            self._send(
-                Error(
-                    code="busy",
-                    id=message.id,
-                    retryable=True,
-                    message=f"the request queue is full ({self.max_queue} waiting); retry later",
-                    detail={"queue_depth": len(self._queue)},
-                )
+        with self.scheduler.lock:
+            if len(self.queue) < self.max_queue:
+                self._inflight[job.id] = job
+                self.queue[job.id] = job
+                self.scheduler.notify()
+                return
+            depth = len(self.queue)
+        self.send(
+            Error(
+                code="busy",
+                id=message.id,
+                retryable=True,
+                message=f"the request queue is full ({self.max_queue} waiting); retry later",
+                detail={"queue_depth": depth},
             )
-            return
-        self._inflight[job.id] = job
-        self._queue[job.id] = job
-        self.scheduler.notify()
+        )
 
     def _synthesis_request(self, message: Synthesize) -> SynthesisRequest[Any]:
         engine = self.engine
@@ -572,14 +421,15 @@ class Server:
         return self.voices.resolve(value, field)
 
     def _cancel(self, target: int) -> bool:
-        job = self._queue.pop(target, None)
-        if job is not None:
-            self._finish(job, Error(code="cancelled", id=target, message="cancelled while queued"))
-            return True
-        active = self._active
-        if active is not None and active.id == target and not active.finished:
-            active.cancel.set()
-            return True
+        with self.scheduler.lock:
+            job = self.queue.pop(target, None)
+            if job is not None:
+                self._finish(job, Error(code="cancelled", id=target, message="cancelled while queued"))
+                return True
+            active = self.active
+            if active is not None and active.id == target and not active.finished:
+                active.cancel.set()
+                return True
         return False
 
     def _pong(self, request_id: int) -> Pong:
@@ -588,11 +438,11 @@ class Server:
             memory.update(self.engine.memory())
         except Exception as exc:  # a broken memory report must not break health checks
             log.warning("engine memory report failed: %s", exc)
-        active = self._active
+        active = self.active
         return Pong(
             id=request_id,
             loaded=self.engine.loaded,
-            queue_depth=len(self._queue),
+            queue_depth=len(self.queue),
             active=None if active is None else active.id,
             memory=memory,
             uptime=round(time.monotonic() - self.scheduler.started, 3),
@@ -601,45 +451,46 @@ class Server:
 
     # ------------------------------------------------------------- worker
 
-    async def _run_job(self, job: _Job) -> None:
-        """Run one of this connection's jobs on the engine thread (called by the scheduler)."""
-        self._active = job
-        self._idle = anyio.Event()
+    def run_job(self, job: Job) -> None:
+        """Run one of this connection's jobs; on the engine thread (called by the scheduler)."""
         job.started = time.monotonic()
-        post = LoopPoster()
         try:
-            terminal = await self.engine_thread.run(functools.partial(self._execute, job, post))
+            terminal = self._execute(job)
         except Exception as exc:  # a bug here must still end the request
             log.exception("internal error running request %d", job.id)
             terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
-        finally:
-            self._active = None
-            self._idle.set()
-        self._finish(job, terminal)
+        with self.scheduler.lock:
+            self.active = None
+            self._finish(job, terminal)
+            idle, self._idle_waiter = self._idle_waiter, None
+        if idle is not None and self._outbox is not None:
+            self._outbox.post(idle.set)
 
-    def _progress_fn(self, job: _Job, post: LoopPoster) -> Callable[..., None]:
+    def _progress_fn(self, job: Job) -> Callable[..., None]:
         def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
             if fraction is not None:
                 fraction = min(1.0, max(0.0, float(fraction)))
-            post(self._broadcast_progress, job, stage, fraction, message)
+            self._broadcast_progress(job, stage, fraction, message)
 
         return progress
 
-    def _broadcast_progress(self, job: _Job, stage: str, fraction: Union[float, None], message: str) -> None:
-        if job.finished:
-            return
-        self._send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
-        if stage == "load":
-            # Every request queued behind this one, on any connection, waits on the same load.
-            for server in self.scheduler.servers:
-                for waiting in server._queue.values():
-                    if waiting.kind == "synthesize":
-                        server._send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
+    def _broadcast_progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
+        """From the engine thread or a heartbeat thread."""
+        with self.scheduler.lock:
+            if job.finished:
+                return
+            self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+            if stage == "load":
+                # Every request queued behind this one, on any connection, waits on the same load.
+                for server in self.scheduler.servers:
+                    for waiting in server.queue.values():
+                        if waiting.kind == "synthesize":
+                            server.send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
-    def _execute(self, job: _Job, post: LoopPoster) -> protocol.Reply:
+    def _execute(self, job: Job) -> protocol.Reply:
         """Runs on the engine thread; returns the job's terminal message."""
         engine = self.engine
-        progress = self._progress_fn(job, post)
+        progress = self._progress_fn(job)
         cancelled = job.cancel.is_set
         timings: dict[str, float] = {"queued": job.started - job.enqueued}
         try:
@@ -660,7 +511,7 @@ class Server:
                 info = {**engine.info(), "loaded": True, "sample_rate": engine.sample_rate, **timings}
                 return Ok(id=job.id, info=info)
             assert job.request is not None
-            return self._run_synthesis(job, job.request, progress, post, timings)
+            return self._run_synthesis(job, job.request, progress, timings)
         except Cancelled:
             return _cancelled(job)
         except EngineError as exc:
@@ -685,10 +536,9 @@ class Server:
 
     def _run_synthesis(
         self,
-        job: _Job,
+        job: Job,
         request: SynthesisRequest[Any],
         progress: Callable[..., None],
-        post: LoopPoster,
         timings: dict[str, float],
     ) -> protocol.Reply:
         engine = self.engine
@@ -697,6 +547,8 @@ class Server:
             raise EngineError("the engine reported no sample rate after loading", code="internal")
         rate = request.sample_rate or native
         ring = self.shared_audio
+        outbox = self._outbox
+        assert outbox is not None
         began = time.monotonic()
         samples = 0
         seq = 0
@@ -725,14 +577,16 @@ class Server:
                         shared = protocol.Audio(
                             id=job.id, seq=seq, sample_rate=rate, shm_offset=position, shm_size=len(piece), pcm=_EMPTY
                         )
-                        post(self._send_shared, job, shared)
+                        # A job ended early (the sidecar stopping) drops it; its region is
+                        # released with the next one the parent releases.
+                        self._send_job_frame(job, (protocol.frame(shared),), False)
                     else:
                         # The samples are written from the engine's own buffer: no copy here.
                         parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
-                        while not self._audio_slots.acquire(timeout=0.05):
+                        while not outbox.audio_slots.acquire(timeout=0.05):
                             if job.cancel.is_set():
                                 return _cancelled(job)
-                        post(self._queue_audio, job, parts)
+                        self._send_job_frame(job, parts, True)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():
@@ -750,11 +604,11 @@ class _LoadFailed(Exception):
     pass
 
 
-def _shutting_down(job: _Job) -> Error:
+def _shutting_down(job: Job) -> Error:
     return Error(code="shutting_down", id=job.id, message="the sidecar is shutting down")
 
 
-def _cancelled(job: _Job) -> Error:
+def _cancelled(job: Job) -> Error:
     if job.cancel_code == "shutting_down":
         return _shutting_down(job)
     return Error(code="cancelled", id=job.id, message="cancelled while running")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Union, cast
 
 import anyio
@@ -11,7 +13,11 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from indextts_sidecar import protocol
 
-__all__ = ["FrameReader", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
+from .streams import loop_clock
+
+__all__ = ["FrameReader", "FrameSplitter", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
+
+_READ_SIZE = 256 * 1024
 
 
 class FramingError(Exception):
@@ -39,6 +45,81 @@ class TruncatedFrame(FramingError):
         self.expected = expected
 
 
+class FrameSplitter:
+    """Cuts a byte stream into frame bodies; no I/O, so any reader (and any thread) can drive it.
+
+    Small frames are handed out as views of the bytes read (no copy).  A frame that
+    does not arrive whole gets its own buffer; :meth:`pending_into` names where the rest
+    of it can be read straight into (one copy, large reads).
+    """
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.max_frame_size = max_frame_size
+        #: Bytes of a frame not yet complete (a partial length prefix), or of none.
+        self._head = b""
+        self._body: Union[memoryview, None] = None
+        self._filled = 0
+
+    @property
+    def inside(self) -> bool:
+        """Whether a frame has started and is not complete."""
+        return self._body is not None or bool(self._head)
+
+    def progress(self) -> tuple[int, Union[int, None]]:
+        """Bytes of the current frame received (prefix included), and its body size if known."""
+        if self._body is not None:
+            return protocol.HEADER + self._filled, len(self._body)
+        return len(self._head), None
+
+    def pending_into(self) -> Union[memoryview, None]:
+        """The rest of a started frame's body, to read straight into; then call :meth:`filled`."""
+        return None if self._body is None else self._body[self._filled :]
+
+    def filled(self, count: int, frames: list[memoryview]) -> None:
+        """``count`` bytes were read into :meth:`pending_into`; the frame goes to ``frames`` once whole."""
+        assert self._body is not None
+        self._filled += count
+        if self._filled == len(self._body):
+            frames.append(self._body)
+            self._body = None
+
+    def feed(self, data: Union[bytes, memoryview], frames: list[memoryview]) -> None:
+        """Add bytes read; append each frame they complete to ``frames``.
+
+        Raises :class:`FrameTooLarge` for a prefix above the limit (the stream is lost);
+        the frames before it are in ``frames`` all the same.
+        """
+        if self._body is not None:
+            take = min(len(data), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + take] = data[:take]
+            self.filled(take, frames)
+            if take == len(data):
+                return
+            data = bytes(data[take:])
+        if self._head:
+            data = self._head + bytes(data)
+            self._head = b""
+        view = memoryview(data)
+        end_of_data = len(data)
+        pos = 0
+        while end_of_data - pos >= protocol.HEADER:
+            size = int.from_bytes(view[pos : pos + protocol.HEADER], "big")
+            if size > self.max_frame_size:
+                raise FrameTooLarge(size, self.max_frame_size)
+            start = pos + protocol.HEADER
+            end = start + size
+            if end <= end_of_data:
+                frames.append(view[start:end])
+                pos = end
+                continue
+            body = memoryview(bytearray(size))
+            body[: end_of_data - start] = view[start:]
+            self._body, self._filled = body, end_of_data - start
+            return
+        if pos < end_of_data:
+            self._head = bytes(view[pos:])
+
+
 class FrameReader:
     """Reads frames from ``stream``.
 
@@ -46,6 +127,10 @@ class FrameReader:
     stream that stalls inside a frame raises :class:`TruncatedFrame` instead of
     waiting forever (and of eating the next frame as the stalled one's tail).
     Between frames the reader waits as long as it takes.
+
+    :meth:`receive` hands out one frame; :meth:`pump` hands each frame to a function as
+    it arrives, which on a pipe (:class:`~.streams.FdReceiveStream`) runs straight from
+    the event loop's readiness callback: no task switch and no re-registration per read.
     """
 
     def __init__(
@@ -56,73 +141,151 @@ class FrameReader:
         frame_timeout: Union[float, None] = None,
     ) -> None:
         self._stream = stream
-        self.max_frame_size = max_frame_size
+        self._splitter = FrameSplitter(max_frame_size)
         self._timeout = math.inf if frame_timeout is None else frame_timeout
-        self._buffer: bytes = b""
-        self._pos = 0
+        #: Complete frames not yet handed out.
+        self._ready: deque[memoryview] = deque()
+        #: When the frame now started began to arrive.
+        self._started = math.inf
+        #: The event loop's clock, set when reading starts (callable outside a task).
+        self._clock: Callable[[], float] = anyio.current_time
+        #: Framing lost after the frames in ``_ready``: raised once they are handed out.
+        self._failed: Union[FramingError, None] = None
 
-    async def _more(self, deadline: float, received: int, expected: Union[int, None], want: int) -> bytes:
-        with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-            try:
-                return await self._stream.receive(max(want, 65536))
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise TruncatedFrame(received, expected, "ended") from None
-        assert scope.cancel_called
-        raise TruncatedFrame(received, expected, f"stalled for {self._timeout:g} s")
+    @property
+    def max_frame_size(self) -> int:
+        return self._splitter.max_frame_size
 
-    async def _more_into(
-        self, receive_into: Callable[[memoryview], Awaitable[int]], deadline: float, view: memoryview, size: int
-    ) -> int:
-        with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-            try:
-                return await receive_into(view)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise TruncatedFrame(protocol.HEADER + size - len(view), size, "ended") from None
-        assert scope.cancel_called
-        raise TruncatedFrame(protocol.HEADER + size - len(view), size, f"stalled for {self._timeout:g} s")
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._splitter.max_frame_size = value
+
+    def _truncated(self, reason: str) -> TruncatedFrame:
+        received, expected = self._splitter.progress()
+        return TruncatedFrame(received, expected, reason)
+
+    def _took(self, frames: list[memoryview]) -> None:
+        self._ready.extend(frames)
+        if not self._splitter.inside:
+            self._started = math.inf
+        elif frames or self._started == math.inf:
+            self._started = self._clock()  # a new frame started
+
+    async def _read_more(self) -> bool:
+        """One read from the stream into the splitter; False at the end of the stream."""
+        frames: list[memoryview] = []
+        into = self._splitter.pending_into()
+        receive_into = getattr(self._stream, "receive_into", None)
+        try:
+            if into is not None and receive_into is not None:
+                self._splitter.filled(await receive_into(into), frames)
+            else:
+                self._feed(await self._stream.receive(), frames)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        self._took(frames)
+        return True
+
+    def _feed(self, data: Union[bytes, memoryview], frames: list[memoryview]) -> None:
+        try:
+            self._splitter.feed(data, frames)
+        except FramingError as exc:
+            # Raised once the frames before it are handed out.
+            self._failed = exc
+
+    async def _fill(self) -> bool:
+        """Until a frame is ready; False at a clean end of stream between frames."""
+        while not self._ready:
+            if self._failed is not None:
+                raise self._failed
+            if not self._splitter.inside:
+                if not await self._read_more():
+                    return False
+                continue
+            with anyio.move_on_at(self._started + self._timeout):
+                if not await self._read_more():
+                    raise self._truncated("ended")
+                continue
+            raise self._truncated(f"stalled for {self._timeout:g} s")
+        return True
 
     async def receive(self) -> Union[memoryview, None]:
         """The next frame's body, or None at a clean end of stream between frames."""
-        data, pos = self._buffer, self._pos
-        if pos == len(data):
+        self._clock = loop_clock()
+        if not self._ready and not await self._fill():
+            return None
+        return self._ready.popleft()
+
+    async def pump(self, on_frame: Callable[[memoryview], bool]) -> bool:
+        """Hand each frame to ``on_frame`` as it arrives, until it returns True (then True).
+
+        Returns False at a clean end of stream between frames.  ``on_frame`` runs
+        synchronously, maybe from the event loop's readiness callback, outside any task:
+        it must not block, and must not call what needs a current task (anyio's clock:
+        :func:`~.streams.loop_clock`; starting tasks: stop the pump and do it after).
+        The frames after the one that stopped the pump stay for the next call.
+        """
+        self._clock = loop_clock()
+        while self._ready:
+            if on_frame(self._ready.popleft()):
+                return True
+        if self._failed is not None:
+            raise self._failed
+        watch = getattr(self._stream, "when_readable", None)
+        fileno = getattr(self._stream, "fileno", None)
+        if watch is None or fileno is None:
+            while True:
+                body = await self.receive()
+                if body is None:
+                    return False
+                if on_frame(body):
+                    return True
+        fd: int = fileno()
+        splitter = self._splitter
+        outcome: list[bool] = []
+
+        def readable() -> Union[float, None]:
+            # Called each time the descriptor is readable: read once, hand out what is whole.
+            frames: list[memoryview] = []
+            into = splitter.pending_into()
             try:
-                data, pos = await self._stream.receive(), 0
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                if into is not None:
+                    count = os.readv(fd, [into])
+                    if count:
+                        splitter.filled(count, frames)
+                else:
+                    data = os.read(fd, _READ_SIZE)
+                    count = len(data)
+                    if count:
+                        self._feed(data, frames)
+            except BlockingIOError:
+                return self._deadline()
+            except OSError:
+                count = 0
+            if not count:
+                if splitter.inside:
+                    raise self._truncated("ended")
+                outcome.append(False)
                 return None
-        deadline = anyio.current_time() + self._timeout
-        if len(data) - pos < protocol.HEADER:
-            data, pos = data[pos:], 0
-            while len(data) < protocol.HEADER:
-                data += await self._more(deadline, len(data), None, protocol.HEADER - len(data))
-        size = int.from_bytes(data[pos : pos + protocol.HEADER], "big")
-        if size > self.max_frame_size:
-            self._buffer, self._pos = b"", 0
-            raise FrameTooLarge(size, self.max_frame_size)
-        start = pos + protocol.HEADER
-        end = start + size
-        if len(data) >= end:
-            # The whole frame is buffered: hand out a view, no copy.
-            self._buffer, self._pos = data, end
-            return memoryview(data)[start:end]
-        body = bytearray(size)
-        filled = len(data) - start
-        body[:filled] = memoryview(data)[start:]
-        self._buffer, self._pos = b"", 0
-        receive_into = getattr(self._stream, "receive_into", None)
-        if receive_into is not None:
-            # Read the rest straight into the frame's buffer: one copy, large reads.
-            view = memoryview(body)
-            while filled < size:
-                filled += await self._more_into(receive_into, deadline, view[filled:], size)
-            return view
-        while filled < size:
-            chunk = await self._more(deadline, protocol.HEADER + filled, size, size - filled)
-            take = min(len(chunk), size - filled)
-            body[filled : filled + take] = memoryview(chunk)[:take]
-            filled += take
-            if take < len(chunk):
-                self._buffer, self._pos = chunk, take
-        return memoryview(body)
+            self._took(frames)
+            ready = self._ready
+            while ready:
+                if on_frame(ready.popleft()):
+                    outcome.append(True)
+                    return None
+            if self._failed is not None:
+                raise self._failed
+            return self._deadline()
+
+        try:
+            await watch(readable, self._deadline())
+        except TimeoutError:
+            raise self._truncated(f"stalled for {self._timeout:g} s") from None
+        return outcome[0] if outcome else False
+
+    def _deadline(self) -> float:
+        """Until when the next read may wait (a started frame must finish in time)."""
+        return self._started + self._timeout if self._splitter.inside else math.inf
 
 
 class FrameWriter:

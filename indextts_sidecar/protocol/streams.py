@@ -7,20 +7,34 @@ file descriptors without blocking and waits for readiness on the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, Union
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
-from anyio.lowlevel import checkpoint
+from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
-__all__ = ["FdReceiveStream", "FdSendStream"]
+__all__ = ["FdReceiveStream", "FdSendStream", "loop_clock"]
 
 _IOV_MAX = 512
 
 
 T = TypeVar("T")
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock (``anyio.current_time``'s), as a function.
+
+    Call this in a task; the function it returns also works where anyio cannot tell
+    which event loop runs (an asyncio readiness callback, outside any task).
+    """
+    try:
+        return asyncio.get_running_loop().time  # only under asyncio
+    except RuntimeError:
+        return anyio.current_time
 
 
 class _FdStream:
@@ -30,6 +44,7 @@ class _FdStream:
         os.set_blocking(fd, False)
         self._fd = fd
         self._closed = False
+        self._watch: Union[asyncio.Future[None], None] = None
 
     async def _retry(self, call: Callable[[int], T], wait: Callable[[int], Awaitable[None]]) -> T:
         """``call(fd)`` once the descriptor is ready; errors become anyio's stream errors."""
@@ -46,28 +61,134 @@ class _FdStream:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            watch, self._watch = self._watch, None
+            if watch is not None and not watch.done():
+                # A when_readable() in progress: unregister before the number can be reused.
+                watch.get_loop().remove_reader(self._fd)
+                watch.set_exception(anyio.ClosedResourceError())
             anyio.notify_closing(self._fd)
             os.close(self._fd)
         await checkpoint()
 
 
 class FdReceiveStream(_FdStream, ByteReceiveStream):
-    """Non-blocking reads from a pipe file descriptor."""
+    """Non-blocking reads from a pipe file descriptor.
+
+    Each receive is a checkpoint, as anyio's streams are, but reads before it waits:
+    when data has to be waited for, the wait is the only turn of the event loop; when
+    it is there already, the read is followed by a shielded checkpoint (cancellation
+    never loses bytes that were read).
+    """
+
+    async def _read(self, call: Callable[[int], T]) -> T:
+        await checkpoint_if_cancelled()
+        waited = False
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                result = call(self._fd)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                waited = True
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if not waited:
+                await cancel_shielded_checkpoint()
+            return result
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        await checkpoint()
-        data = await self._retry(lambda fd: os.read(fd, max_bytes), anyio.wait_readable)
+        data = await self._read(lambda fd: os.read(fd, max_bytes))
         if not data:
             raise anyio.EndOfStream
         return data
 
     async def receive_into(self, buffer: memoryview) -> int:
         """Read straight into ``buffer`` (no intermediate bytes object); return the count."""
-        await checkpoint()
-        count = await self._retry(lambda fd: os.readv(fd, [buffer]), anyio.wait_readable)
+        count = await self._read(lambda fd: os.readv(fd, [buffer]))
         if not count:
             raise anyio.EndOfStream
         return count
+
+    def fileno(self) -> int:
+        return self._fd
+
+    async def when_readable(self, callback: Callable[[], Union[float, None]], deadline: float = math.inf) -> None:
+        """Call ``callback`` each time the descriptor is readable, until it returns None.
+
+        ``callback`` reads for itself (without blocking) and returns the anyio clock time by
+        which the descriptor must next be readable (``math.inf``: no limit), or None to stop;
+        past that time this raises ``TimeoutError``.  What ``callback`` raises propagates.
+        On asyncio the descriptor stays registered with the event loop throughout and
+        ``callback`` runs from the loop's own readiness callback: no task switch and no
+        re-registration per read.  Elsewhere it is a loop of ``wait_readable``.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            loop = asyncio.get_running_loop()  # only under asyncio
+        except RuntimeError:
+            pass
+        else:
+            await self._when_readable_asyncio(loop, callback, deadline)
+            return
+        limit: Union[float, None] = deadline
+        while limit is not None:
+            if limit == math.inf:
+                await anyio.wait_readable(self._fd)
+            else:
+                with anyio.move_on_at(limit) as scope:
+                    await anyio.wait_readable(self._fd)
+                if scope.cancelled_caught:
+                    raise TimeoutError
+            limit = callback()
+
+    async def _when_readable_asyncio(
+        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], Union[float, None]], deadline: float
+    ) -> None:
+        done: asyncio.Future[None] = loop.create_future()
+        timer: Union[asyncio.TimerHandle, None] = None
+        armed = math.inf
+
+        def arm(limit: float) -> None:
+            nonlocal timer, armed
+            if limit == armed:
+                return
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            armed = limit
+            if limit != math.inf:
+                timer = loop.call_at(limit, expired)
+
+        def expired() -> None:
+            if not done.done():
+                done.set_exception(TimeoutError())
+
+        def readable() -> None:
+            if done.done():
+                return
+            try:
+                limit = callback()
+            except Exception as exc:
+                done.set_exception(exc)
+                return
+            if limit is None:
+                done.set_result(None)
+            else:
+                arm(limit)
+
+        arm(deadline)
+        loop.add_reader(self._fd, readable)
+        self._watch = done
+        try:
+            await done
+        finally:
+            self._watch = None
+            loop.remove_reader(self._fd)
+            if timer is not None:
+                timer.cancel()
 
 
 class FdSendStream(_FdStream, ByteSendStream):
@@ -85,6 +206,20 @@ class FdSendStream(_FdStream, ByteSendStream):
             raise anyio.ClosedResourceError
         try:
             return os.write(self._fd, item)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
+    def try_send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> int:
+        """Write what fits of ``parts`` now, with one ``writev``, without waiting: the bytes written.
+
+        Raises anyio's ``ClosedResourceError`` or ``BrokenResourceError`` as :meth:`send` does.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return os.writev(self._fd, parts[:_IOV_MAX])
         except BlockingIOError:
             return 0
         except OSError as exc:

@@ -1,0 +1,187 @@
+"""The way out of one connection: frames from the event loop and the engine thread, in order.
+
+Frames come from two threads: control answers (``pong``, errors) from the event loop,
+audio, progress and terminal frames from the engine thread.  Each frame goes out whole
+and in the order it was put, never interleaved with another.
+
+Fast path: when nothing is waiting to be written and the stream can write without
+blocking (a pipe, :meth:`FdSendStream.try_send_parts`), the producing thread writes the
+frame itself, at once: no hand-off to the event loop, no task switch.  Whatever does not
+fit (a full pipe, a slow parent) waits in the backlog, which one writer task on the event
+loop drains; while the backlog holds anything, every frame joins it, so order holds.
+Streams without a non-blocking write (sockets, TLS) always go through the writer task.
+
+Audio frames hold one of a few slots until written, which bounds the memory audio can
+take when the parent reads slowly; control frames never wait for a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import anyio
+from anyio.abc import ByteSendStream
+from anyio.lowlevel import current_token
+
+from .protocol.framing import FrameWriter
+
+__all__ = ["LoopPoster", "Outbox"]
+
+log = logging.getLogger("indextts_sidecar")
+
+_Part = Union[bytes, memoryview]
+#: Audio frames queued for the parent at most; the engine thread waits for a slot.
+AUDIO_SLOTS = 4
+#: Frames queued meanwhile go out in one writev, up to this many bytes.
+_BATCH_BYTES = 1 << 20
+
+
+class LoopPoster:
+    """Schedules a callback on the current event loop from any thread, without waiting.
+
+    ``anyio.from_thread.run_sync`` waits for the loop to run the callback; the engine
+    thread only needs its callbacks queued in order, so it hands them over with the
+    backend's own thread-safe ``call_soon``.  Create it on the event loop's thread.
+    """
+
+    def __init__(self) -> None:
+        native: Any = current_token().native_token
+        # asyncio: the loop's call_soon_threadsafe; trio: TrioToken.run_sync_soon.
+        self._post: Callable[[Callable[[], None]], object] = getattr(native, "call_soon_threadsafe", None) or (
+            native.run_sync_soon
+        )
+        self.loop_thread = threading.get_ident()
+
+    def __call__(self, fn: Callable[..., None], *args: Any) -> None:
+        def guarded() -> None:
+            try:
+                fn(*args)
+            except Exception:  # a callback must never take the event loop down
+                log.exception("internal error in a callback from another thread")
+
+        try:
+            self._post(guarded)
+        except Exception:  # the event loop has ended: nobody is listening
+            pass
+
+    def soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now if this is the loop's thread, else post it there."""
+        if threading.get_ident() == self.loop_thread:
+            fn()
+        else:
+            self(fn)
+
+
+def _rest(parts: Sequence[_Part], written: int) -> list[_Part]:
+    """What remains of ``parts`` after ``written`` bytes."""
+    rest: list[_Part] = []
+    for part in parts:
+        if written >= len(part):
+            written -= len(part)
+            continue
+        rest.append(memoryview(part).cast("B")[written:] if written else part)
+        written = 0
+    return rest
+
+
+class Outbox:
+    """Frames of one connection, written in order from any thread (see the module doc)."""
+
+    def __init__(self, stream: ByteSendStream, *, max_outgoing: int) -> None:
+        self._writer = FrameWriter(stream)
+        self._direct: Union[Callable[[Sequence[_Part]], int], None] = getattr(stream, "try_send_parts", None)
+        self._lock = threading.Lock()
+        #: Frames not yet written (parts, holds an audio slot); only the writer task removes them.
+        self._backlog: deque[tuple[Sequence[_Part], bool]] = deque()
+        self._closed = False
+        self._writer_waits = False
+        self._wake = anyio.Event()
+        self._post = LoopPoster()
+        self.max_outgoing = max_outgoing
+        self.drained = anyio.Event()
+        self.audio_slots = threading.Semaphore(AUDIO_SLOTS)
+
+    def __len__(self) -> int:
+        """Frames waiting to be written."""
+        return len(self._backlog)
+
+    @property
+    def post(self) -> LoopPoster:
+        """Runs callbacks on the event loop of this connection, from any thread."""
+        return self._post
+
+    def put(self, parts: Sequence[_Part], audio: bool = False) -> None:
+        """Write a frame, or queue it behind those waiting; from any thread, never blocks.
+
+        ``audio``: the frame holds an audio slot, released once it is written (or dropped).
+        After :meth:`close` frames are dropped.
+        """
+        with self._lock:
+            if self._closed:
+                if audio:
+                    self.audio_slots.release()
+                return
+            if not self._backlog and self._direct is not None:
+                try:
+                    written = self._direct(parts)
+                except Exception:  # a broken stream: the writer task reports it
+                    written = 0
+                if written == sum(map(len, parts)):
+                    if audio:
+                        self.audio_slots.release()
+                    return
+                parts = _rest(parts, written)
+            self._backlog.append((parts, audio))
+            wake, self._writer_waits = self._writer_waits, False
+        if wake:
+            self._post.soon(self._wake.set)
+
+    def close(self) -> None:
+        """No more frames; the writer task writes what is queued, then ends.  Loop thread only."""
+        with self._lock:
+            self._closed = True
+            wake, self._writer_waits = self._writer_waits, False
+        if wake:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """The writer task: drain the backlog until closed and empty.  Raises what the stream raises."""
+        while True:
+            with self._lock:
+                count = 0
+                if not self._backlog:
+                    if self._closed:
+                        return
+                    self._wake = wake = anyio.Event()
+                    self._writer_waits = True
+                else:
+                    batch: list[_Part] = []
+                    size = 0
+                    for parts, _ in self._backlog:
+                        if size >= _BATCH_BYTES:
+                            break
+                        batch.extend(parts)
+                        size += sum(map(len, parts))
+                        count += 1
+            if not count:
+                await wake.wait()
+                continue
+            await self._writer.send_parts(batch)
+            with self._lock:
+                for _ in range(count):
+                    _, audio = self._backlog.popleft()
+                    if audio:
+                        self.audio_slots.release()
+                backlog = len(self._backlog)
+            if backlog <= self.max_outgoing // 2:
+                self.drained.set()
+
+    async def aclose(self) -> None:
+        """Close the stream; frames put from now on are dropped (no thread writes to a closed fd)."""
+        with self._lock:
+            self._closed = True
+        await self._writer.aclose()

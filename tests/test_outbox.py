@@ -1,0 +1,83 @@
+"""The sidecar's Outbox: frames put from the event loop and from another thread, over a real pipe.
+
+Whatever the interleaving, and whether a frame was written at once by the thread that put
+it or queued behind a full pipe for the writer task, every frame arrives whole, each
+producer's frames in the order it put them, and audio slots come back.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from indextts_sidecar import protocol
+from indextts_sidecar._outbox import AUDIO_SLOTS, Outbox
+from indextts_sidecar.protocol.framing import FrameReader
+from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 30
+COUNT = 400
+
+
+def _frame(source: str, number: int, size: int) -> bytes:
+    body = f"{source}:{number}:".encode() + bytes([number % 256]) * size
+    return len(body).to_bytes(protocol.HEADER, "big") + body
+
+
+async def test_frames_from_two_threads_arrive_whole_and_in_order_through_a_full_pipe() -> None:
+    read_fd, write_fd = os.pipe()
+    received: dict[str, list[int]] = {"loop": [], "thread": []}
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            outbox = Outbox(FdSendStream(write_fd), max_outgoing=1024)
+            tg.start_soon(outbox.run)
+
+            def produce() -> None:
+                for number in range(COUNT):
+                    outbox.audio_slots.acquire()
+                    # Big enough that the pipe fills and frames wait for the writer task.
+                    outbox.put((_frame("thread", number, 20_000),), audio=True)
+
+            thread = threading.Thread(target=produce)
+            thread.start()
+            for number in range(COUNT):
+                outbox.put((_frame("loop", number, 3_000),))
+                if number % 50 == 0:
+                    await anyio.lowlevel.checkpoint()
+            async with FdReceiveStream(read_fd) as stream:
+                reader = FrameReader(stream, max_frame_size=1 << 20)
+                while len(received["loop"]) + len(received["thread"]) < 2 * COUNT:
+                    body = await reader.receive()
+                    assert body is not None
+                    source, number, rest = bytes(body).split(b":", 2)
+                    size = 3_000 if source == b"loop" else 20_000
+                    assert rest == bytes([int(number) % 256]) * size  # whole, not interleaved
+                    received[source.decode()].append(int(number))
+                await anyio.to_thread.run_sync(thread.join)
+                outbox.close()
+            assert len(outbox) == 0
+            await outbox.aclose()
+    assert received == {"loop": list(range(COUNT)), "thread": list(range(COUNT))}
+    # Every audio frame gave its slot back once written.
+    assert all(outbox.audio_slots.acquire(blocking=False) for _ in range(AUDIO_SLOTS))
+
+
+async def test_frames_put_after_close_are_dropped_and_release_their_slot() -> None:
+    read_fd, write_fd = os.pipe()
+    outbox = Outbox(FdSendStream(write_fd), max_outgoing=8)
+    outbox.put((_frame("loop", 1, 10),))
+    outbox.close()
+    outbox.audio_slots.acquire()
+    outbox.put((_frame("loop", 2, 10),), audio=True)
+    with anyio.fail_after(TIMEOUT):
+        await outbox.run()  # nothing queued: ends at once
+        await outbox.aclose()
+    with os.fdopen(read_fd, "rb") as pipe:
+        assert pipe.read() == _frame("loop", 1, 10)
+    assert all(outbox.audio_slots.acquire(blocking=False) for _ in range(AUDIO_SLOTS))
