@@ -37,6 +37,7 @@ from indextts_sidecar import protocol
 from indextts_sidecar.protocol import auth as _auth
 from indextts_sidecar.protocol.framing import FrameReader, FramingError
 from indextts_sidecar.protocol.shm import AudioRing, RingError
+from indextts_sidecar.protocol.streams import loop_clock
 
 from ._audio import AudioAssembler
 from ._exceptions import (
@@ -90,6 +91,7 @@ class _Exchange:
 
     __slots__ = (
         "abandoned",
+        "absorbed",
         "buffered",
         "cancel_sent",
         "data",
@@ -97,6 +99,8 @@ class _Exchange:
         "id",
         "items",
         "last_frame",
+        "new_event",
+        "progress_wanted",
         "sent",
         "sent_at",
         "sink",
@@ -105,16 +109,22 @@ class _Exchange:
         "wakeup",
     )
 
-    def __init__(self, request_id: int) -> None:
+    def __init__(self, request_id: int, now: float, new_event: Callable[[], anyio.Event]) -> None:
         self.id = request_id
+        self.new_event = new_event
         self.items: deque[protocol.Reply] = deque()
-        self.wakeup = anyio.Event()
+        #: Set when a frame or a failure arrives, if the request's task waits (see :meth:`wait`).
+        self.wakeup: Union[anyio.Event, None] = None
         self.error: Union[SidecarError, None] = None
         self.abandoned = False
         #: Bytes of audio in ``items``, not yet consumed.
         self.buffered = 0
         self.sent = False
-        self.sent_at = anyio.current_time()
+        self.sent_at = now
+        #: Whether progress frames go to the request's task (else they only count as activity).
+        self.progress_wanted = True
+        #: Frames the reader took care of without the request's task (audio into ``sink``, progress).
+        self.absorbed = 0
         #: Arrival time of the last frame for this id (None until the first one).
         self.last_frame: Union[float, None] = None
         self.terminated = False
@@ -132,18 +142,24 @@ class _Exchange:
             self.terminated = True
         if not self.abandoned:
             self.items.append(reply)
-            self.wakeup.set()
+            self.wake()
+
+    def wake(self) -> None:
+        wakeup, self.wakeup = self.wakeup, None
+        if wakeup is not None:
+            wakeup.set()
 
     def fail(self, error: SidecarError) -> None:
         self.terminated = True
         self.error = error
-        self.wakeup.set()
+        self.wake()
 
     async def wait(self) -> None:
         """Until a frame or a failure is there to read."""
         if self.items or self.error is not None:
             return
-        self.wakeup = anyio.Event()
+        if self.wakeup is None:
+            self.wakeup = self.new_event()
         await self.wakeup.wait()
 
 
@@ -267,6 +283,13 @@ class Connection(Requester):
         self._default_timeout = timeout
         self._default_idle_timeout = idle_timeout
         self._pending: dict[int, _Exchange] = {}
+        #: The event loop's clock, callable from the reader's callback (set by :meth:`run`).
+        self._clock: Callable[[], float] = anyio.current_time
+        #: What the reader's callback leaves for the reader task (it may start no task itself).
+        self._deferred: list[Callable[[], None]] = []
+        self._routing = False
+        #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._tg: Union[TaskGroup, None] = None
         self._read_scope = anyio.CancelScope()
         self._abort_reason = "the connection was aborted"
@@ -420,6 +443,8 @@ class Connection(Requester):
         if self._started:
             raise RuntimeError("Connection.run() can be called once")
         self._started = True
+        self._new_event = type(anyio.Event())
+        self._clock = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -456,16 +481,11 @@ class Connection(Requester):
     async def _read_loop(self) -> _Loss:
         with self._read_scope:
             try:
-                while True:
-                    try:
-                        body = await self._reader.receive()
-                    except FramingError as exc:
-                        return _Loss("framing", f"framing lost on the sidecar's output: {exc}")
-                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-                        return _Loss("eof", "the sidecar's output stream ended")
+                while self.ready is None:  # the handshake, frame by frame
+                    body = await self._reader.receive()
                     if body is None:
                         return _Loss("eof", "the sidecar's output stream ended")
-                    if self.ready is None and not self._challenged:
+                    if not self._challenged:
                         challenge = _challenge_of(body)
                         if challenge is not None:
                             self._challenged = True
@@ -476,6 +496,30 @@ class Connection(Requester):
                     loss = self._handle(body)
                     if loss is not None:
                         return loss
+                losses: list[_Loss] = []
+
+                def on_frame(body: memoryview) -> bool:
+                    self._routing = True
+                    try:
+                        loss = self._handle(body)
+                    finally:
+                        self._routing = False
+                    if loss is not None:
+                        losses.append(loss)
+                    return bool(losses or self._deferred)
+
+                # Then every frame is routed as it arrives (see FrameReader.pump).
+                while await self._reader.pump(on_frame):
+                    if losses:
+                        return losses[0]
+                    deferred, self._deferred = self._deferred, []
+                    for action in deferred:
+                        action()
+                return _Loss("eof", "the sidecar's output stream ended")
+            except FramingError as exc:
+                return _Loss("framing", f"framing lost on the sidecar's output: {exc}")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                return _Loss("eof", "the sidecar's output stream ended")
             except Exception as exc:  # a bug here must still fail the pending requests
                 log.exception("internal error in the frame reader")
                 return _Loss("protocol", f"internal error in the frame reader: {exc!r}")
@@ -517,14 +561,22 @@ class Connection(Requester):
         if exchange is None:
             log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
-        now = anyio.current_time()
+        now = self._clock()
         terminal = protocol.is_terminal(reply)
+        if (isinstance(reply, protocol.Progress) and not exchange.progress_wanted) or (
+            exchange.sink is not None and isinstance(reply, protocol.Audio) and exchange.sink_error is None
+        ):
+            # Audio already in the request's assembler, progress nobody listens to: it
+            # counts as activity, and the request's task sleeps on until the end.
+            exchange.last_frame = self.last_activity = now
+            exchange.absorbed += 1
+            return None
         if terminal:
             del self._pending[request_id]
             if self._room_wanted:  # a request that was refused busy waits for this
                 self._room_wanted = False
                 self._room.set()
-                self._room = anyio.Event()
+                self._room = self._new_event()
             if exchange.abandoned:
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
@@ -548,7 +600,7 @@ class Connection(Requester):
         self._forget(exchange)  # cancels it on the sidecar; its later frames are dropped
         exchange.buffered = 0
         exchange.error = error
-        exchange.wakeup.set()
+        exchange.wake()
 
     def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
         """Samples out of the shared ring (which must keep flowing), or into the request's assembler."""
@@ -728,7 +780,7 @@ class Connection(Requester):
                 code="invalid_input",
                 request_id=request_id,
             )
-        exchange = _Exchange(request_id)
+        exchange = _Exchange(request_id, anyio.current_time(), self._new_event)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
@@ -783,8 +835,15 @@ class Connection(Requester):
         tg = self._tg
         if tg is None or self._error is not None:
             return None
-        exchange.cancel_sent = anyio.Event()
-        tg.start_soon(self._cancel_in_background, exchange)
+        exchange.cancel_sent = self._new_event()
+        if self._routing:
+            # Called from the reader's callback, which may start no task: right after it.
+            def start() -> None:
+                tg.start_soon(self._cancel_in_background, exchange)
+
+            self._deferred.append(start)
+        else:
+            tg.start_soon(self._cancel_in_background, exchange)
         return exchange.cancel_sent
 
     def _drop(self, exchange: _Exchange) -> None:
@@ -798,7 +857,7 @@ class Connection(Requester):
         try:
             if target.terminated or self._error is not None:
                 return
-            cancel = _Exchange(next(self._ids))
+            cancel = _Exchange(next(self._ids), anyio.current_time(), self._new_event)
             cancel.abandoned = True  # its ``ok`` is collected by the reader and dropped
             self._pending[cancel.id] = cancel
             try:

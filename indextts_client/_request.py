@@ -143,26 +143,37 @@ class _Tracked:
 
     async def _send(self) -> None:
         """Open a connection (restarting the sidecar if needed), register and send the request."""
-        with anyio.move_on_at(math.inf if self._deadline is None else self._deadline) as scope:
-            while True:
-                conn = self._conn = await self._opener()
-                self._ex = conn._register(self._build)
-                self._registered(self._ex)
-                try:
-                    await conn._send_exchange(self._ex)
-                except UnreadError:
-                    # The sidecar announced its end meanwhile: the next opener call starts another.
-                    if self._resends >= _MAX_RESENDS:
-                        raise
-                    self._resends += 1
-                    continue
-                break
+        if self._deadline is None:
+            await self._open_and_send()
+            return
+        with anyio.move_on_at(self._deadline) as scope:
+            await self._open_and_send()
         if (self._ex is None or not self._ex.sent) and scope.cancelled_caught:
             self._fire("timeout")
+
+    async def _open_and_send(self) -> None:
+        while True:
+            conn = self._conn = await self._opener()
+            self._ex = conn._register(self._build)
+            self._ex.progress_wanted = self._on_progress is not None or self._streams_events()
+            self._registered(self._ex)
+            try:
+                await conn._send_exchange(self._ex)
+            except UnreadError:
+                # The sidecar announced its end meanwhile: the next opener call starts another.
+                if self._resends >= _MAX_RESENDS:
+                    raise
+                self._resends += 1
+                continue
+            return
 
     async def _advance(self) -> Any:
         """Consume one frame; return an event, or None once the request has finished."""
         raise NotImplementedError
+
+    def _streams_events(self) -> bool:
+        """Whether the caller may see progress events without a callback (an iterator of events)."""
+        return False
 
     def _registered(self, exchange: _Exchange) -> None:
         """The request has its id, and is about to be sent."""
@@ -209,6 +220,7 @@ class _Tracked:
                     isinstance(item, protocol.Error)
                     and item.code == "shutting_down"
                     and not self._received
+                    and not ex.absorbed
                     and not conn._stop_asked
                     and self._resends < _MAX_RESENDS
                 ):
@@ -223,6 +235,7 @@ class _Tracked:
                     isinstance(item, protocol.Error)
                     and item.code == "busy"
                     and not self._received
+                    and not ex.absorbed
                     and self._pool_timeout is not None
                     and await self._room_within_pool_timeout(conn)
                 ):
@@ -442,6 +455,9 @@ class Synthesis(_Tracked):
         if isinstance(reply, protocol.Error):
             raise self._frame_error(reply)
         raise ProtocolError(f"unexpected {type(reply).__name__} frame for synthesize request {self.request_id}")
+
+    def _streams_events(self) -> bool:
+        return not self._assemble_in_reader
 
     def _registered(self, exchange: _Exchange) -> None:
         if self._assemble_in_reader:
