@@ -41,6 +41,7 @@ from ._exceptions import (
     SidecarError,
     StartError,
     fresh,
+    unwrap,
 )
 from ._process import Redactor, SidecarProcess
 from ._request import Requester
@@ -53,18 +54,6 @@ PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
 log = logging.getLogger("indextts_client")
 
 _NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
-
-if sys.version_info >= (3, 11):
-    _BaseExceptionGroup = BaseExceptionGroup  # noqa: F821 - a builtin since 3.11
-else:  # pragma: no cover - Python 3.10
-    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The single leaf of nested exception groups (the public API never raises a group)."""
-    while isinstance(exc, _BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
@@ -423,7 +412,7 @@ class Client(Requester):
                 await self._stop_root()
             if self._state == _STARTING:
                 self._state = _NEW
-            leaf = _unwrap(exc)
+            leaf = unwrap(exc)
             if leaf is exc:
                 raise
             raise leaf from None
@@ -608,7 +597,7 @@ class Client(Requester):
             else:
                 await self._process_session(session)
         except Exception as exc:
-            exc = _unwrap(exc)  # type: ignore[assignment]
+            exc = unwrap(exc)  # type: ignore[assignment]
             if not isinstance(exc, SidecarError):
                 log.exception("internal error in the sidecar session")
                 exc = StartError(f"internal error starting the sidecar: {exc!r}")
