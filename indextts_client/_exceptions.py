@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import signal as _signal
+import sys
 from typing import Any, Literal, TypeVar, Union
 
 __all__ = [
@@ -292,3 +293,16 @@ def fresh(exc: E) -> E:
         return copy.copy(exc)
     except Exception:  # pragma: no cover - every exception above copies
         return exc
+
+
+if sys.version_info >= (3, 11):
+    _BaseExceptionGroup = BaseExceptionGroup  # noqa: F821 - a builtin since 3.11
+else:  # pragma: no cover - Python 3.10
+    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The single leaf of nested exception groups (the public API never raises a group)."""
+    while isinstance(exc, _BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -31,8 +31,8 @@ from typing import Any, Union
 import anyio
 
 from ._audio import Audio, AudioChunk
-from ._client import Client, _unwrap
-from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError
+from ._client import Client
+from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
 from ._request import EmotionLike, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback
 
@@ -452,7 +452,7 @@ class PoolStream:
 def _first_error(exc: BaseException) -> BaseException:
     """The first non-cancellation error inside a task group's exception group."""
     while True:
-        exc = _unwrap(exc)
+        exc = unwrap(exc)
         inner = getattr(exc, "exceptions", None)
         if not isinstance(exc, BaseException) or not isinstance(inner, tuple) or not inner:
             return exc

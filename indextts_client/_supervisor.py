@@ -1,0 +1,649 @@
+"""The client's supervisor: spawns the sidecar, restarts it within a budget, stops it cleanly.
+
+Each sidecar lifetime is a *session*, a task that spawns the child (or adopts the given
+streams), drains stderr, runs the :class:`Connection`, waits for ``ready``, and at the
+end runs the bounded, shielded stop ladder and reaps the child.  Sessions live in the
+task group of the supervisor's *root task*, which runs outside the caller's cancel scopes
+(a trio system task, or a plain asyncio task), so ``start()`` and ``aclose()`` need not
+be nested like a context manager, and a child is reaped even when the event loop ends
+without ``aclose()``.  Callers never run that machinery in their own task: they wait on
+the session's events, so cancelling a caller only ever abandons what it waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import math
+import os
+import signal
+import ssl
+import sys
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Union
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
+
+from indextts_sidecar import protocol
+
+from ._connection import Connection, LossInfo
+from ._exceptions import (
+    AuthenticationError,
+    ClosedError,
+    RequestTimeoutError,
+    RestartLimitError,
+    SidecarError,
+    StartError,
+    fresh,
+    unwrap,
+)
+from ._process import Redactor, SidecarProcess
+from ._types import RestartCallback, SidecarInfo
+
+if TYPE_CHECKING:
+    from indextts_sidecar.protocol.address import Address
+
+__all__ = ["Supervisor"]
+
+PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
+
+log = logging.getLogger("indextts_client")
+
+_NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
+
+
+async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
+    """Index of the first event set, or None on timeout."""
+    for index, event in enumerate(events):
+        if event.is_set():
+            return index
+    result: list[int] = []
+    with anyio.move_on_after(math.inf if limit is None else limit):
+        async with anyio.create_task_group() as tg:
+
+            async def watch(index: int, event: anyio.Event) -> None:
+                await event.wait()
+                result.append(index)
+                tg.cancel_scope.cancel()
+
+            for index, event in enumerate(events):
+                tg.start_soon(watch, index, event)
+    return result[0] if result else None
+
+
+def _spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``fn`` in a task outside the caller's scopes: a trio system task or an asyncio task."""
+    if "trio" in sys.modules:
+        import trio
+
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            trio.lowlevel.spawn_system_task(fn, name="indextts_client root")
+            return
+    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(), name="indextts_client root")
+    # asyncio keeps only weak references to tasks.
+    _asyncio_roots.add(task)
+    task.add_done_callback(_asyncio_roots.discard)
+
+
+_asyncio_roots: set[asyncio.Task[None]] = set()
+
+
+def _summary(exc: BaseException) -> str:
+    """One line about ``exc`` (without the stderr tail)."""
+    text = exc.message if isinstance(exc, SidecarError) else str(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+class _Session:
+    """One sidecar lifetime."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.resolved = anyio.Event()  # ready, or failed to start
+        self.stop_requested = anyio.Event()
+        self.finished = anyio.Event()  # everything reaped and closed
+        self.failure: Union[BaseException, None] = None
+        self.failed_at: Union[float, None] = None
+        self.conn: Union[Connection, None] = None
+        self.child: Union[SidecarProcess, None] = None
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self.resolved.is_set()
+            and self.failure is None
+            and self.conn is not None
+            and self.conn.accepting
+            and not self.stop_requested.is_set()
+        )
+
+    def fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            self.failed_at = anyio.current_time()
+
+    @property
+    def reason(self) -> Union[BaseException, None]:
+        """What ended this session, if it ended on its own."""
+        if self.failure is not None:
+            return self.failure
+        if self.conn is not None and self.conn.error is not None:
+            return self.conn.error
+        if self.conn is not None and self.conn.ending is not None:
+            return self.conn.ending
+        return None
+
+    @property
+    def ended_at(self) -> Union[float, None]:
+        if self.failed_at is not None:
+            return self.failed_at
+        return None if self.conn is None else self.conn.closed_at
+
+
+class Supervisor:
+    """The sessions of one :class:`Client`: its root task, restarts, heartbeat and stop ladder.
+
+    It hands out the current :class:`Connection` (:meth:`connection`), starting a new
+    session first when the last one ended, within the restart budget.  The client reads
+    the rest of its state from here: ``state``, ``restarts``, ``dead``, ``last_info``,
+    ``last_pid``, :attr:`stderr_tail`.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: Union[str, os.PathLike[str], None],
+        redact: Redactor,
+        url: Union[Address, None],
+        token: Union[str, bytes, None],
+        ssl_context: Union[ssl.SSLContext, None],
+        ready_timeout: Union[float, None],
+        shutdown_timeout: float,
+        timeout: Union[float, None],
+        idle_timeout: Union[float, None],
+        frame_timeout: Union[float, None],
+        max_buffered: int,
+        shared_audio: int,
+        max_restarts: int,
+        restart_window: float,
+        restart_backoff: float,
+        max_restart_backoff: float,
+        on_restart: Union[RestartCallback, None],
+        heartbeat: Union[float, None],
+        heartbeat_misses: int,
+        exit_with_parent: bool,
+    ) -> None:
+        #: The sidecar's command line (empty when there is no process to spawn).
+        self.argv = argv
+        #: The streams of an already connected sidecar (``Client.connect``), or None.
+        self.streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
+        #: The address of a listening sidecar, or None.
+        self.url = url
+        self._token = token
+        self._ssl_context = ssl_context
+        self._env = env
+        self._cwd = cwd
+        self._redact = redact
+        self._ready_timeout = ready_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._timeout = timeout
+        self._idle_timeout = idle_timeout
+        self._frame_timeout = frame_timeout
+        self._max_buffered = max_buffered
+        self._shared_audio = shared_audio
+        self._max_restarts = max_restarts
+        self._restart_window = restart_window
+        self._restart_backoff = restart_backoff
+        self._max_restart_backoff = max_restart_backoff
+        self._on_restart = on_restart
+        self._heartbeat = heartbeat
+        self._heartbeat_misses = heartbeat_misses
+        self._exit_with_parent = exit_with_parent
+        self._ids = itertools.count(1)
+        #: new, starting, running, closing or closed.
+        self.state = _NEW
+        self._tg: Union[TaskGroup, None] = None
+        self._root_up = anyio.Event()
+        self._root_stop = anyio.Event()
+        self._root_done = anyio.Event()
+        self._spawn_lock = anyio.Lock()
+        self._session: Union[_Session, None] = None
+        self._sessions: set[_Session] = set()
+        self._session_numbers = itertools.count(1)
+        self._restart_times: deque[float] = deque()
+        #: The error every call raises once the restart budget is spent, else None.
+        self.dead: Union[RestartLimitError, None] = None
+        #: The latest ``ready`` frame's facts, and the latest child's pid.
+        self.last_info: Union[SidecarInfo, None] = None
+        self.last_pid: Union[int, None] = None
+        self._last_tail = ""
+        #: Restarts so far (not counting the first start).
+        self.restarts = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (_CLOSING, _CLOSED)
+
+    @property
+    def stderr_tail(self) -> str:
+        """The last lines the latest sidecar wrote to stderr, redacted."""
+        session = self._session
+        if session is not None and session.child is not None:
+            return session.child.stderr.tail()
+        return self._last_tail
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start the root task and the first session, and wait for ``ready`` (:meth:`Client.start`)."""
+        if self.state != _NEW:
+            raise RuntimeError(f"start() on a client that is {self.state}")
+        self.state = _STARTING
+        try:
+            self._root_up = anyio.Event()
+            self._root_stop = anyio.Event()
+            self._root_done = anyio.Event()
+            _spawn_detached(self._root)
+            await self._root_up.wait()
+            async with self._spawn_lock:
+                await self._spawn()
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._stop_root()
+            if self.state == _STARTING:
+                self.state = _NEW
+            leaf = unwrap(exc)
+            if leaf is exc:
+                raise
+            raise leaf from None
+        if self.state == _STARTING:
+            self.state = _RUNNING
+
+    async def aclose(self) -> None:
+        """Stop every session and the root task, shielded; idempotent (:meth:`Client.aclose`)."""
+        if self.state in (_NEW, _CLOSED):
+            self.state = _CLOSED
+            return
+        self.state = _CLOSING
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stop_root()
+        finally:
+            self.state = _CLOSED
+        # Re-raise a cancellation that arrived during the shielded cleanup.
+        await anyio.lowlevel.checkpoint()
+
+    async def restart(self) -> None:
+        """Replace the current session now, with no backoff, and revive a dead client (:meth:`Client.restart`)."""
+        if self.streams is not None:
+            raise RuntimeError("a client over given streams cannot restart its sidecar")
+        if self.state in (_CLOSING, _CLOSED):
+            raise ClosedError("the client is closed")
+        if self.state != _RUNNING:
+            raise RuntimeError("the client is not started: use 'async with Client(...)' or 'await client.start()'")
+        async with self._spawn_lock:
+            previous = self._session
+            if previous is not None:
+                previous.stop_requested.set()
+                with anyio.CancelScope(shield=True):
+                    await previous.finished.wait()
+            self.dead = None
+            self._restart_times.clear()
+            log.info("restarting the sidecar on request")
+            await self._spawn()
+
+    def is_alive(self) -> bool:
+        """Whether the current session is ready and its child running (:meth:`Client.is_alive`)."""
+        session = self._session
+        if self.state != _RUNNING or self.dead is not None or session is None or not session.usable:
+            return False
+        return session.child is None or session.child.running
+
+    async def _root(self) -> None:
+        """The root task: hosts the sessions' task group until the client stops."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._root_up.set()
+                await self._root_stop.wait()
+                tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is ending; the sessions have reaped their children
+        except BaseException:  # a root task must never raise into the event loop
+            log.exception("internal error in the client's root task")
+        finally:
+            self._tg = None
+            self._root_up.set()
+            self._root_done.set()
+
+    async def _stop_root(self) -> None:
+        """Stop every session (bounded: each runs the stop ladder), then the root task."""
+        await self._stop_sessions()
+        self._root_stop.set()
+        await self._root_done.wait()
+
+    async def _stop_sessions(self) -> None:
+        for session in list(self._sessions):
+            session.stop_requested.set()
+        for session in list(self._sessions):
+            await session.finished.wait()
+
+    # ----------------------------------------------------------- supervision
+
+    async def connection(self) -> Connection:
+        """The current session's connection; when that session ended, a new one's (a restart)."""
+        session = self._session
+        if self.state == _RUNNING and session is not None and session.usable:
+            assert session.conn is not None
+            return session.conn
+        async with self._spawn_lock:
+            self._check_state()
+            session = self._session
+            if session is not None and session.usable:
+                assert session.conn is not None
+                return session.conn
+            await self._restart(session)
+            assert self._session is not None and self._session.conn is not None
+            return self._session.conn
+
+    def _check_state(self) -> None:
+        if self.state in (_CLOSING, _CLOSED):
+            raise ClosedError("the client is closed")
+        if self.state != _RUNNING:
+            raise RuntimeError("the client is not started: use 'async with Client(...)' or 'await client.start()'")
+        if self.dead is not None:
+            raise fresh(self.dead) from self.dead.last_error
+
+    async def _restart(self, previous: Union[_Session, None]) -> None:
+        reason: BaseException = ClosedError("the sidecar stopped")
+        ended_at = anyio.current_time()
+        if previous is not None:
+            reason = previous.reason or reason
+            ended_at = previous.ended_at or ended_at
+        if self.streams is not None:
+            raise fresh(reason) if isinstance(reason, SidecarError) else ClosedError(str(reason))
+        if isinstance(reason, AuthenticationError):
+            raise fresh(reason)  # the same token would be refused again
+        now = anyio.current_time()
+        while self._restart_times and now - self._restart_times[0] >= self._restart_window:
+            self._restart_times.popleft()
+        if len(self._restart_times) >= self._max_restarts:
+            self.dead = RestartLimitError(
+                f"the sidecar failed {len(self._restart_times) + 1} times within {self._restart_window:g} s "
+                f"(max_restarts={self._max_restarts}); the client gave up. Last failure: {_summary(reason)}",
+                max_restarts=self._max_restarts,
+                restart_window=self._restart_window,
+                last_error=reason,
+            )
+            log.error("%s", self.dead.message)
+            raise fresh(self.dead) from reason
+        delay = min(self._max_restart_backoff, self._restart_backoff * 2 ** len(self._restart_times))
+        if ended_at + delay > now:
+            await anyio.sleep(ended_at + delay - now)
+            self._check_state()
+        self._restart_times.append(anyio.current_time())
+        self.restarts += 1
+        log.warning(
+            "%s (restart %d) after: %s",
+            "restarting the sidecar" if self.url is None else f"reconnecting to {self.url}",
+            self.restarts,
+            _summary(reason),
+        )
+        if self._on_restart is not None:
+            try:
+                result = self._on_restart(self.restarts, reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_restart callback failed")
+            self._check_state()
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        """Start a session and wait until it is ready or failed (the caller holds the spawn lock)."""
+        if self._tg is None:
+            raise ClosedError("the client is closed")
+        session = _Session(next(self._session_numbers))
+        self._sessions.add(session)
+        self._session = session
+        self._tg.start_soon(self._run_session, session)
+        try:
+            await session.resolved.wait()
+        except BaseException:
+            # Cancelled while starting: the session kills the child; wait for it.
+            session.stop_requested.set()
+            with anyio.CancelScope(shield=True):
+                await session.finished.wait()
+            raise
+        if session.failure is not None:
+            raise session.failure
+
+    async def _run_session(self, session: _Session) -> None:
+        try:
+            if self.streams is not None:
+                await self._stream_session(session)
+            elif self.url is not None:
+                await self._socket_session(session)
+            else:
+                await self._process_session(session)
+        except Exception as exc:
+            exc = unwrap(exc)  # type: ignore[assignment]
+            if not isinstance(exc, SidecarError):
+                log.exception("internal error in the sidecar session")
+                exc = StartError(f"internal error starting the sidecar: {exc!r}")
+            session.fail(exc)
+        finally:
+            if session.failure is None and not session.resolved.is_set():
+                session.fail(ClosedError("the sidecar session ended before 'ready'"))
+            session.resolved.set()
+            self._sessions.discard(session)
+            session.finished.set()
+
+    def _new_connection(
+        self, receive: ByteReceiveStream, send: ByteSendStream, child: Union[SidecarProcess, None]
+    ) -> Connection:
+        async def describe(kind: str) -> LossInfo:
+            assert child is not None
+            return await child.describe_loss(kind)
+
+        return Connection(
+            receive,
+            send,
+            timeout=self._timeout,
+            idle_timeout=self._idle_timeout,
+            ready_timeout=self._ready_timeout,
+            frame_timeout=self._frame_timeout,
+            describe_loss=describe if child is not None else None,
+            redact=self._redact,
+            ids=self._ids,
+            shared_audio=child.ring if child is not None else None,
+            max_buffered=self._max_buffered,
+            token=self._token,
+        )
+
+    async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
+        """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
+        which = await _wait_any(
+            conn._ready_event, conn._closed_event, session.stop_requested, limit=self._ready_timeout
+        )
+        if conn.ready is not None and not conn.closed and which == 0:
+            self.last_info = conn.info
+            session.resolved.set()
+            log.info(
+                "sidecar ready: engine %s, pid %d, protocol %d", conn.ready.engine, conn.ready.pid, conn.ready.protocol
+            )
+            return True
+        if which == 1 or conn.closed:
+            error = conn.error
+            assert error is not None
+            session.fail(fresh(error))
+        elif which == 2:
+            session.fail(ClosedError("the client was closed while the sidecar was starting"))
+        else:
+            tail = child.stderr.tail() if child is not None else ""
+            session.fail(
+                StartError(
+                    f"the sidecar sent no 'ready' frame within {self._ready_timeout:g} s (ready_timeout)",
+                    stderr_tail=tail,
+                )
+            )
+        session.resolved.set()
+        return False
+
+    async def _process_session(self, session: _Session) -> None:
+        env = self._env
+        if self._exit_with_parent:
+            # The sidecar stops once the spawning process is gone, even if a process forked
+            # from it keeps the pipes open. The pid at spawn time: a client may be created
+            # before a fork. An environment variable: older sidecars ignore it.
+            env = {**env, PARENT_ENV: str(os.getpid())}
+        child = await SidecarProcess.spawn(
+            self.argv,
+            env=env,
+            cwd=self._cwd,
+            redact=self._redact,
+            exit_grace=self._shutdown_timeout,
+            shared_audio=self._shared_audio,
+        )
+        session.child = child
+        self.last_pid = child.pid
+        try:
+            conn = session.conn = self._new_connection(child.stdout, child.stdin, child)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child.pump_stderr)
+                tg.start_soon(conn.run)
+                tg.start_soon(self._watch_exit, child, conn)
+                graceful = False
+                if await self._handshake(session, conn, child):
+                    if self._heartbeat is not None:
+                        tg.start_soon(self._beat, child, conn, self._heartbeat)
+                    which = await _wait_any(conn._closed_event, session.stop_requested)
+                    graceful = which == 1 and not conn.closed
+                await self._stop_child(child, conn, graceful=graceful)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await child.aclose(self._shutdown_timeout)
+                self._last_tail = child.stderr.tail()
+                rc = child.process.returncode
+                log.debug("sidecar pid %d reaped (returncode %s)", child.pid, rc)
+
+    async def _stop_child(self, child: SidecarProcess, conn: Connection, *, graceful: bool) -> None:
+        """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
+        with anyio.CancelScope(shield=True):
+            conn.mark_closing()
+            timeout = self._shutdown_timeout
+            if graceful and child.running:
+                # A stopped child (SIGSTOP, a debugger) could answer neither 'shutdown' nor SIGTERM.
+                child.signal_group(signal.SIGCONT)
+                with anyio.move_on_after(timeout):
+                    try:
+                        await conn.shutdown()
+                    except SidecarError as exc:
+                        log.debug("shutdown request failed: %s", exc)
+                    await child.process.wait()
+            # (When the stream ended, describe_loss already gave the child time to exit.)
+            await child.terminate(timeout)
+            # Let the reader read what is left: the connection ends at EOF.
+            with anyio.move_on_after(1.0):
+                await conn._closed_event.wait()
+            conn.abort("the sidecar was stopped")
+
+    async def _beat(self, child: Union[SidecarProcess, None], conn: Connection, interval: float) -> None:
+        """Ping every ``interval`` s; after ``heartbeat_misses`` pings in a row without a pong, kill.
+
+        A sidecar on a socket (no ``child``) is not ours to kill: the connection is dropped,
+        and the next call reconnects.
+        """
+        misses = 0
+        while conn.accepting:
+            began = anyio.current_time()
+            try:
+                await conn._call(lambda i: protocol.Ping(id=i), timeout=interval, idle_timeout=None, cancellable=False)
+            except RequestTimeoutError:
+                misses += 1
+                if misses < self._heartbeat_misses:
+                    continue
+                if child is None:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        f"the sidecar at {self.url} is hung or unreachable; the connection was dropped"
+                    )
+                    log.error("%s", reason)
+                else:
+                    reason = (
+                        f"no pong to {misses} heartbeats in a row ({interval:g} s each): "
+                        "the sidecar is hung or stopped; it was killed"
+                    )
+                    log.error("sidecar pid %d: %s", child.pid, reason)
+                    child.signal_group(signal.SIGKILL)
+                conn.abort(reason)
+                return
+            except SidecarError:
+                return  # the connection ended; the session handles it
+            misses = 0
+            await anyio.sleep(max(0.0, began + interval - anyio.current_time()))
+
+    async def _watch_exit(self, child: SidecarProcess, conn: Connection) -> None:
+        """When the child exits, make sure the connection notices even if its stdout stays open."""
+        await child.process.wait()
+        with anyio.move_on_after(1.0):
+            await conn._reader_done.wait()
+        conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
+
+    async def _stream_session(self, session: _Session) -> None:
+        assert self.streams is not None
+        receive, send = self.streams
+        await self._serve_streams(session, receive, send, heartbeat=None)
+
+    async def _socket_session(self, session: _Session) -> None:
+        """Connect to a listening sidecar; then as a stream session."""
+        address = self.url
+        assert address is not None
+        stream: Union[ByteStream, None] = None
+        try:
+            with anyio.fail_after(math.inf if self._ready_timeout is None else self._ready_timeout):
+                if address.scheme == "unix":
+                    stream = await anyio.connect_unix(address.path)
+                elif self._ssl_context is not None:
+                    stream = await anyio.connect_tcp(
+                        address.host, address.port, ssl_context=self._ssl_context, tls_standard_compatible=False
+                    )
+                else:
+                    stream = await anyio.connect_tcp(address.host, address.port)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
+        await self._serve_streams(session, stream, stream, heartbeat=self._heartbeat)
+
+    async def _serve_streams(
+        self,
+        session: _Session,
+        receive: ByteReceiveStream,
+        send: ByteSendStream,
+        *,
+        heartbeat: Union[float, None],
+    ) -> None:
+        """A session over streams with no process behind them: until they end or a stop is asked."""
+        conn = session.conn = self._new_connection(receive, send, None)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                if await self._handshake(session, conn, None):
+                    if heartbeat is not None:
+                        tg.start_soon(self._beat, None, conn, heartbeat)
+                    await _wait_any(conn._closed_event, session.stop_requested)
+                conn.mark_closing()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.aclose()
