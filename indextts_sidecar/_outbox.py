@@ -114,6 +114,29 @@ class Outbox:
         """Runs callbacks on the event loop of this connection, from any thread."""
         return self._post
 
+    def put_if_free(self, parts: Sequence[_Part]) -> bool:
+        """Write a frame now if no frame waits before it; False (nothing done) otherwise.
+
+        What the stream does not take at once is queued (True all the same): a producer
+        that holds no audio slot for it puts at most one such frame past the slots.
+        """
+        with self._lock:
+            if self._closed:
+                return True  # dropped, as put() drops it
+            if self._backlog or self._direct is None:
+                return False
+            try:
+                written = self._direct(parts)
+            except Exception:  # a broken stream: the writer task reports it
+                written = 0
+            if written == sum(map(len, parts)):
+                return True
+            self._backlog.append((_rest(parts, written), False))
+            wake, self._writer_waits = self._writer_waits, False
+        if wake:
+            self._post.soon(self._wake.set)
+        return True
+
     def put(self, parts: Sequence[_Part], audio: bool = False) -> None:
         """Write a frame, or queue it behind those waiting; from any thread, never blocks.
 

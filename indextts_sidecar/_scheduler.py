@@ -21,7 +21,22 @@ from typing import Any, Protocol, Union
 from . import protocol
 from .engines import Engine, SynthesisRequest
 
-__all__ = ["Job", "Scheduler"]
+__all__ = ["Flag", "Job", "Scheduler"]
+
+
+class Flag:
+    """A flag one thread sets and another polls (``threading.Event`` without its Condition: nobody waits on it)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
 
 
 class Job:
@@ -33,7 +48,8 @@ class Job:
         self.id = request_id
         self.kind = kind
         self.request = request
-        self.cancel = threading.Event()
+        #: Set to stop the job; engines poll it between steps.
+        self.cancel = Flag()
         #: The error code the job ends with once ``cancel`` is set.
         self.cancel_code = "cancelled"
         self.enqueued = time.monotonic()

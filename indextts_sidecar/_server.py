@@ -153,6 +153,12 @@ class Server:
         if audio and outbox is not None:
             outbox.audio_slots.release()
 
+    def _send_job_frame_if_free(self, job: Job, parts: tuple[Union[bytes, memoryview], ...]) -> bool:
+        """As :meth:`_send_job_frame`, at once and without an audio slot, when no frame waits."""
+        outbox = self._outbox
+        with self.scheduler.lock:
+            return outbox is None or job.finished or outbox.put_if_free(parts)
+
     async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
             await outbox.run()
@@ -583,10 +589,12 @@ class Server:
                     else:
                         # The samples are written from the engine's own buffer: no copy here.
                         parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
-                        while not outbox.audio_slots.acquire(timeout=0.05):
-                            if job.cancel.is_set():
-                                return _cancelled(job)
-                        self._send_job_frame(job, parts, True)
+                        if not self._send_job_frame_if_free(job, parts):
+                            # Frames wait for a slow parent: queue it once an audio slot is free.
+                            while not outbox.audio_slots.acquire(timeout=0.05):
+                                if job.cancel.is_set():
+                                    return _cancelled(job)
+                            self._send_job_frame(job, parts, True)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():
