@@ -236,18 +236,23 @@ class AudioAssembler:
     def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
         """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
         view = pcm.cast("B") if pcm.format != "B" else pcm
+        offset = self.samples
+        self.absorb(seq, sample_rate, view)
+        samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
+        samples.flags.writeable = False
+        return AudioChunk(samples, sample_rate, seq, offset, self.request_id)
+
+    def absorb(self, seq: int, sample_rate: int, pcm: memoryview) -> None:
+        """Record one frame, kept for :meth:`assemble` only (no chunk for anyone)."""
+        view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
         if self._keep:
             if self._buffer is None and self.chunks == 0:
                 self._first = view  # perhaps the only frame: keep it as it is
             else:
                 self._room(len(view))[:] = view
-        samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
-        samples.flags.writeable = False
-        chunk = AudioChunk(samples, sample_rate, seq, self.samples, self.request_id)
         self.chunks += 1
         self.samples += len(view) // 2
-        return chunk
 
     def add_shared(self, seq: int, sample_rate: int, ring: AudioRing, position: int, size: int) -> None:
         """Record one frame whose samples are in the shared ring: copied straight into the buffer."""

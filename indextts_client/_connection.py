@@ -182,6 +182,8 @@ class _FrameSender:
         self._try_send: Union[Callable[[bytes], int], None] = getattr(stream, "try_send", None)
         self._limit = math.inf if frame_timeout is None else frame_timeout
         self._lock = anyio.Lock()
+        #: The event loop's clock (the connection sets it once running).
+        self.clock: Callable[[], float] = anyio.current_time
 
     async def send(
         self, data: bytes, exchange: Union[_Exchange, None], check: Callable[[Union[_Exchange, None]], None]
@@ -193,18 +195,19 @@ class _FrameSender:
         """
         check(exchange)
         if self._try_send is not None and not self._lock.locked():
-            self._lock.acquire_nowait()
+            # Nothing awaits between the check and the write: no other task can write in between.
+            if exchange is not None:
+                exchange.sent_at = self.clock()
             try:
+                written = self._try_send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                written = 0  # the slow path reports it
+            if written == len(data):
                 if exchange is not None:
-                    exchange.sent_at = anyio.current_time()
-                try:
-                    written = self._try_send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    written = 0  # the slow path reports it
-                if written == len(data):
-                    if exchange is not None:
-                        exchange.sent = True
-                    return None
+                    exchange.sent = True
+                return None
+            self._lock.acquire_nowait()  # before any await: the rest of this frame goes next
+            try:
                 return await self._write(data[written:], exchange)
             finally:
                 self._lock.release()
@@ -444,7 +447,7 @@ class Connection(Requester):
             raise RuntimeError("Connection.run() can be called once")
         self._started = True
         self._new_event = type(anyio.Event())
-        self._clock = loop_clock()
+        self._clock = self._sender.clock = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -554,23 +557,25 @@ class Connection(Requester):
             self._connection_error(reply)
             return None
         exchange = self._pending.get(request_id)
-        if isinstance(reply, protocol.Audio):
+        kind = type(reply)
+        if kind is protocol.Audio:
+            assert isinstance(reply, protocol.Audio)
             loss = self._take_audio(reply, exchange)
             if loss is not None:
                 return loss
         if exchange is None:
-            log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
+            log.debug("dropping a %s frame for unknown request id %d", kind.__name__, request_id)
             return None
         now = self._clock()
-        terminal = protocol.is_terminal(reply)
-        if (isinstance(reply, protocol.Progress) and not exchange.progress_wanted) or (
-            exchange.sink is not None and isinstance(reply, protocol.Audio) and exchange.sink_error is None
+        if (kind is protocol.Progress and not exchange.progress_wanted) or (
+            kind is protocol.Audio and exchange.sink is not None and exchange.sink_error is None
         ):
             # Audio already in the request's assembler, progress nobody listens to: it
             # counts as activity, and the request's task sleeps on until the end.
             exchange.last_frame = self.last_activity = now
             exchange.absorbed += 1
             return None
+        terminal = protocol.is_terminal(reply)
         if terminal:
             del self._pending[request_id]
             if self._room_wanted:  # a request that was refused busy waits for this
@@ -617,7 +622,7 @@ class Connection(Requester):
                         assert ring is not None
                         sink.add_shared(reply.seq, reply.sample_rate, ring, position, size)
                     else:
-                        sink.add(reply.seq, reply.sample_rate, reply.pcm)
+                        sink.absorb(reply.seq, reply.sample_rate, reply.pcm)
                 except ProtocolError as exc:
                     if exchange.sink_error is None:
                         exchange.sink_error = exc
@@ -780,7 +785,7 @@ class Connection(Requester):
                 code="invalid_input",
                 request_id=request_id,
             )
-        exchange = _Exchange(request_id, anyio.current_time(), self._new_event)
+        exchange = _Exchange(request_id, self._clock(), self._new_event)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
