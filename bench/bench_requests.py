@@ -1,14 +1,20 @@
 """Per-request cost, side by side: this project on asyncio and on trio, the seed's protocol, a raw pipe.
 
     .venv/bin/python bench/bench_requests.py [--rounds 5] [--requests 300] [--in-flight 1]
+        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5] [--ring]
 
 Each contender keeps one sidecar (or server) alive for the whole run; the rounds rotate
-the order, and each round runs ``--requests`` tiny requests (zero model time, 0.06 s of
-audio) per contender, one after another (or ``--in-flight`` at a time for ours).  Besides
-wall time, it reads the CPU time both processes spent (the parent's ``process_time``, the
-child's ``utime + stime`` from ``/proc/PID/stat``), so what each request costs shows apart
-from how busy the machine was.  Prints medians with min-max over the rounds, and ratios
-to the seed.  Linux only (``/proc``).
+the order, and each round runs ``--requests`` requests per contender, one after another
+(or ``--in-flight`` at a time for ours).  A request is a ``synthesize`` of ``--seconds``
+of audio with zero model time (the fake engine yields it in chunks of ``--chunk-seconds``;
+the seed's protocol returns it whole, the raw pipe in one block), or with ``--op ping``
+a health check (the raw pipe answers an empty block).  ``--ring`` adds our asyncio client
+with the shared-memory audio ring off, to show what the ring is worth.
+
+Besides wall time, it reads the CPU time both processes spent (the parent's
+``process_time``, the child's ``utime + stime`` from ``/proc/PID/stat``), so what each
+request costs shows apart from how busy the machine was.  Prints medians with min-max
+over the rounds, and ratios to the seed and to the raw pipe.  Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -43,9 +49,23 @@ import anyio
 from indextts_client import Client
 
 async def main():
-    async with Client("fake", engine_options={"seconds_per_char": 0.06}) as client:
-        for _ in range(50):
-            await client.synthesize("x")
+    settings = json.loads(sys.argv[2])
+    options = {"seconds_per_char": 0.06}
+    if settings["chunk_seconds"] is not None:
+        options["chunk_seconds"] = settings["chunk_seconds"]
+    # pool_timeout: past the sidecar's queue of 64, a request refused busy waits for room.
+    async with Client("fake", engine_options=options, pool_timeout=60, shared_audio=settings["shared_audio"]) as client:
+        seconds = settings["seconds"]
+
+        async def request():
+            if settings["op"] == "ping":
+                await client.ping()
+            else:
+                audio = await client.synthesize("x", seconds=seconds)
+                assert len(audio.samples) == round(seconds * 24000), len(audio.samples)
+
+        for _ in range(20):
+            await request()
         print(json.dumps({"ready": client.pid}), flush=True)
         for line in sys.stdin:
             count, in_flight = map(int, line.split())
@@ -54,13 +74,13 @@ async def main():
             wall0 = time.perf_counter()
             if in_flight == 1:  # one after another, in this task, as the seed's parent does
                 for _ in range(count):
-                    await client.synthesize("x")
+                    await request()
             else:
                 limit = anyio.Semaphore(in_flight)
 
                 async def one():
                     async with limit:
-                        await client.synthesize("x")
+                        await request()
 
                 async with anyio.create_task_group() as tg:
                     for _ in range(count):
@@ -73,10 +93,16 @@ anyio.run(main, backend=sys.argv[1])
 
 
 class Ours:
-    def __init__(self, backend: str) -> None:
-        self.name = f"ours ({backend})"
+    def __init__(self, backend: str, args: argparse.Namespace, ring: bool = True) -> None:
+        self.name = f"ours ({backend})" if ring else f"ours, no ring ({backend})"
+        settings = {
+            "op": args.op,
+            "seconds": args.seconds,
+            "chunk_seconds": args.chunk_seconds,
+            "shared_audio": 4 * 1024 * 1024 if ring else 0,
+        }
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WORKER, backend],
+            [sys.executable, "-c", WORKER, backend, json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=ENV,
@@ -102,19 +128,29 @@ class Ours:
 class Seed:
     """The seed's protocol (JSON + base64, blocking), driven from this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, HERE)
         from bench_protocol import SeedParent
 
         self.name = "seed"
         self.parent = SeedParent()
+        self.op, self.seconds = args.op, args.seconds
+        for _ in range(20):
+            self.request()
+
+    def request(self) -> None:
+        if self.op == "ping":
+            self.parent.send({"op": "ping"})
+            assert self.parent.receive()["op"] == "pong"
+        else:
+            assert len(self.parent.synthesize(self.seconds)) == round(self.seconds * 24000)
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         pid = self.parent.process.pid
         before = child_cpu(pid)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(count):  # the seed answers one request at a time, whatever in_flight says
-            self.parent.synthesize(0.06)
+            self.request()
         return time.perf_counter() - wall0, time.process_time() - cpu0, child_cpu(pid) - before
 
     def close(self) -> None:
@@ -124,19 +160,20 @@ class Seed:
 class Floor:
     """A raw pipe: a length prefix each way, the same bytes of audio, no protocol at all."""
 
-    def __init__(self) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, HERE)
         from bench_protocol import FloorParent
 
         self.name = "raw pipe"
         self.parent = FloorParent()
+        self.seconds = 0.0 if args.op == "ping" else args.seconds
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         pid = self.parent.process.pid
         before = child_cpu(pid)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(count):
-            self.parent.request(0.06)
+            self.parent.request(self.seconds)
         return time.perf_counter() - wall0, time.process_time() - cpu0, child_cpu(pid) - before
 
     def close(self) -> None:
@@ -148,9 +185,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--in-flight", type=int, default=1)
+    parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
+    parser.add_argument("--seconds", type=float, default=0.06, help="audio per request")
+    parser.add_argument("--chunk-seconds", type=float, default=None, help="the fake engine's chunks (ours)")
+    parser.add_argument("--ring", action="store_true", help="also ours without the shared-memory ring")
     parser.add_argument("--json", help="also write the raw rounds here")
     args = parser.parse_args()
-    contenders: list[Any] = [Seed(), Ours("asyncio"), Ours("trio"), Floor()]
+    contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
+    if args.ring:
+        contenders.insert(2, Ours("asyncio", args, ring=False))
     rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
     try:
         for number in range(args.rounds):
@@ -168,16 +211,27 @@ def main() -> None:
             f"({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
         )
 
-    seed_rate = statistics.median(n / wall for wall, _, _ in rows["seed"])
-    print(f"{args.rounds} rounds x {n} requests, {args.in_flight} in flight (ours); median (min-max):")
-    print(f"{'':14} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21} {'vs seed':>8}")
+    def ratios(values: list[float], reference: list[float]) -> str:
+        """Median (min-max) of the per-round ratios: the rounds pair up, so drifts cancel."""
+        return stat([a / b for a, b in zip(values, reference, strict=True)], 1, 2)
+
+    what = "pings" if args.op == "ping" else f"requests of {args.seconds:g} s of audio"
+    chunks = "" if args.chunk_seconds is None else f" in {args.chunk_seconds:g} s chunks"
+    print(f"{args.rounds} rounds x {n} {what}{chunks}, {args.in_flight} in flight (ours); median (min-max):")
+    print(
+        f"{'':24} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21}"
+        f" {'speed vs seed':>16} {'time vs raw pipe':>18}"
+    )
+    seed_rates = [n / wall for wall, _, _ in rows["seed"]]
+    floor_walls = [wall for wall, _, _ in rows["raw pipe"]]
     for name, values in rows.items():
         rates = [n / wall for wall, _, _ in values]
         parent = [cpu / n for _, cpu, _ in values]
         child = [cpu / n for _, _, cpu in values]
+        walls = [wall for wall, _, _ in values]
         print(
-            f"{name:14} {stat(rates, 1):>20} {stat(parent, 1e6):>22} {stat(child, 1e6):>21} "
-            f"{statistics.median(rates) / seed_rate:>7.2f}x"
+            f"{name:24} {stat(rates, 1):>20} {stat(parent, 1e6):>22} {stat(child, 1e6):>21}"
+            f" {ratios(rates, seed_rates):>16} {ratios(walls, floor_walls):>18}"
         )
     if args.json:
         with open(args.json, "w") as f:

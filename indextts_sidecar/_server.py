@@ -74,13 +74,35 @@ _SHARED_MIN = 256 * 1024
 _EMPTY = memoryview(b"")
 
 
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+class _Statm:
+    """This process's resident memory, for ``pong``: one ``pread`` of ``/proc/self/statm`` (Linux)."""
+
+    def __init__(self) -> None:
+        self._page = 0
+        #: Opened at the first ``pong``, kept for the life of the process; -1 where there is none.
+        self._fd: Union[int, None] = None
+
+    def rss(self) -> int:
+        if self._fd is None:
+            self._page = os.sysconf("SC_PAGE_SIZE")
+            try:
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._fd = -1
+        if self._fd >= 0:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+            except (OSError, ValueError, IndexError):
+                pass
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024
+
+
+_statm = _Statm()
+
+
+def _rss() -> int:
+    return _statm.rss()
 
 
 class Server:
