@@ -243,7 +243,7 @@ async def stalled_stream(repeat: int, limit: int = 8 * 1024 * 1024) -> list[floa
 
     growth = []
     for _ in range(repeat):
-        async with Client("fake", sidecar_args=QUIET, max_buffered=limit, shared_audio=0) as client:
+        async with Client("fake", sidecar_args=QUIET, max_buffered=limit) as client:
             await client.load()
             before = rss_of(os.getpid())
             async with client.stream("stalled", seconds=1500) as stream:

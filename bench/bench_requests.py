@@ -1,15 +1,14 @@
 """Per-request cost, side by side: this project on asyncio and on trio, the seed's protocol, a raw pipe.
 
     .venv/bin/python bench/bench_requests.py [--rounds 5] [--requests 300] [--in-flight 1]
-        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5] [--ring]
+        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5]
 
 Each contender keeps one sidecar (or server) alive for the whole run; the rounds rotate
 the order, and each round runs ``--requests`` requests per contender, one after another
 (or ``--in-flight`` at a time for ours).  A request is a ``synthesize`` of ``--seconds``
 of audio with zero model time (the fake engine yields it in chunks of ``--chunk-seconds``;
 the seed's protocol returns it whole, the raw pipe in one block), or with ``--op ping``
-a health check (the raw pipe answers an empty block).  ``--ring`` adds our asyncio client
-with the shared-memory audio ring off, to show what the ring is worth.
+a health check (the raw pipe answers an empty block).
 
 Besides wall time, it reads the CPU time both processes spent (the parent's
 ``process_time``, the child's ``utime + stime`` from ``/proc/PID/stat``), so what each
@@ -54,7 +53,7 @@ async def main():
     if settings["chunk_seconds"] is not None:
         options["chunk_seconds"] = settings["chunk_seconds"]
     # pool_timeout: past the sidecar's queue of 64, a request refused busy waits for room.
-    async with Client("fake", engine_options=options, pool_timeout=60, shared_audio=settings["shared_audio"]) as client:
+    async with Client("fake", engine_options=options, pool_timeout=60) as client:
         seconds = settings["seconds"]
 
         async def request():
@@ -93,14 +92,9 @@ anyio.run(main, backend=sys.argv[1])
 
 
 class Ours:
-    def __init__(self, backend: str, args: argparse.Namespace, ring: bool = True) -> None:
-        self.name = f"ours ({backend})" if ring else f"ours, no ring ({backend})"
-        settings = {
-            "op": args.op,
-            "seconds": args.seconds,
-            "chunk_seconds": args.chunk_seconds,
-            "shared_audio": 4 * 1024 * 1024 if ring else 0,
-        }
+    def __init__(self, backend: str, args: argparse.Namespace) -> None:
+        self.name = f"ours ({backend})"
+        settings = {"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds}
         self.process = subprocess.Popen(
             [sys.executable, "-c", WORKER, backend, json.dumps(settings)],
             stdin=subprocess.PIPE,
@@ -188,12 +182,9 @@ def main() -> None:
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--seconds", type=float, default=0.06, help="audio per request")
     parser.add_argument("--chunk-seconds", type=float, default=None, help="the fake engine's chunks (ours)")
-    parser.add_argument("--ring", action="store_true", help="also ours without the shared-memory ring")
     parser.add_argument("--json", help="also write the raw rounds here")
     args = parser.parse_args()
     contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
-    if args.ring:
-        contenders.insert(2, Ours("asyncio", args, ring=False))
     rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
     try:
         for number in range(args.rounds):

@@ -17,8 +17,6 @@ from typing import IO, Any, Union
 import numpy as np
 import numpy.typing as npt
 
-from indextts_sidecar.protocol.shm import AudioRing
-
 from ._exceptions import ProtocolError
 
 __all__ = ["FORMATS", "SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk", "format_for_path", "format_of"]
@@ -253,17 +251,6 @@ class AudioAssembler:
                 self._room(len(view))[:] = view
         self.chunks += 1
         self.samples += len(view) // 2
-
-    def add_shared(self, seq: int, sample_rate: int, ring: AudioRing, position: int, size: int) -> None:
-        """Record one frame whose samples are in the shared ring: copied straight into the buffer."""
-        try:
-            self._check(seq, sample_rate, size)
-        except ProtocolError:
-            ring.release(position, size)  # the ring must keep flowing for the other requests
-            raise
-        ring.read_into(position, size, self._room(size))
-        self.chunks += 1
-        self.samples += size // 2
 
     def check_done(self, samples: int, chunks: int, sample_rate: int) -> None:
         """Compare the ``done`` frame's totals with what arrived; raise :class:`ProtocolError`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import ssl
 import sys
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Union
@@ -98,7 +99,7 @@ class Client(Requester):
         on_restart: Union[RestartCallback, None] = None,
         frame_timeout: Union[float, None] = 10.0,
         redact: Iterable[str] = (),
-        shared_audio: int = 4 * 1024 * 1024,
+        shared_audio: Union[int, None] = None,
         max_buffered: int = 64 * 1024 * 1024,
         heartbeat: Union[float, None] = None,
         heartbeat_misses: int = 3,
@@ -118,6 +119,13 @@ class Client(Requester):
                 raise ValueError("ssl_context is for tcp:// addresses")
         elif token is not None or ssl_context is not None:
             raise ValueError("token and ssl_context are for a sidecar reached by url")
+        if shared_audio is not None:
+            warnings.warn(
+                "Client(shared_audio=...) is ignored: audio always travels through the pipe "
+                "(the shared-memory ring did not pay for itself; see docs/benchmarks.md)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if command is not None and python is not None:
             raise ValueError("give python or command, not both")
         if max_restarts < 0:
@@ -159,8 +167,6 @@ class Client(Requester):
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,
             max_buffered=max_buffered,
-            # Only our own sidecar knows --shared-audio-fd; a custom command gets the pipe alone.
-            shared_audio=shared_audio if command is None and url is None else 0,
             max_restarts=max_restarts,
             restart_window=restart_window,
             restart_backoff=restart_backoff,

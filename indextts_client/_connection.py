@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
@@ -30,13 +31,11 @@ from typing import Any, Union
 
 import anyio
 import msgspec
-import numpy as np
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import auth as _auth
 from indextts_sidecar.protocol.framing import FrameReader, FramingError
-from indextts_sidecar.protocol.shm import AudioRing, RingError
 from indextts_sidecar.protocol.streams import loop_clock
 
 from ._audio import AudioAssembler
@@ -263,7 +262,7 @@ class Connection(Requester):
         describe_loss: Union[Callable[[str], Awaitable[LossInfo]], None] = None,
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,
-        shared_audio: Union[AudioRing, None] = None,
+        shared_audio: None = None,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         token: Union[str, bytes, None] = None,
     ) -> None:
@@ -272,7 +271,12 @@ class Connection(Requester):
         self._token = token.strip() if token is not None else None
         self._challenged = False
         self._max_buffered = max_buffered
-        self._ring = shared_audio
+        if shared_audio is not None:
+            warnings.warn(
+                "Connection(shared_audio=...) is ignored: audio always travels in the frames",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._send_stream = send_stream
         self._sender = _FrameSender(send_stream, frame_timeout)
         #: Set when a request ends (a place in the sidecar's queue may be free), if anyone waits.
@@ -608,35 +612,16 @@ class Connection(Requester):
         exchange.wake()
 
     def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
-        """Samples out of the shared ring (which must keep flowing), or into the request's assembler."""
-        ring, position, size = self._ring, reply.shm_offset, reply.shm_size
-        wanted = exchange is not None and not exchange.abandoned
-        sink = exchange.sink if exchange is not None and wanted else None
-        if position is not None and ring is None:
-            return _Loss("protocol", "the sidecar sent audio in shared memory, which this connection did not offer")
-        try:
-            if sink is not None:
-                assert exchange is not None
-                try:
-                    if position is not None:
-                        assert ring is not None
-                        sink.add_shared(reply.seq, reply.sample_rate, ring, position, size)
-                    else:
-                        sink.absorb(reply.seq, reply.sample_rate, reply.pcm)
-                except ProtocolError as exc:
-                    if exchange.sink_error is None:
-                        exchange.sink_error = exc
-                reply.pcm = _NO_SAMPLES
-            elif position is not None:
-                assert ring is not None
-                if wanted:
-                    destination = np.empty(size, dtype=np.uint8).data  # no zero-filling: overwritten at once
-                    ring.read_into(position, size, destination)
-                    reply.pcm = destination
-                else:
-                    ring.release(position, size)
-        except RingError as exc:
-            return _Loss("protocol", f"the sidecar broke the shared audio ring's rules: {exc}")
+        """Samples into the request's assembler, if it has one (synthesize())."""
+        if reply.shm_offset is not None:
+            return _Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
+        if exchange is not None and exchange.sink is not None and not exchange.abandoned:
+            try:
+                exchange.sink.absorb(reply.seq, reply.sample_rate, reply.pcm)
+            except ProtocolError as exc:
+                if exchange.sink_error is None:
+                    exchange.sink_error = exc
+            reply.pcm = _NO_SAMPLES
         return None
 
     def _handle_first(self, body: memoryview) -> Union[_Loss, None]:

@@ -6,16 +6,16 @@
 * stderr is always drained, so a chatty child never blocks on a full pipe.  Each line
   (over-long ones are split) is forwarded to the ``indextts_client.sidecar`` logger and
   the last lines are kept for error messages; secrets are redacted on the way.
-* :meth:`SidecarProcess.stop` is the bounded, cancellation-shielded stop ladder:
-  ``shutdown`` (by the caller), close stdin + SIGTERM to the group, SIGKILL to the
-  group, each wait returning as soon as the child is gone; then every stream is closed.
+* :meth:`SidecarProcess.terminate` and :meth:`SidecarProcess.aclose` are the bounded,
+  cancellation-shielded stop ladder: ``shutdown`` (by the caller), close stdin + SIGTERM
+  to the group, SIGKILL to the group, each wait returning as soon as the child is gone;
+  then every stream is closed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import platform
 import re
 import shlex
 import signal
@@ -28,7 +28,6 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.lowlevel import cancel_shielded_checkpoint
 
-from indextts_sidecar.protocol.shm import SHARED_AUDIO_ENV, AudioRing, create_shared_memory
 from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
 from ._connection import LossInfo
@@ -171,16 +170,6 @@ def _exit_facts(returncode: Union[int, None]) -> tuple[Union[int, None], Union[i
     return returncode, None
 
 
-def shared_audio_supported() -> bool:
-    """Whether this machine can use the shared audio ring.
-
-    It needs ``memfd_create`` (Linux), and a processor that never lets a store overtake
-    earlier loads (x86-64): the ring publishes "copied out" with a plain store after the
-    copy, with no memory barrier that Python could issue.  Elsewhere audio uses the pipe.
-    """
-    return hasattr(os, "memfd_create") and platform.machine().lower() in ("x86_64", "amd64")
-
-
 class SidecarProcess:
     """A spawned sidecar: its pipes, its stderr log and the means to stop it."""
 
@@ -192,11 +181,8 @@ class SidecarProcess:
         exit_grace: float,
         stdin: FdSendStream,
         stdout: FdReceiveStream,
-        ring: Union[AudioRing, None] = None,
     ) -> None:
         self.process = process
-        #: The shared audio ring, when the sidecar was given one.
-        self.ring = ring
         self._stdin = stdin
         self._stdout = stdout
         self.argv = list(argv)
@@ -213,21 +199,13 @@ class SidecarProcess:
         cwd: Union[str, os.PathLike[str], None],
         redact: Redactor,
         exit_grace: float = 2.0,
-        shared_audio: int = 0,
     ) -> SidecarProcess:
-        """Spawn ``argv``; with ``shared_audio`` > 0 (Linux), also give it a shared audio ring of that size."""
-        memory_fd = -1
-        if shared_audio > 0 and shared_audio_supported():
-            memory_fd = create_shared_memory(shared_audio)
-            # An environment variable, not an option: a sidecar too old to know it ignores
-            # it and sends all audio through the pipe (its ready lacks "shared_audio").
-            env = {**env, SHARED_AUDIO_ENV: str(memory_fd)}
+        """Spawn ``argv`` with a pipe each way for frames, and stderr drained into a log."""
         # The frame pipes are our own, read and written without blocking straight from
         # their descriptors: large reads into the frame buffer, on asyncio and trio alike
         # (asyncio's subprocess streams would hand out 64 KiB pieces to copy together).
         child_stdin, parent_stdin = os.pipe()
         parent_stdout, child_stdout = os.pipe()
-        ring = None
         try:
             process = await anyio.open_process(
                 list(argv),
@@ -237,10 +215,7 @@ class SidecarProcess:
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
-                pass_fds=(memory_fd,) if memory_fd >= 0 else (),
             )
-            if memory_fd >= 0:
-                ring = AudioRing(memory_fd)
         except OSError as exc:
             os.close(parent_stdin)
             os.close(parent_stdout)
@@ -248,8 +223,6 @@ class SidecarProcess:
         finally:
             os.close(child_stdin)
             os.close(child_stdout)
-            if memory_fd >= 0:
-                os.close(memory_fd)  # the child has its copy; the ring keeps its own mapping
         log.debug("spawned sidecar pid %d: %s", process.pid, redact(shlex.join(argv)))
         return cls(
             process,
@@ -258,7 +231,6 @@ class SidecarProcess:
             exit_grace,
             FdSendStream(parent_stdin),
             FdReceiveStream(parent_stdout),
-            ring,
         )
 
     @property
@@ -354,8 +326,6 @@ class SidecarProcess:
                 await self.stderr.eof.wait()
             await self._stdin.aclose()
             await self._stdout.aclose()
-            if self.ring is not None:
-                self.ring.close()
             with anyio.move_on_after(grace):
                 await self.process.aclose()
             # asyncio closes pipe transports in call_soon callbacks: let them run, so no

@@ -173,7 +173,6 @@ class Supervisor:
         idle_timeout: Union[float, None],
         frame_timeout: Union[float, None],
         max_buffered: int,
-        shared_audio: int,
         max_restarts: int,
         restart_window: float,
         restart_backoff: float,
@@ -200,7 +199,6 @@ class Supervisor:
         self._idle_timeout = idle_timeout
         self._frame_timeout = frame_timeout
         self._max_buffered = max_buffered
-        self._shared_audio = shared_audio
         self._max_restarts = max_restarts
         self._restart_window = restart_window
         self._restart_backoff = restart_backoff
@@ -466,7 +464,6 @@ class Supervisor:
             describe_loss=describe if child is not None else None,
             redact=self._redact,
             ids=self._ids,
-            shared_audio=child.ring if child is not None else None,
             max_buffered=self._max_buffered,
             token=self._token,
         )
@@ -513,7 +510,6 @@ class Supervisor:
             cwd=self._cwd,
             redact=self._redact,
             exit_grace=self._shutdown_timeout,
-            shared_audio=self._shared_audio,
         )
         session.child = child
         self.last_pid = child.pid

@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "--shared-audio-fd",
         default=None,
         metavar="FD",
-        help="inherited shared memory file to carry large audio chunks in (see docs/protocol.md)",
+        help=argparse.SUPPRESS,  # from older clients: the descriptor is closed, audio uses the pipe
     )
     parser.add_argument(
         "--max-text",
@@ -140,6 +140,22 @@ _PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
 _PARENT_POLL = 0.5
 
 
+def _drop_shared_audio(flag: Union[str, None]) -> None:
+    """Close the shared-memory descriptor an older client may pass: audio always uses the pipe.
+
+    Such a client offers the memory with ``--shared-audio-fd`` or the variable, and uses it
+    only when ``ready`` lists ``shared_audio``, which this sidecar never does.
+    """
+    named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
+    for value in (flag, named):
+        number = _fd_number(value) if value is not None else None
+        if number is not None and number > 2:
+            try:
+                os.close(number)
+            except OSError:
+                pass
+
+
 def _fd_number(text: str) -> Union[int, None]:
     """``text`` as a descriptor number (ASCII decimal digits, below 2^31), else None."""
     if not (text.isascii() and text.isdigit()) or len(text) > 10:
@@ -218,31 +234,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     except (ValueError, msgspec.ValidationError) as exc:
         return _startup_error(frame_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
-    ring = None
-    raw_fd, source = args.shared_audio_fd, "--shared-audio-fd"
-    named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
-    if listen is not None:
-        named = None  # shared memory is for a parent on the other end of a pipe
-    if raw_fd is None and named is not None:
-        if named.isdigit():
-            raw_fd, source = named, _SHARED_FD_ENV
-        else:
-            # Not a descriptor number at all ('', 'abc', ' 3', '-1'): a sidecar too old to
-            # know the variable ignores it, and so does this one, but it says so.
-            sys.stderr.write(f"indextts_sidecar: ignoring {_SHARED_FD_ENV}={named!r}: not a file descriptor number\n")
-    if raw_fd is not None:
-        from .protocol.shm import AudioRing
-
-        shared_fd = _fd_number(raw_fd)
-        if shared_fd is None:
-            return _startup_error(
-                frame_fd, "invalid_option", f"{source}: {raw_fd!r} is not a file descriptor number", source
-            )
-        try:
-            ring = AudioRing(shared_fd)
-            os.close(shared_fd)  # the mapping stays; no child inherits the descriptor
-        except (OSError, ValueError, OverflowError) as exc:
-            return _startup_error(frame_fd, "invalid_option", f"{source}: {exc}", source)
+    _drop_shared_audio(args.shared_audio_fd)
     parent_pid = args.parent_pid
     named_parent = os.environ.pop(_PARENT_ENV, None)
     if parent_pid is None and named_parent:
@@ -258,7 +250,6 @@ def main(argv: Union[list[str], None] = None) -> int:
         sample_rate=engine.sample_rate,
         capabilities=[
             *cls.capabilities,
-            *(["shared_audio"] if ring is not None else []),
             *(["registered_voices"] if args.voice_dir else []),
         ],
         options=msgspec.to_builtins(options),
@@ -293,7 +284,6 @@ def main(argv: Union[list[str], None] = None) -> int:
             max_queue=args.max_queue,
             max_frame_size=args.max_frame_size,
             frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
-            shared_audio=ring,
             max_text=args.max_text,
             max_outgoing=args.max_outgoing,
             paths=paths,
@@ -339,8 +329,6 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
         return str(exc), "--listen"
     if not args.voice_dir:
         return "--listen needs --voice-dir: over a socket, requests may name files only inside it", "--voice-dir"
-    if args.shared_audio_fd is not None:
-        return "--shared-audio-fd works over stdin/stdout only, not with --listen", "--shared-audio-fd"
     token = None
     if args.token_file is not None:
         try:

@@ -51,7 +51,6 @@ from .protocol import (
     Unload,
 )
 from .protocol.framing import FrameReader, FramingError
-from .protocol.shm import AudioRing
 
 __all__ = ["Scheduler", "Server"]
 
@@ -68,10 +67,6 @@ DEFAULT_MAX_TEXT = 100_000
 DEFAULT_MAX_OUTGOING = 1024
 
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
-#: Chunks smaller than this travel in the frame: the pipe moves them as fast, and the ring
-#: pages the parent touches would count in its resident memory.
-_SHARED_MIN = 256 * 1024
-_EMPTY = memoryview(b"")
 
 
 class _Statm:
@@ -116,7 +111,6 @@ class Server:
         max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
         frame_timeout: Union[float, None] = 10.0,
         shutdown_grace: float = 0.5,
-        shared_audio: Union[AudioRing, None] = None,
         max_text: int = DEFAULT_MAX_TEXT,
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         paths: Union[PathPolicy, None] = None,
@@ -131,7 +125,6 @@ class Server:
         self.paths = paths if paths is not None else PathPolicy()
         self.max_text = max_text
         self.max_outgoing = max_outgoing
-        self.shared_audio = shared_audio
         self.max_queue = max_queue
         self.max_frame_size = max_frame_size
         self.frame_timeout = frame_timeout
@@ -574,7 +567,6 @@ class Server:
         if native is None:
             raise EngineError("the engine reported no sample rate after loading", code="internal")
         rate = request.sample_rate or native
-        ring = self.shared_audio
         outbox = self._outbox
         assert outbox is not None
         began = time.monotonic()
@@ -599,24 +591,14 @@ class Server:
                 step = self._audio_frame_bytes
                 for start in range(0, len(view), step):
                     piece = view[start : start + step]
-                    position = ring.write(piece) if ring is not None and len(piece) >= _SHARED_MIN else None
-                    if position is not None:
-                        # In shared memory: the frame only names the region.
-                        shared = protocol.Audio(
-                            id=job.id, seq=seq, sample_rate=rate, shm_offset=position, shm_size=len(piece), pcm=_EMPTY
-                        )
-                        # A job ended early (the sidecar stopping) drops it; its region is
-                        # released with the next one the parent releases.
-                        self._send_job_frame(job, (protocol.frame(shared),), False)
-                    else:
-                        # The samples are written from the engine's own buffer: no copy here.
-                        parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
-                        if not self._send_job_frame_if_free(job, parts):
-                            # Frames wait for a slow parent: queue it once an audio slot is free.
-                            while not outbox.audio_slots.acquire(timeout=0.05):
-                                if job.cancel.is_set():
-                                    return _cancelled(job)
-                            self._send_job_frame(job, parts, True)
+                    # The samples are written from the engine's own buffer: no copy here.
+                    parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
+                    if not self._send_job_frame_if_free(job, parts):
+                        # Frames wait for a slow parent: queue it once an audio slot is free.
+                        while not outbox.audio_slots.acquire(timeout=0.05):
+                            if job.cancel.is_set():
+                                return _cancelled(job)
+                        self._send_job_frame(job, parts, True)
                     seq += 1
                     samples += len(piece) // 2
             if job.cancel.is_set():

@@ -310,3 +310,9 @@ async def test_no_fd_leak_over_crash_and_restart() -> None:
         before = fd_count()
         await cycle()
         assert fd_count() == before
+
+
+def test_shared_audio_is_accepted_and_ignored_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"Client\(shared_audio=\.\.\.\) is ignored"):
+        client = Client("fake", shared_audio=4 * 1024 * 1024)
+    assert "--shared-audio-fd" not in client.argv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -211,37 +212,45 @@ _FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
 
 
 @pytest.mark.parametrize(
-    ("args", "env", "source"),
+    ("args", "env"),
     [
-        ((), {_FD_ENV: "\u00b2"}, _FD_ENV),  # passes str.isdigit()
-        ((), {_FD_ENV: "99999999999999999999"}, _FD_ENV),
-        (("--shared-audio-fd", "\u00b2"), {}, "--shared-audio-fd"),
-        (("--shared-audio-fd", "99999999999999999999"), {}, "--shared-audio-fd"),
-        (("--shared-audio-fd", "-1"), {}, "--shared-audio-fd"),
-        (("--shared-audio-fd", "2147483647"), {}, "--shared-audio-fd"),  # a number, but no such descriptor
+        ((), {_FD_ENV: "\u00b2"}),  # passes str.isdigit()
+        ((), {_FD_ENV: "abc"}),
+        ((), {_FD_ENV: "99999999999999999999"}),
+        (("--shared-audio-fd", "-1"), {}),
+        (("--shared-audio-fd", "2147483647"), {}),  # a number, but no such descriptor
     ],
 )
-async def test_bad_shared_audio_fd_is_a_startup_error(args: tuple[str, ...], env: dict[str, str], source: str) -> None:
+async def test_an_older_clients_shared_memory_offer_is_declined(args: tuple[str, ...], env: dict[str, str]) -> None:
+    # The shared-memory ring is gone: whatever an older client passes, the sidecar starts,
+    # does not list the capability (so that client keeps audio in the frames) and serves.
     with anyio.fail_after(20):
         async with spawn("fake", *args, env=env) as peer:
-            error = await peer.expect(Error)
-            assert (error.id, error.code, error.detail) == (None, "invalid_option", {"field": source})
-            assert error.message.startswith(f"{source}: ")
-            assert await peer.recv() is None
-            assert await peer.process.wait() == 2
+            ready = await peer.expect(protocol.Ready)
+            assert "shared_audio" not in ready.capabilities
+            frames = await peer.request(protocol.Synthesize(id=1, text="hello", options={"seconds": 1.0}))
+            audio = b"".join(bytes(f.pcm) for f in frames if isinstance(f, protocol.Audio))
+            assert isinstance(frames[-1], protocol.Done) and len(audio) == 2 * frames[-1].samples > 0
+            await peer.stdin.aclose()
+            assert await peer.process.wait() == 0
             assert "Traceback" not in peer.stderr()
 
 
-@pytest.mark.parametrize("value", ["abc", " 3", "-1", ""])
-async def test_ignored_shared_audio_fd_values_are_logged(value: str) -> None:
-    with anyio.fail_after(20):
-        async with spawn("fake", env={_FD_ENV: value}) as peer:
-            ready = await peer.expect(protocol.Ready)
-            assert "shared_audio" not in ready.capabilities
-            await assert_alive(peer, 1)
-            await peer.stdin.aclose()
-            assert await peer.process.wait() == 0
-            assert f"ignoring {_FD_ENV}={value!r}: not a file descriptor number" in peer.stderr()
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_an_offered_shared_memory_descriptor_is_closed(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from indextts_sidecar._main import _drop_shared_audio
+
+    read_fd, write_fd = os.pipe()
+    try:
+        if where == "env":
+            monkeypatch.setenv(_FD_ENV, str(write_fd))
+        _drop_shared_audio(str(write_fd) if where == "flag" else None)
+        assert _FD_ENV not in os.environ  # not for the engine's children either
+        with pytest.raises(OSError, match="Bad file descriptor") as closed:
+            os.fstat(write_fd)
+        assert closed.value.errno == errno.EBADF
+    finally:
+        os.close(read_fd)
 
 
 # ---------------------------------------------------------------- defect 5

@@ -262,8 +262,9 @@ class Progress(_Message, tag="progress"):
 class Audio(_Message, tag="audio", kw_only=True):
     """Non-terminal chunk of request ``id``: little-endian int16 mono PCM.
 
-    With shared audio memory (``--shared-audio-fd``), ``pcm`` may be empty and the
-    samples be ``shm_size`` bytes at ring position ``shm_offset`` instead.
+    ``shm_offset`` and ``shm_size`` are reserved: a sidecar of an older version sent samples
+    through a shared-memory ring when its parent offered one; no current parent or sidecar
+    does, and a parent fails the connection on an ``audio`` frame that sets ``shm_offset``.
     """
 
     id: int
