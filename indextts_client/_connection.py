@@ -22,7 +22,6 @@ import itertools
 import logging
 import math
 import warnings
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ from indextts_sidecar.protocol import auth as _auth
 from indextts_sidecar.protocol.framing import FrameReader, FramingError
 from indextts_sidecar.protocol.streams import loop_clock
 
-from ._audio import AudioAssembler
 from ._exceptions import (
     AuthenticationError,
     BufferFullError,
@@ -53,7 +51,9 @@ from ._exceptions import (
     describe_exit,
     fresh,
 )
+from ._exchange import Exchange
 from ._request import Requester
+from ._sender import FrameSender
 from ._types import SidecarInfo
 
 __all__ = ["Connection", "LossInfo"]
@@ -85,155 +85,8 @@ class _Loss:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _Exchange:
-    """One request id on the wire: its inbox of frames and its liveness facts."""
-
-    __slots__ = (
-        "abandoned",
-        "absorbed",
-        "buffered",
-        "cancel_sent",
-        "data",
-        "error",
-        "id",
-        "items",
-        "last_frame",
-        "new_event",
-        "progress_wanted",
-        "sent",
-        "sent_at",
-        "sink",
-        "sink_error",
-        "terminated",
-        "wakeup",
-    )
-
-    def __init__(self, request_id: int, now: float, new_event: Callable[[], anyio.Event]) -> None:
-        self.id = request_id
-        self.new_event = new_event
-        self.items: deque[protocol.Reply] = deque()
-        #: Set when a frame or a failure arrives, if the request's task waits (see :meth:`wait`).
-        self.wakeup: Union[anyio.Event, None] = None
-        self.error: Union[SidecarError, None] = None
-        self.abandoned = False
-        #: Bytes of audio in ``items``, not yet consumed.
-        self.buffered = 0
-        self.sent = False
-        self.sent_at = now
-        #: Whether progress frames go to the request's task (else they only count as activity).
-        self.progress_wanted = True
-        #: Frames the reader took care of without the request's task (audio into ``sink``, progress).
-        self.absorbed = 0
-        #: Arrival time of the last frame for this id (None until the first one).
-        self.last_frame: Union[float, None] = None
-        self.terminated = False
-        self.cancel_sent: Union[anyio.Event, None] = None
-        #: The encoded frame, until it is sent.
-        self.data = b""
-        #: Where the reader puts this request's audio as it arrives (synthesize()), if anywhere.
-        self.sink: Union[AudioAssembler, None] = None
-        #: A bad audio frame the reader found for the sink; raised in the request's task.
-        self.sink_error: Union[ProtocolError, None] = None
-
-    def deliver(self, reply: protocol.Reply, now: float, terminal: bool) -> None:
-        self.last_frame = now
-        if terminal:
-            self.terminated = True
-        if not self.abandoned:
-            self.items.append(reply)
-            self.wake()
-
-    def wake(self) -> None:
-        wakeup, self.wakeup = self.wakeup, None
-        if wakeup is not None:
-            wakeup.set()
-
-    def fail(self, error: SidecarError) -> None:
-        self.terminated = True
-        self.error = error
-        self.wake()
-
-    async def wait(self) -> None:
-        """Until a frame or a failure is there to read."""
-        if self.items or self.error is not None:
-            return
-        if self.wakeup is None:
-            self.wakeup = self.new_event()
-        await self.wakeup.wait()
-
-
 def _identity(text: str) -> str:
     return text
-
-
-class _FrameSender:
-    """The one writer of a connection: frames go out whole, one at a time, never interleaved.
-
-    Fast path: when nothing else is writing and the stream takes the whole frame at once
-    (a pipe nearly always does for a request), it is written without an await, so no lock
-    round trip and no cancel scopes.  Otherwise, or for what did not fit, the frame goes
-    out under the lock, shielded from cancellation once started (a half-written frame
-    would break framing), bounded by ``frame_timeout``.
-    """
-
-    def __init__(self, stream: ByteSendStream, frame_timeout: Union[float, None]) -> None:
-        self.stream = stream
-        self._try_send: Union[Callable[[bytes], int], None] = getattr(stream, "try_send", None)
-        self._limit = math.inf if frame_timeout is None else frame_timeout
-        self._lock = anyio.Lock()
-        #: The event loop's clock (the connection sets it once running).
-        self.clock: Callable[[], float] = anyio.current_time
-
-    async def send(
-        self, data: bytes, exchange: Union[_Exchange, None], check: Callable[[Union[_Exchange, None]], None]
-    ) -> Union[str, None]:
-        """Write ``data``; returns what failed (the stream broke or stalled), else None.
-
-        ``check`` raises when nothing may be sent any more; it runs before writing, under
-        the lock.
-        """
-        check(exchange)
-        if self._try_send is not None and not self._lock.locked():
-            # Nothing awaits between the check and the write: no other task can write in between.
-            if exchange is not None:
-                exchange.sent_at = self.clock()
-            try:
-                written = self._try_send(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                written = 0  # the slow path reports it
-            if written == len(data):
-                if exchange is not None:
-                    exchange.sent = True
-                return None
-            self._lock.acquire_nowait()  # before any await: the rest of this frame goes next
-            try:
-                return await self._write(data[written:], exchange)
-            finally:
-                self._lock.release()
-        async with self._lock:
-            check(exchange)
-            return await self._write(data, exchange)
-
-    async def send_raw(self, data: bytes) -> Union[str, None]:
-        """A frame outside any request (the handshake's answer)."""
-        async with self._lock:
-            return await self._write(data, None)
-
-    async def _write(self, data: bytes, exchange: Union[_Exchange, None]) -> Union[str, None]:
-        failure: Union[str, None] = None
-        with anyio.CancelScope(shield=True):
-            if exchange is not None:
-                exchange.sent_at = anyio.current_time()
-            with anyio.move_on_after(self._limit) as scope:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    failure = f"writing to the sidecar failed: {exc!r}"
-            if scope.cancelled_caught:
-                failure = f"writing a frame to the sidecar stalled for {self._limit:g} s"
-            elif failure is None and exchange is not None:
-                exchange.sent = True
-        return failure
 
 
 class Connection(Requester):
@@ -278,7 +131,7 @@ class Connection(Requester):
                 stacklevel=2,
             )
         self._send_stream = send_stream
-        self._sender = _FrameSender(send_stream, frame_timeout)
+        self._sender = FrameSender(send_stream, frame_timeout)
         #: Set when a request ends (a place in the sidecar's queue may be free), if anyone waits.
         self._room = anyio.Event()
         self._room_wanted = False
@@ -289,7 +142,7 @@ class Connection(Requester):
         self._ids = ids if ids is not None else itertools.count(1)
         self._default_timeout = timeout
         self._default_idle_timeout = idle_timeout
-        self._pending: dict[int, _Exchange] = {}
+        self._pending: dict[int, Exchange] = {}
         #: The event loop's clock, callable from the reader's callback (set by :meth:`run`).
         self._clock: Callable[[], float] = anyio.current_time
         #: What the reader's callback leaves for the reader task (it may start no task itself).
@@ -597,7 +450,7 @@ class Connection(Requester):
                 self._overflow(exchange)
         return None
 
-    def _overflow(self, exchange: _Exchange) -> None:
+    def _overflow(self, exchange: Exchange) -> None:
         """A consumer fell too far behind: cancel its request, fail it; nobody else waits."""
         error = BufferFullError(
             f"request {exchange.id}: {exchange.buffered} bytes of audio arrived that its consumer did not take, "
@@ -611,7 +464,7 @@ class Connection(Requester):
         exchange.error = error
         exchange.wake()
 
-    def _take_audio(self, reply: protocol.Audio, exchange: Union[_Exchange, None]) -> Union[_Loss, None]:
+    def _take_audio(self, reply: protocol.Audio, exchange: Union[Exchange, None]) -> Union[_Loss, None]:
         """Samples into the request's assembler, if it has one (synthesize())."""
         if reply.shm_offset is not None:
             return _Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
@@ -732,7 +585,7 @@ class Connection(Requester):
         if self._ending is not None:
             raise UnreadError(self._ending.message)
 
-    def _register(self, build: _Build) -> _Exchange:
+    def _register(self, build: _Build) -> Exchange:
         """Allocate an id, encode the request and register it; nothing is sent yet."""
         self._check_open()
         assert self.ready is not None
@@ -770,17 +623,17 @@ class Connection(Requester):
                 code="invalid_input",
                 request_id=request_id,
             )
-        exchange = _Exchange(request_id, self._clock(), self._new_event)
+        exchange = Exchange(request_id, self._clock(), self._new_event)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
 
-    async def _send_exchange(self, exchange: _Exchange) -> None:
+    async def _send_exchange(self, exchange: Exchange) -> None:
         """Send a registered request.  Once its first byte is written the send is shielded."""
         data, exchange.data = exchange.data, b""
         await self._send_frame(data, exchange)
 
-    async def _send_frame(self, data: bytes, exchange: Union[_Exchange, None]) -> None:
+    async def _send_frame(self, data: bytes, exchange: Union[Exchange, None]) -> None:
         failure = await self._sender.send(data, exchange, self._check_sendable)
         if failure is None:
             return
@@ -798,7 +651,7 @@ class Connection(Requester):
         self._room_wanted = True
         return self._room
 
-    def _check_sendable(self, exchange: Union[_Exchange, None]) -> None:
+    def _check_sendable(self, exchange: Union[Exchange, None]) -> None:
         """Raise the connection's error, or its ending, if nothing may be sent any more."""
         if self._error is not None:
             raise fresh(self._error)
@@ -807,7 +660,7 @@ class Connection(Requester):
                 self._pending.pop(exchange.id, None)
             raise UnreadError(self._ending.message)
 
-    def _forget(self, exchange: _Exchange) -> Union[anyio.Event, None]:
+    def _forget(self, exchange: Exchange) -> Union[anyio.Event, None]:
         """The request's caller gave up on it; cancel it in the background if it was sent.
 
         Returns an event set once the ``cancel`` frame is written (None when no cancel
@@ -836,18 +689,18 @@ class Connection(Requester):
             tg.start_soon(self._cancel_in_background, exchange)
         return exchange.cancel_sent
 
-    def _drop(self, exchange: _Exchange) -> None:
+    def _drop(self, exchange: Exchange) -> None:
         """Forget a request without cancelling it on the sidecar (ping)."""
         exchange.abandoned = True
         exchange.items.clear()
         if not exchange.sent:
             self._pending.pop(exchange.id, None)
 
-    async def _cancel_in_background(self, target: _Exchange) -> None:
+    async def _cancel_in_background(self, target: Exchange) -> None:
         try:
             if target.terminated or self._error is not None:
                 return
-            cancel = _Exchange(next(self._ids), anyio.current_time(), self._new_event)
+            cancel = Exchange(next(self._ids), anyio.current_time(), self._new_event)
             cancel.abandoned = True  # its ``ok`` is collected by the reader and dropped
             self._pending[cancel.id] = cancel
             try:

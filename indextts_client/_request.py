@@ -13,7 +13,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import anyio
 import msgspec
@@ -31,10 +31,8 @@ from ._exceptions import (
     UnreadError,
     error_for_frame,
 )
+from ._exchange import Channel, Exchange
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent
-
-if TYPE_CHECKING:
-    from ._connection import Connection, _Exchange
 
 __all__ = ["EmotionLike", "Requester", "Synthesis"]
 
@@ -44,7 +42,7 @@ EmotionLike = Union[EmotionVector, EmotionAudio, EmotionText, Mapping[str, Any],
 #: ``...`` means "the client's default"; None means "no limit".
 TimeoutArg = Union[float, None, EllipsisType]
 
-_Opener = Callable[[], Awaitable["Connection"]]
+_Opener = Callable[[], Awaitable[Channel]]
 #: How often one request is sent again after a sidecar stopped without reading it.
 _MAX_RESENDS = 3
 _Build = Callable[[int], protocol.Request]
@@ -119,8 +117,8 @@ class _Tracked:
         self._idle = idle_timeout
         self._on_progress = on_progress
         self._cancellable = cancellable
-        self._conn: Union[Connection, None] = None
-        self._ex: Union[_Exchange, None] = None
+        self._conn: Union[Channel, None] = None
+        self._ex: Union[Exchange, None] = None
         self._deadline: Union[float, None] = None
         #: new -> running -> done | failed | closed
         self._state = "new"
@@ -175,7 +173,7 @@ class _Tracked:
         """Whether the caller may see progress events without a callback (an iterator of events)."""
         return False
 
-    def _registered(self, exchange: _Exchange) -> None:
+    def _registered(self, exchange: Exchange) -> None:
         """The request has its id, and is about to be sent."""
 
     async def _step(self) -> Any:
@@ -262,7 +260,7 @@ class _Tracked:
             with anyio.move_on_at(deadline):
                 await ex.wait()
 
-    async def _room_within_pool_timeout(self, conn: Connection) -> bool:
+    async def _room_within_pool_timeout(self, conn: Channel) -> bool:
         """Wait until another request of ``conn`` ends, within ``pool_timeout`` of the first refusal."""
         assert self._pool_timeout is not None
         now = anyio.current_time()
@@ -275,7 +273,7 @@ class _Tracked:
             return True
         return False
 
-    def _next_deadline(self, ex: _Exchange, conn: Connection) -> tuple[float, Deadline]:
+    def _next_deadline(self, ex: Exchange, conn: Channel) -> tuple[float, Deadline]:
         best, which = math.inf, "timeout"
         if self._deadline is not None:
             best = self._deadline
@@ -459,7 +457,7 @@ class Synthesis(_Tracked):
     def _streams_events(self) -> bool:
         return not self._assemble_in_reader
 
-    def _registered(self, exchange: _Exchange) -> None:
+    def _registered(self, exchange: Exchange) -> None:
         if self._assemble_in_reader:
             self._assembler = exchange.sink = AudioAssembler(exchange.id, keep=True)
 
@@ -551,7 +549,7 @@ class Requester:
     _default_idle_timeout: Union[float, None] = None
     _default_pool_timeout: Union[float, None] = None
 
-    async def _connection(self) -> Connection:
+    async def _connection(self) -> Channel:
         raise NotImplementedError
 
     def _synthesis(

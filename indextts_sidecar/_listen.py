@@ -25,6 +25,7 @@ import msgspec
 from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
 
 from . import protocol
+from ._parent import stop_without_parent
 from ._server import Scheduler, Server
 from .protocol import auth as _auth
 from .protocol.address import Address, is_loopback, parse_url
@@ -235,8 +236,6 @@ async def serve_socket(
     parent_pid: Union[int, None],
 ) -> int:
     """Bind, say where on stdout, serve until SIGTERM/SIGINT (or the parent is gone); the exit code."""
-    from ._main import _stop_without_parent
-
     try:
         listener = await open_listener(config.address)
     except OSError as exc:
@@ -270,7 +269,7 @@ async def serve_socket(
             os.close(write_fd)
             os.close(read_fd)
             if parent_pid is not None and parent_pid > 0:
-                tg.start_soon(_stop_without_parent, service, parent_pid)
+                tg.start_soon(stop_without_parent, service, parent_pid)
             await service.serve(listener)
             tg.cancel_scope.cancel()
     finally:

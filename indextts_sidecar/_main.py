@@ -136,8 +136,6 @@ def _parser() -> argparse.ArgumentParser:
 
 _SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
 _PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
-#: Seconds between two looks at the parent process.
-_PARENT_POLL = 0.5
 
 
 def _drop_shared_audio(flag: Union[str, None]) -> None:
@@ -305,7 +303,9 @@ def main(argv: Union[list[str], None] = None) -> int:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, server)
             if parent_pid is not None and parent_pid > 0:
-                tg.start_soon(_stop_without_parent, server, parent_pid)
+                from ._parent import stop_without_parent
+
+                tg.start_soon(stop_without_parent, server, parent_pid)
             code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd))
             tg.cancel_scope.cancel()
         return code
@@ -367,37 +367,6 @@ def engine_thread_busy() -> bool:
     import threading
 
     return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
-
-
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:  # a zombie has exited: its parent has not reaped it yet
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
-    except OSError:
-        return False
-
-
-async def _stop_without_parent(server: Any, pid: int) -> None:
-    """Stop once process ``pid`` is gone, even if a process it forked keeps our pipes open."""
-    import logging
-
-    import anyio
-
-    # Our own parent: its end shows as a new parent id (no pid reuse can fool that).
-    direct = os.getppid() == pid
-    while True:
-        await anyio.sleep(_PARENT_POLL)
-        if os.getppid() != pid if direct else _process_gone(pid):
-            break
-    logging.getLogger("indextts_sidecar").warning("parent process %d is gone; stopping", pid)
-    server.stop()
 
 
 async def _stop_on_signal(server: Any) -> None:
