@@ -26,7 +26,7 @@ from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionTex
 from ._audio import Audio, AudioChunk
 from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
-from ._connection import Connection, LossInfo
+from ._connection import Connection
 from ._exceptions import (
     AuthenticationError,
     BufferFullError,
@@ -44,6 +44,7 @@ from ._exceptions import (
     StartError,
     VersionMismatchError,
 )
+from ._handshake import LossInfo
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo

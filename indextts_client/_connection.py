@@ -24,7 +24,6 @@ import math
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Union
 
@@ -38,25 +37,22 @@ from indextts_sidecar.protocol.framing import FrameReader, FramingError
 from indextts_sidecar.protocol.streams import loop_clock
 
 from ._exceptions import (
-    AuthenticationError,
     BufferFullError,
     ClosedError,
-    CrashedError,
     InvalidRequestError,
     ProtocolError,
     SidecarError,
     StartError,
     UnreadError,
-    VersionMismatchError,
-    describe_exit,
     fresh,
 )
 from ._exchange import Exchange
+from ._handshake import Loss, LossInfo, challenge_of, error_for_loss, read_ready
 from ._request import Requester
 from ._sender import FrameSender
 from ._types import SidecarInfo
 
-__all__ = ["Connection", "LossInfo"]
+__all__ = ["Connection"]
 
 _NO_SAMPLES = memoryview(b"")
 #: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
@@ -65,24 +61,6 @@ DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
 log = logging.getLogger("indextts_client")
 
 _Build = Callable[[int], protocol.Request]
-
-
-@dataclass(frozen=True)
-class LossInfo:
-    """What an owner knows about why a connection ended (see ``describe_loss``)."""
-
-    exit_code: Union[int, None] = None
-    signal: Union[int, None] = None
-    stderr_tail: str = ""
-
-
-@dataclass
-class _Loss:
-    """Why the reader stopped: ``eof``, ``aborted``, ``framing``, ``protocol``, ``version``, ``startup_error``."""
-
-    kind: str
-    message: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _identity(text: str) -> str:
@@ -338,15 +316,15 @@ class Connection(Requester):
 
     # --------------------------------------------------------------- reading
 
-    async def _read_loop(self) -> _Loss:
+    async def _read_loop(self) -> Loss:
         with self._read_scope:
             try:
                 while self.ready is None:  # the handshake, frame by frame
                     body = await self._reader.receive()
                     if body is None:
-                        return _Loss("eof", "the sidecar's output stream ended")
+                        return Loss("eof", "the sidecar's output stream ended")
                     if not self._challenged:
-                        challenge = _challenge_of(body)
+                        challenge = challenge_of(body)
                         if challenge is not None:
                             self._challenged = True
                             loss = await self._answer(challenge)
@@ -356,7 +334,7 @@ class Connection(Requester):
                     loss = self._handle(body)
                     if loss is not None:
                         return loss
-                losses: list[_Loss] = []
+                losses: list[Loss] = []
 
                 def on_frame(body: memoryview) -> bool:
                     self._routing = True
@@ -375,39 +353,39 @@ class Connection(Requester):
                     deferred, self._deferred = self._deferred, []
                     for action in deferred:
                         action()
-                return _Loss("eof", "the sidecar's output stream ended")
+                return Loss("eof", "the sidecar's output stream ended")
             except FramingError as exc:
-                return _Loss("framing", f"framing lost on the sidecar's output: {exc}")
+                return Loss("framing", f"framing lost on the sidecar's output: {exc}")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-                return _Loss("eof", "the sidecar's output stream ended")
+                return Loss("eof", "the sidecar's output stream ended")
             except Exception as exc:  # a bug here must still fail the pending requests
                 log.exception("internal error in the frame reader")
-                return _Loss("protocol", f"internal error in the frame reader: {exc!r}")
-        return _Loss("aborted", self._abort_reason)
+                return Loss("protocol", f"internal error in the frame reader: {exc!r}")
+        return Loss("aborted", self._abort_reason)
 
-    async def _answer(self, challenge: dict[str, Any]) -> Union[_Loss, None]:
+    async def _answer(self, challenge: dict[str, Any]) -> Union[Loss, None]:
         """Prove we hold the token (socket transport); the token itself is never sent."""
         nonce = challenge.get("nonce")
         if challenge.get("method") != _auth.METHOD or not isinstance(nonce, bytes):
-            return _Loss("protocol", f"the sidecar's challenge is not one this client answers: {challenge!r}")
+            return Loss("protocol", f"the sidecar's challenge is not one this client answers: {challenge!r}")
         if self._token is None:
-            return _Loss("auth", "the sidecar requires a token, and none was given (token=...)")
+            return Loss("auth", "the sidecar requires a token, and none was given (token=...)")
         mac = _auth.answer(self._token, nonce)
         body = msgspec.msgpack.encode({"op": "auth", "mac": mac})
         failure = await self._sender.send_raw(len(body).to_bytes(protocol.HEADER, "big") + body)
         if failure is not None:
-            return _Loss("eof", f"sending the token's proof failed: {failure}")
+            return Loss("eof", f"sending the token's proof failed: {failure}")
         return None
 
-    def _handle(self, body: memoryview) -> Union[_Loss, None]:
+    def _handle(self, body: memoryview) -> Union[Loss, None]:
         if self.ready is None:
             return self._handle_first(body)
         try:
             reply = protocol.decode_reply(body)
         except msgspec.MsgspecError as exc:
-            return _Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
+            return Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
         if isinstance(reply, protocol.Ready):
-            return _Loss("protocol", "the sidecar sent a second 'ready' frame")
+            return Loss("protocol", "the sidecar sent a second 'ready' frame")
         request_id = reply.id
         if request_id is None:
             assert isinstance(reply, protocol.Error)
@@ -464,10 +442,10 @@ class Connection(Requester):
         exchange.error = error
         exchange.wake()
 
-    def _take_audio(self, reply: protocol.Audio, exchange: Union[Exchange, None]) -> Union[_Loss, None]:
+    def _take_audio(self, reply: protocol.Audio, exchange: Union[Exchange, None]) -> Union[Loss, None]:
         """Samples into the request's assembler, if it has one (synthesize())."""
         if reply.shm_offset is not None:
-            return _Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
+            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         if exchange is not None and exchange.sink is not None and not exchange.abandoned:
             try:
                 exchange.sink.absorb(reply.seq, reply.sample_rate, reply.pcm)
@@ -477,40 +455,14 @@ class Connection(Requester):
             reply.pcm = _NO_SAMPLES
         return None
 
-    def _handle_first(self, body: memoryview) -> Union[_Loss, None]:
-        try:
-            loose = msgspec.msgpack.decode(body)
-        except msgspec.MsgspecError:
-            loose = None
-        if not isinstance(loose, dict) or not isinstance(loose.get("op"), str):
-            return _Loss(
-                "protocol",
-                f"the sidecar's first frame is not a protocol message (did something write to its stdout?): "
-                f"{bytes(body[:48])!r}",
-            )
-        op = loose["op"]
-        if op == "error" and loose.get("id") is None:
-            code = str(loose.get("code", "internal"))
-            message = self._redact(str(loose.get("message", "")))
-            return _Loss("startup_error", f"the sidecar failed to start: {code}: {message}", {"code": code})
-        if op != "ready":
-            return _Loss("protocol", f"the sidecar's first frame is {op!r}, expected 'ready'")
-        got = loose.get("protocol")
-        if got != protocol.PROTOCOL_VERSION:
-            return _Loss(
-                "version",
-                f"the sidecar speaks protocol version {got!r}, this client speaks version {protocol.PROTOCOL_VERSION}",
-                {"got": got},
-            )
-        try:
-            ready = protocol.decode_reply(body)
-        except msgspec.MsgspecError as exc:
-            return _Loss("protocol", f"the sidecar's 'ready' frame is invalid: {exc}")
-        assert isinstance(ready, protocol.Ready)
-        self.ready = ready
-        self._reader.max_frame_size = max(ready.max_frame_size, protocol.MIN_MAX_FRAME_SIZE)
+    def _handle_first(self, body: memoryview) -> Union[Loss, None]:
+        first = read_ready(body, self._redact)
+        if isinstance(first, Loss):
+            return first
+        self.ready = first
+        self._reader.max_frame_size = max(first.max_frame_size, protocol.MIN_MAX_FRAME_SIZE)
         self._ready_event.set()
-        log.debug("sidecar ready: %s", ready)
+        log.debug("sidecar ready: %s", first)
         return None
 
     def _connection_error(self, error: protocol.Error) -> None:
@@ -531,7 +483,7 @@ class Connection(Requester):
         else:
             log.warning("the sidecar reported a connection error: %s: %s", error.code, message)
 
-    async def _error_for(self, loss: _Loss) -> SidecarError:
+    async def _error_for(self, loss: Loss) -> SidecarError:
         info = LossInfo()
         if self._describe_loss is not None:
             try:
@@ -540,40 +492,10 @@ class Connection(Requester):
                 log.exception("describing the end of the connection failed")
         if self._closing and self.ready is not None and loss.kind in ("eof", "aborted"):
             return ClosedError("the connection was closed")
-        message = loss.message
+        fatal = None
         if self._fatal is not None:
-            message += f"; the sidecar reported: {self._fatal.code}: {self._redact(self._fatal.message)}"
-        exit_text = describe_exit(info.exit_code, info.signal)
-        if self.ready is None:
-            if loss.kind == "auth":
-                return AuthenticationError(message, code="unauthorized")
-            if loss.extra.get("code") == "unauthorized":
-                return AuthenticationError("the sidecar refused the token (wrong token)", code="unauthorized")
-            if loss.kind == "version":
-                return VersionMismatchError(
-                    message,
-                    expected=protocol.PROTOCOL_VERSION,
-                    got=loss.extra.get("got"),
-                    exit_code=info.exit_code,
-                    signal=info.signal,
-                    stderr_tail=info.stderr_tail,
-                )
-            if info.exit_code is not None or info.signal is not None:
-                message += f"; the sidecar {exit_text}"
-            if loss.kind != "startup_error":
-                message = f"the sidecar failed before 'ready': {message}"
-            return StartError(
-                message,
-                exit_code=info.exit_code,
-                signal=info.signal,
-                stderr_tail=info.stderr_tail,
-                code=loss.extra.get("code"),
-            )
-        if loss.kind in ("framing", "protocol"):
-            return ProtocolError(message, stderr_tail=info.stderr_tail)
-        if info.exit_code is not None or info.signal is not None:
-            message = f"the sidecar {exit_text}" if loss.kind == "eof" else f"the sidecar {exit_text} ({message})"
-        return CrashedError(message, exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail)
+            fatal = f"{self._fatal.code}: {self._redact(self._fatal.message)}"
+        return error_for_loss(loss, info, handshaken=self.ready is not None, fatal=fatal)
 
     # --------------------------------------------------------------- writing
 
@@ -731,17 +653,6 @@ class Connection(Requester):
         self.mark_closing()
         self._stop_asked = True
         await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
-
-
-def _challenge_of(body: memoryview) -> Union[dict[str, Any], None]:
-    """The socket transport's ``challenge`` message, if ``body`` is one."""
-    try:
-        loose = msgspec.msgpack.decode(body)
-    except msgspec.MsgspecError:
-        return None
-    if isinstance(loose, dict) and loose.get("op") == "challenge":
-        return loose
-    return None
 
 
 def _describe_reply(reply: protocol.Reply) -> str:

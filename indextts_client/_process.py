@@ -30,8 +30,8 @@ from anyio.lowlevel import cancel_shielded_checkpoint
 
 from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
-from ._connection import LossInfo
 from ._exceptions import StartError
+from ._handshake import LossInfo
 
 __all__ = ["Redactor", "SidecarProcess", "StderrLog"]
 

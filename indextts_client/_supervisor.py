@@ -30,7 +30,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
 
 from indextts_sidecar import protocol
 
-from ._connection import Connection, LossInfo
+from ._connection import Connection
 from ._exceptions import (
     AuthenticationError,
     ClosedError,
@@ -41,6 +41,7 @@ from ._exceptions import (
     fresh,
     unwrap,
 )
+from ._handshake import LossInfo
 from ._process import Redactor, SidecarProcess
 from ._types import RestartCallback, SidecarInfo
 
