@@ -1,10 +1,11 @@
 """Aggregate throughput of a Pool of 1, 2 and 4 fake sidecars, measured side by side.
 
 Each request simulates ``--compute`` seconds of inference (the fake engine's ``delay``,
-a sleep: like a GPU, it leaves the CPU free) and returns one second of audio.  The
-pools run in turn, round after round, with ``--concurrency`` requests in flight::
+a sleep: like a GPU, it leaves the CPU free) and returns ``--seconds`` of audio in one
+chunk.  The pools run in turn, round after round, with ``--concurrency`` requests in flight::
 
     .venv/bin/python bench/bench_pool.py --rounds 3
+    .venv/bin/python bench/bench_pool.py --compute 0 --seconds 10 --requests 400   # CPU-bound
 
 Prints requests per second per pool size (median, min-max) and the ratio to one sidecar.
 """
@@ -12,6 +13,7 @@ Prints requests per second per pool size (median, min-max) and the ratio to one 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -20,12 +22,12 @@ import anyio
 from indextts_client import Pool
 
 
-async def burst(pool: Pool, requests: int, concurrency: int, compute: float) -> float:
+async def burst(pool: Pool, requests: int, concurrency: int, compute: float, seconds: float) -> float:
     limit = anyio.Semaphore(concurrency)
 
     async def one() -> None:
         async with limit:
-            await pool.synthesize("x", seconds=1.0, chunk_seconds=1.0, delay=compute)
+            await pool.synthesize("x", seconds=seconds, chunk_seconds=seconds, delay=compute)
 
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
@@ -45,12 +47,17 @@ async def main(args: argparse.Namespace) -> None:
         for number in range(args.rounds):
             order = sizes if number % 2 == 0 else list(reversed(sizes))
             for size in order:
-                rates[size].append(await burst(pools[size], args.requests, args.concurrency, args.compute))
+                rates[size].append(
+                    await burst(pools[size], args.requests, args.concurrency, args.compute, args.seconds)
+                )
     finally:
         for pool in pools.values():
             await pool.aclose()
     base = statistics.median(rates[sizes[0]])
-    print(f"{args.requests} requests of {args.compute * 1000:.0f} ms compute, {args.concurrency} in flight:")
+    print(
+        f"{args.requests} requests of {args.compute * 1000:.0f} ms compute and {args.seconds:g} s of audio, "
+        f"{args.concurrency} in flight, {os.cpu_count()} CPUs:"
+    )
     for size in sizes:
         values = rates[size]
         print(
@@ -66,4 +73,5 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--compute", type=float, default=0.05)
+    parser.add_argument("--seconds", type=float, default=1.0, help="audio per request")
     anyio.run(main, parser.parse_args())

@@ -55,6 +55,8 @@ from ._types import SidecarInfo
 __all__ = ["Connection"]
 
 _NO_SAMPLES = memoryview(b"")
+#: Option values that cannot nest: a request made of them needs no depth check.
+_SCALARS = (str, int, float, bool, bytes, type(None))
 #: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
 DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
 
@@ -526,7 +528,9 @@ class Connection(Requester):
                 request_id=request_id,
                 detail={"field": "$"},
             ) from None
-        if isinstance(message, protocol.Synthesize) and message.options:
+        if isinstance(message, protocol.Synthesize) and any(
+            not isinstance(value, _SCALARS) for value in message.options.values()
+        ):
             # Only engine options can nest without limit; the sidecar may refuse deeper ones.
             depth = protocol.peek(data[protocol.HEADER :]).depth
             if depth > protocol.MAX_DEPTH:
