@@ -6,12 +6,18 @@ between two processes and into a numpy array, which no protocol can beat.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import sys
 
 from indextts_sidecar.engines.fake import render
 
+# The same pipe size as the sidecar's (_fds.py): the floor moves bytes as fast as it can.
+try:
+    fcntl.fcntl(1, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1024 * 1024)
+except OSError:
+    pass
 cache: dict[int, bytes] = {}
 stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
 stdout.write(b"R")

@@ -109,13 +109,6 @@ def seed_suite(repeat: int) -> dict[str, Any]:
             parent.receive()  # the pong
             blocked.append(time.perf_counter() - began)
         results["ping_during_2s_inference_ms"] = summary(blocked)
-        sequential = []
-        for _ in range(3):
-            began = time.perf_counter()
-            for _ in range(200):
-                parent.synthesize(0.0)
-            sequential.append(200 / (time.perf_counter() - began))
-        results["requests_per_s_sequential"] = summary(sequential, 1)
     finally:
         parent.close()
     return results
@@ -234,26 +227,6 @@ async def ours_suite(repeat: int) -> dict[str, Any]:
                 assert health.active is not None
                 busy.append(health.round_trip)
         results["ping_during_2s_inference_us"] = summary(busy[:150], 1e6)
-        sequential = []
-        for _ in range(3):
-            began = time.perf_counter()
-            for _ in range(200):
-                await client.synthesize("", seconds=0.0)
-            sequential.append(200 / (time.perf_counter() - began))
-        results["requests_per_s_sequential"] = summary(sequential, 1)
-        concurrent = []
-        for _ in range(3):
-            began = time.perf_counter()
-
-            async def worker() -> None:
-                for _ in range(25):
-                    await client.synthesize("", seconds=0.0)
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(16):
-                    tg.start_soon(worker)
-            concurrent.append(400 / (time.perf_counter() - began))
-        results["requests_per_s_16_concurrent"] = summary(concurrent, 1)
     return results
 
 
@@ -308,8 +281,6 @@ def table(ours: dict[str, Any], seed: dict[str, Any], floor: dict[str, Any]) -> 
         ("60 s audio, warm (ms)", "warm_60s_ms", "warm_60s_ms", "warm_60s_ms"),
         ("ping round trip, idle (us)", "ping_idle_us", "ping_idle_us", "ping_idle_us"),
         ("ping during a 2 s inference", "ping_during_2s_inference_us", "ping_during_2s_inference_ms", None),
-        ("requests/s, sequential, no compute", "requests_per_s_sequential", "requests_per_s_sequential", None),
-        ("requests/s, 16 concurrent, no compute", "requests_per_s_16_concurrent", None, None),
     ]
     lines = ["| metric | this project | seed protocol | raw pipe floor |", "|---|---|---|---|"]
     for label, a, b, c in rows:
