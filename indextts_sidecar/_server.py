@@ -1,9 +1,10 @@
-"""The sidecar server: one connection's reader and dispatcher, and the jobs it runs.
+"""The sidecar server: one connection's reader and dispatcher, its queue, its jobs' output.
 
 The event loop never runs engine code.  The reader decodes frames and answers
 ``ping`` and ``cancel`` at once; ``synthesize``, ``load`` and ``unload`` go into this
 connection's bounded FIFO, from which the :class:`~._scheduler.Scheduler`'s engine
-thread takes them, one at a time, and runs them here (:meth:`Server.run_job`).
+thread takes them, one at a time (:meth:`Server.run_job`, which runs
+:func:`~._jobs.execute` with this server as the job's output).
 Every frame leaves through the connection's :class:`~._outbox.Outbox`, so frames never
 interleave; the engine thread writes its audio and terminal frames itself when the
 stream takes them at once, without a turn of the event loop.
@@ -20,8 +21,6 @@ import os
 import resource
 import sys
 import time
-import traceback
-from collections.abc import Callable, Iterator
 from typing import Any, Union
 
 import anyio
@@ -29,15 +28,15 @@ import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from . import protocol
+from ._jobs import error_for, execute, shutting_down
 from ._outbox import Outbox
 from ._paths import PathPolicy
 from ._scheduler import Job, Scheduler
 from ._voices import VoiceStore
-from .engines import Cancelled, Engine, EngineError, RequestError, SynthesisRequest
+from .engines import Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import (
     REGISTERED_PREFIX,
     Cancel,
-    Done,
     EmotionAudio,
     Error,
     Load,
@@ -136,7 +135,8 @@ class Server:
         #: Set by the engine thread when the active job ends, if the event loop waits for that.
         self._idle_waiter: Union[anyio.Event, None] = None
         self._outbox: Union[Outbox, None] = None
-        self._audio_frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
+        #: PCM bytes per audio frame at most (the Output protocol of _jobs.py).
+        self.frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
         self._read_scope = anyio.CancelScope()
         self._shutdown_requested = False
         self._writer_done = anyio.Event()
@@ -157,22 +157,6 @@ class Server:
             job.finished = True
             self._inflight.pop(job.id, None)
             self.send(message)
-
-    def _send_job_frame(self, job: Job, parts: tuple[Union[bytes, memoryview], ...], audio: bool) -> None:
-        """A frame of a running job: dropped once the job has its terminal frame (shutdown)."""
-        outbox = self._outbox
-        with self.scheduler.lock:
-            if outbox is not None and not job.finished:
-                outbox.put(parts, audio)
-                return
-        if audio and outbox is not None:
-            outbox.audio_slots.release()
-
-    def _send_job_frame_if_free(self, job: Job, parts: tuple[Union[bytes, memoryview], ...]) -> bool:
-        """As :meth:`_send_job_frame`, at once and without an audio slot, when no frame waits."""
-        outbox = self._outbox
-        with self.scheduler.lock:
-            return outbox is None or job.finished or outbox.put_if_free(parts)
 
     async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
@@ -237,7 +221,7 @@ class Server:
         with self.scheduler.lock:
             for job in list(self.queue.values()):
                 del self.queue[job.id]
-                self._finish(job, _shutting_down(job))
+                self._finish(job, shutting_down(job))
             active = self.active
             idle = None
             if active is not None:
@@ -249,7 +233,7 @@ class Server:
                 await idle.wait()
         with self.scheduler.lock:
             for job in list(self._inflight.values()):
-                self._finish(job, _shutting_down(job))
+                self._finish(job, shutting_down(job))
 
     async def _read_loop(self, reader: FrameReader, outbox: Outbox) -> int:
         shutdown: list[Shutdown] = []
@@ -361,7 +345,7 @@ class Server:
             try:
                 info = self.voices.register(message.name, message.audio)
             except EngineError as exc:
-                self.send(_error_for(message.id, exc))
+                self.send(error_for(message.id, exc))
                 return
             log.info("voice %r registered (%d bytes, sha256 %s)", message.name, info["bytes"], info["sha256"])
             self.send(Ok(id=message.id, info=info))
@@ -371,7 +355,7 @@ class Server:
             try:
                 job = Job(message.id, "synthesize", self._synthesis_request(message))
             except EngineError as exc:
-                self.send(_error_for(message.id, exc))
+                self.send(error_for(message.id, exc))
                 return
         elif isinstance(message, (Load, Unload)):
             job = Job(message.id, message.__struct_config__.tag)  # type: ignore[arg-type]
@@ -476,7 +460,7 @@ class Server:
         """Run one of this connection's jobs; on the engine thread (called by the scheduler)."""
         job.started = time.monotonic()
         try:
-            terminal = self._execute(job)
+            terminal = execute(self.engine, job, self)
         except Exception as exc:  # a bug here must still end the request
             log.exception("internal error running request %d", job.id)
             terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
@@ -487,16 +471,29 @@ class Server:
         if idle is not None and self._outbox is not None:
             self._outbox.post(idle.set)
 
-    def _progress_fn(self, job: Job) -> Callable[..., None]:
-        def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
-            if fraction is not None:
-                fraction = min(1.0, max(0.0, float(fraction)))
-            self._broadcast_progress(job, stage, fraction, message)
+    # ------------------------------------------------- a running job's output
 
-        return progress
+    def audio(self, job: Job, parts: tuple[bytes, memoryview]) -> bool:
+        """An audio frame of a running job: written at once when no frame waits before it;
+        otherwise queued once one of the outbox's audio slots is free (a slow parent).  A job
+        that has its terminal frame already (shutdown) drops it.  False: cancelled meanwhile.
+        """
+        outbox = self._outbox
+        with self.scheduler.lock:
+            if outbox is None or job.finished or outbox.put_if_free(parts):
+                return True
+        while not outbox.audio_slots.acquire(timeout=0.05):
+            if job.cancel.is_set():
+                return False
+        with self.scheduler.lock:
+            if not job.finished:
+                outbox.put(parts, audio=True)
+                return True
+        outbox.audio_slots.release()
+        return True
 
-    def _broadcast_progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
-        """From the engine thread or a heartbeat thread."""
+    def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
+        """A progress frame of a running job; from the engine thread or a heartbeat thread."""
         with self.scheduler.lock:
             if job.finished:
                 return
@@ -507,130 +504,6 @@ class Server:
                     for waiting in server.queue.values():
                         if waiting.kind == "synthesize":
                             server.send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
-
-    def _execute(self, job: Job) -> protocol.Reply:
-        """Runs on the engine thread; returns the job's terminal message."""
-        engine = self.engine
-        progress = self._progress_fn(job)
-        cancelled = job.cancel.is_set
-        timings: dict[str, float] = {"queued": job.started - job.enqueued}
-        try:
-            if job.kind == "unload":
-                engine.unload()
-                return Ok(id=job.id, info={"loaded": engine.loaded})
-            if not engine.loaded:
-                began = time.monotonic()
-                try:
-                    engine.load(progress, cancelled)
-                except (Cancelled, EngineError):
-                    raise
-                except Exception as exc:
-                    log.error("engine load failed: %s", exc, exc_info=True)
-                    raise _LoadFailed(exc) from exc
-                timings["load"] = time.monotonic() - began
-            if job.kind == "load":
-                info = {**engine.info(), "loaded": True, "sample_rate": engine.sample_rate, **timings}
-                return Ok(id=job.id, info=info)
-            assert job.request is not None
-            return self._run_synthesis(job, job.request, progress, timings)
-        except Cancelled:
-            return _cancelled(job)
-        except EngineError as exc:
-            return _error_for(job.id, exc)
-        except _LoadFailed as exc:
-            cause = exc.__cause__
-            return Error(
-                code="load_failed",
-                id=job.id,
-                retryable=True,
-                message=f"the model failed to load: {type(cause).__name__}: {cause}",
-                detail={"traceback": "".join(traceback.format_exception(cause)) if cause else ""},
-            )
-        except Exception as exc:
-            log.error("engine failed on request %d", job.id, exc_info=True)
-            return Error(
-                code="engine_error",
-                id=job.id,
-                message=f"{type(exc).__name__}: {exc}",
-                detail={"traceback": traceback.format_exc()},
-            )
-
-    def _run_synthesis(
-        self,
-        job: Job,
-        request: SynthesisRequest[Any],
-        progress: Callable[..., None],
-        timings: dict[str, float],
-    ) -> protocol.Reply:
-        engine = self.engine
-        native = engine.sample_rate
-        if native is None:
-            raise EngineError("the engine reported no sample rate after loading", code="internal")
-        rate = request.sample_rate or native
-        outbox = self._outbox
-        assert outbox is not None
-        began = time.monotonic()
-        samples = 0
-        seq = 0
-        chunks: Iterator[Any] = iter(engine.synthesize(request, progress, job.cancel.is_set))
-        if rate != native:
-            from ._resample import resampled  # numpy, only when asked for
-
-            chunks = resampled(chunks, native, rate)
-        try:
-            for chunk in chunks:
-                if job.cancel.is_set():
-                    return _cancelled(job)
-                view = memoryview(chunk).cast("B")
-                if len(view) % 2:
-                    raise EngineError(
-                        f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
-                    )
-                if seq == 0 and len(view):
-                    timings["first_audio"] = time.monotonic() - job.enqueued
-                step = self._audio_frame_bytes
-                for start in range(0, len(view), step):
-                    piece = view[start : start + step]
-                    # The samples are written from the engine's own buffer: no copy here.
-                    parts = protocol.audio_frame_parts(job.id, seq, rate, piece)
-                    if not self._send_job_frame_if_free(job, parts):
-                        # Frames wait for a slow parent: queue it once an audio slot is free.
-                        while not outbox.audio_slots.acquire(timeout=0.05):
-                            if job.cancel.is_set():
-                                return _cancelled(job)
-                        self._send_job_frame(job, parts, True)
-                    seq += 1
-                    samples += len(piece) // 2
-            if job.cancel.is_set():
-                return _cancelled(job)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-        timings["synthesis"] = time.monotonic() - began
-        timings["total"] = time.monotonic() - job.enqueued
-        return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings)
-
-
-class _LoadFailed(Exception):
-    pass
-
-
-def _shutting_down(job: Job) -> Error:
-    return Error(code="shutting_down", id=job.id, message="the sidecar is shutting down")
-
-
-def _cancelled(job: Job) -> Error:
-    if job.cancel_code == "shutting_down":
-        return _shutting_down(job)
-    return Error(code="cancelled", id=job.id, message="cancelled while running")
-
-
-def _error_for(request_id: int, exc: EngineError) -> Error:
-    detail: dict[str, Any] = {}
-    if exc.field is not None:
-        detail["field"] = exc.field
-    return Error(code=exc.code, id=request_id, message=str(exc), retryable=exc.retryable, detail=detail)
 
 
 def _voices_reply(engine: Engine[Any, Any], request_id: int) -> protocol.Reply:
