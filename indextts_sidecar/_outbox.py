@@ -11,8 +11,10 @@ fit (a full pipe, a slow parent) waits in the backlog, which one writer task on 
 loop drains; while the backlog holds anything, every frame joins it, so order holds.
 Streams without a non-blocking write (sockets, TLS) always go through the writer task.
 
-Audio frames hold one of a few slots until written, which bounds the memory audio can
-take when the parent reads slowly; control frames never wait for a slot.
+An audio frame that has to wait (the pipe is full, frames are queued) first takes one of
+a few slots, given back once it is written: that bounds the memory audio can take when the
+parent reads slowly (the slots, plus the rest of at most one frame written in part).
+Control frames never wait for a slot.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ __all__ = ["LoopPoster", "Outbox"]
 log = logging.getLogger("indextts_sidecar")
 
 _Part = Union[bytes, memoryview]
-#: Audio frames queued for the parent at most; the engine thread waits for a slot.
+#: Audio frames waiting for the parent at most; the engine thread waits for a slot.
 AUDIO_SLOTS = 4
 #: Frames queued meanwhile go out in one writev, up to this many bytes.
 _BATCH_BYTES = 1 << 20

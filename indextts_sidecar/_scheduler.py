@@ -8,7 +8,8 @@ and no event loop turn is spent between two jobs.
 
 One lock, :attr:`Scheduler.lock`, guards every queue and every job's ``finished`` flag:
 the event loop (dispatch, cancel, stop) and the engine thread (start, finish) decide
-under it, and write frames outside it or through the non-blocking :class:`~._outbox.Outbox`.
+under it.  What they write under it goes through the :class:`~._outbox.Outbox`, which
+never blocks; waiting for room (an audio slot) happens outside it.
 """
 
 from __future__ import annotations
