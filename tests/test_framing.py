@@ -175,3 +175,25 @@ def test_the_splitter_cuts_frames_however_the_bytes_arrive() -> None:
         position += count
     assert not splitter.inside
     assert [bytes(frame) for frame in frames] == bodies
+
+
+async def test_a_pump_stopped_midway_resumes_where_it_stopped() -> None:
+    # The sidecar stops pumping when too many replies wait (backpressure) and pumps again later.
+    bodies = [f"frame {number}".encode() for number in range(30)]
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"".join(map(_frame, bodies)))
+    os.close(write_fd)
+    seen: list[bytes] = []
+
+    def every_seventh(body: memoryview) -> bool:
+        seen.append(bytes(body))
+        return len(seen) % 7 == 0
+
+    with anyio.fail_after(TIMEOUT):
+        async with FdReceiveStream(read_fd) as stream:
+            reader = FrameReader(stream)
+            stops = 0
+            while await reader.pump(every_seventh):
+                stops += 1
+    assert seen == bodies
+    assert stops == 4  # after frames 7, 14, 21 and 28; then the end of the stream
