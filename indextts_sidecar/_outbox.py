@@ -122,22 +122,7 @@ class Outbox:
         What the stream does not take at once is queued (True all the same): a producer
         that holds no audio slot for it puts at most one such frame past the slots.
         """
-        with self._lock:
-            if self._closed:
-                return True  # dropped, as put() drops it
-            if self._backlog or self._direct is None:
-                return False
-            try:
-                written = self._direct(parts)
-            except Exception:  # a broken stream: the writer task reports it
-                written = 0
-            if written == sum(map(len, parts)):
-                return True
-            self._backlog.append((_rest(parts, written), False))
-            wake, self._writer_waits = self._writer_waits, False
-        if wake:
-            self._post.soon(self._wake.set)
-        return True
+        return self._put(parts, audio=False, only_if_free=True)
 
     def put(self, parts: Sequence[_Part], audio: bool = False) -> None:
         """Write a frame, or queue it behind those waiting; from any thread, never blocks.
@@ -145,12 +130,19 @@ class Outbox:
         ``audio``: the frame holds an audio slot, released once it is written (or dropped).
         After :meth:`close` frames are dropped.
         """
+        self._put(parts, audio=audio, only_if_free=False)
+
+    def _put(self, parts: Sequence[_Part], *, audio: bool, only_if_free: bool) -> bool:
+        """Write ``parts`` at once if nothing waits, queue the rest; False when ``only_if_free`` declined."""
         with self._lock:
             if self._closed:
                 if audio:
                     self.audio_slots.release()
-                return
-            if not self._backlog and self._direct is not None:
+                return True  # dropped
+            if self._backlog or self._direct is None:
+                if only_if_free:
+                    return False
+            else:
                 try:
                     written = self._direct(parts)
                 except Exception:  # a broken stream: the writer task reports it
@@ -158,12 +150,13 @@ class Outbox:
                 if written == sum(map(len, parts)):
                     if audio:
                         self.audio_slots.release()
-                    return
+                    return True
                 parts = _rest(parts, written)
             self._backlog.append((parts, audio))
             wake, self._writer_waits = self._writer_waits, False
         if wake:
             self._post.soon(self._wake.set)
+        return True
 
     def close(self) -> None:
         """No more frames; the writer task writes what is queued, then ends.  Loop thread only."""

@@ -59,7 +59,7 @@ class Job:
         self.finished = False
 
 
-class Queue(Protocol):
+class Served(Protocol):
     """What the scheduler needs of a connection (:class:`~._server.Server`)."""
 
     queue: dict[int, Job]
@@ -78,7 +78,7 @@ class Scheduler:
         self.started = time.monotonic()
         #: Guards every attached queue, each connection's ``active`` job and every ``Job.finished``.
         self.lock = threading.RLock()
-        self.servers: list[Queue] = []
+        self.servers: list[Served] = []
         self._turn = 0
         self._closed = False
         # One token per job queued (or on close): the engine thread sleeps in a C-level
@@ -86,13 +86,13 @@ class Scheduler:
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="indextts-engine", daemon=True)
 
-    def attach(self, server: Queue) -> None:
+    def attach(self, server: Served) -> None:
         with self.lock:
             self.servers.append(server)
             if not self._thread.is_alive() and not self._closed:
                 self._thread.start()
 
-    def detach(self, server: Queue) -> None:
+    def detach(self, server: Served) -> None:
         with self.lock:
             if server in self.servers:
                 self.servers.remove(server)
@@ -107,7 +107,7 @@ class Scheduler:
             self._closed = True
         self._tokens.put(None)
 
-    def _pick(self) -> Union[tuple[Queue, Job], None]:
+    def _pick(self) -> Union[tuple[Served, Job], None]:
         count = len(self.servers)
         for step in range(count):
             index = (self._turn + step) % count

@@ -95,10 +95,6 @@ class _Statm:
 _statm = _Statm()
 
 
-def _rss() -> int:
-    return _statm.rss()
-
-
 class Server:
     """Serves one connection: any pair of anyio byte streams carrying protocol v1."""
 
@@ -438,7 +434,7 @@ class Server:
         return False
 
     def _pong(self, request_id: int) -> Pong:
-        memory = {"rss": _rss()}
+        memory = {"rss": _statm.rss()}
         try:
             memory.update(self.engine.memory())
         except Exception as exc:  # a broken memory report must not break health checks

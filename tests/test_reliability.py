@@ -411,6 +411,15 @@ signal.pause()
 """
 
 
+async def _two_pids(stream: ByteReceiveStream) -> tuple[int, int]:
+    """The line ``SIDECAR_PID WORKER_PID`` a test parent writes once both are up."""
+    line = b""
+    while not line.endswith(b"\n"):
+        line += await stream.receive()
+    first, second = map(int, line.split())
+    return first, second
+
+
 async def test_the_sidecar_stops_when_its_parent_dies_despite_a_forked_worker() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     worker = 0
@@ -418,10 +427,7 @@ async def test_the_sidecar_stops_when_its_parent_dies_despite_a_forked_worker() 
         parent = await anyio.open_process([sys.executable, "-c", _FORKING_PARENT], env=env)
         try:
             assert parent.stderr is not None
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await parent.stderr.receive()
-            _sidecar, worker = map(int, line.split())
+            _sidecar, worker = await _two_pids(parent.stderr)
             peer = Peer(parent, "")
             await peer.expect(protocol.Ready)  # the sidecar writes to the stdout it got from the parent
             parent.kill()
@@ -543,10 +549,7 @@ async def test_a_client_spawned_sidecar_does_not_outlive_its_parent() -> None:
         parent = await anyio.open_process([sys.executable, "-c", _FORKING_CLIENT], env=env)
         try:
             assert parent.stdout is not None
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await parent.stdout.receive()
-            sidecar_pid, worker = map(int, line.split())
+            sidecar_pid, worker = await _two_pids(parent.stdout)
             exited = os.pidfd_open(sidecar_pid)  # readable once the sidecar has exited
             try:
                 parent.kill()

@@ -202,14 +202,7 @@ class FdSendStream(_FdStream, ByteSendStream):
 
         Raises anyio's ``ClosedResourceError`` or ``BrokenResourceError`` as :meth:`send` does.
         """
-        if self._closed:
-            raise anyio.ClosedResourceError
-        try:
-            return os.write(self._fd, item)
-        except BlockingIOError:
-            return 0
-        except OSError as exc:
-            raise anyio.BrokenResourceError from exc
+        return self.try_send_parts((item,))
 
     def try_send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> int:
         """Write what fits of ``parts`` now, with one ``writev``, without waiting: the bytes written.
