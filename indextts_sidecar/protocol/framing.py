@@ -148,7 +148,7 @@ class FrameReader:
         #: When the frame now started began to arrive.
         self._started = math.inf
         #: The event loop's clock, set when reading starts (callable outside a task).
-        self._clock: Callable[[], float] = anyio.current_time
+        self._clock: Union[Callable[[], float], None] = None
         #: Framing lost after the frames in ``_ready``: raised once they are handed out.
         self._failed: Union[FramingError, None] = None
 
@@ -169,6 +169,7 @@ class FrameReader:
         if not self._splitter.inside:
             self._started = math.inf
         elif frames or self._started == math.inf:
+            assert self._clock is not None  # set by receive() or pump(), which call this
             self._started = self._clock()  # a new frame started
 
     async def _read_more(self) -> bool:
@@ -211,7 +212,8 @@ class FrameReader:
 
     async def receive(self) -> Union[memoryview, None]:
         """The next frame's body, or None at a clean end of stream between frames."""
-        self._clock = loop_clock()
+        if self._clock is None:
+            self._clock = loop_clock()
         if not self._ready and not await self._fill():
             return None
         return self._ready.popleft()
@@ -225,7 +227,8 @@ class FrameReader:
         :func:`~.streams.loop_clock`; starting tasks: stop the pump and do it after).
         The frames after the one that stopped the pump stay for the next call.
         """
-        self._clock = loop_clock()
+        if self._clock is None:
+            self._clock = loop_clock()
         while self._ready:
             if on_frame(self._ready.popleft()):
                 return True
