@@ -128,6 +128,11 @@ class Connection(Requester):
         #: What the reader's callback leaves for the reader task (it may start no task itself).
         self._deferred: list[Callable[[], None]] = []
         self._routing = False
+        #: Requests waiting with a deadline, woken by the alarm task once it passes (see _wait_until).
+        self._timed: set[Exchange] = set()
+        #: When the alarm task wakes next (the nearest deadline it knows of), and what moves it earlier.
+        self._alarm_at = math.inf
+        self._alarm_moved: Union[anyio.Event, None] = None
         #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._tg: Union[TaskGroup, None] = None
@@ -288,6 +293,7 @@ class Connection(Requester):
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                tg.start_soon(self._alarm)
                 loss = await self._read_loop()
                 self._reader_done.set()
                 error = await self._error_for(loss)
@@ -315,6 +321,54 @@ class Connection(Requester):
             log.debug("connection closed: %s", error)
         else:
             log.warning("connection to the sidecar lost: %s", error.message)
+
+    # ------------------------------------------------------------- deadlines
+
+    async def _wait_until(self, exchange: Exchange, deadline: float) -> None:
+        """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes.
+
+        One alarm task per connection enforces the deadlines of all waiting requests, so a
+        wait costs no cancel scope and no timer of its own.  Returns either way: the caller
+        looks at the clock.
+        """
+        if self._alarm_moved is None:  # no alarm task (not running, or ended)
+            with anyio.move_on_at(deadline):
+                await exchange.wait()
+            return
+        exchange.deadline = deadline
+        if deadline < self._alarm_at:
+            self._alarm_at = deadline
+            self._alarm_moved.set()
+        self._timed.add(exchange)
+        try:
+            await exchange.wait()
+        finally:
+            self._timed.discard(exchange)
+
+    async def _alarm(self) -> None:
+        """Wake each waiting request whose deadline has passed; sleeps until the nearest one.
+
+        Deadlines only move later while a request waits (a frame pushes its idle deadline
+        on), so the alarm may wake early and find nothing due: it then sleeps again.
+        """
+        try:
+            while True:
+                self._alarm_moved = moved = self._new_event()
+                with anyio.move_on_at(self._alarm_at):
+                    await moved.wait()
+                    continue  # an earlier deadline arrived: sleep until that one
+                now = anyio.current_time()
+                nearest = math.inf
+                for exchange in self._timed:
+                    if exchange.deadline <= now:
+                        exchange.wake()
+                    elif exchange.deadline < nearest:
+                        nearest = exchange.deadline
+                self._alarm_at = nearest
+        finally:
+            self._alarm_moved = None
+            for exchange in self._timed:  # their tasks wait on with a deadline of their own
+                exchange.wake()
 
     # --------------------------------------------------------------- reading
 

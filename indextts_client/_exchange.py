@@ -8,6 +8,7 @@ no import of :mod:`._connection`, which builds on it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol, Union
@@ -31,6 +32,7 @@ class Exchange:
         "buffered",
         "cancel_sent",
         "data",
+        "deadline",
         "error",
         "id",
         "items",
@@ -65,6 +67,8 @@ class Exchange:
         self.last_frame: Union[float, None] = None
         self.terminated = False
         self.cancel_sent: Union[anyio.Event, None] = None
+        #: While the request's task waits: when it must wake at the latest (see Connection._wait_until).
+        self.deadline = math.inf
         #: The encoded frame, until it is sent.
         self.data = b""
         #: Where the reader puts this request's audio as it arrives (synthesize()), if anywhere.
@@ -117,3 +121,5 @@ class Channel(Protocol):
     def _drop(self, exchange: Exchange) -> None: ...
 
     def _room_event(self) -> anyio.Event: ...
+
+    async def _wait_until(self, exchange: Exchange, deadline: float) -> None: ...

@@ -319,6 +319,41 @@ async def test_hang_fires_the_idle_timeout_and_the_sidecar_survives() -> None:
             assert client.pid == pid and client.restarts == 0
 
 
+async def test_a_nearer_deadline_fires_while_a_farther_one_waits() -> None:
+    # One alarm per connection serves every waiting request: a request whose deadline is
+    # nearer than those already waiting must still fire on time, and the others wait on.
+    with anyio.fail_after(20):
+        async with fake_client() as client:
+            await client.load()
+            outcome: dict[str, Any] = {}
+            hanging = anyio.Event()
+
+            async def far() -> None:
+                try:
+                    async with client.request("hang", hang_at=1, chunk_seconds=0.01, idle_timeout=60) as request:
+                        async for _ in request.events():
+                            hanging.set()  # its first chunk came; it hangs before the second
+                except anyio.get_cancelled_exc_class():
+                    outcome["far"] = "cancelled"
+                    raise
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(far)
+                await hanging.wait()
+                began = time.monotonic()
+                with pytest.raises(RequestTimeoutError) as near:
+                    await client.synthesize("queued behind the hang", timeout=0.3)
+                assert 0.3 <= time.monotonic() - began < 5
+                assert near.value.deadline == "timeout" and near.value.seconds == 0.3
+                with pytest.raises(RequestTimeoutError) as idle:
+                    await client.synthesize("queued too", idle_timeout=0.2, timeout=30)
+                assert idle.value.deadline == "idle_timeout"
+                assert "far" not in outcome  # still waiting on its 60 s deadline
+                tg.cancel_scope.cancel()
+            assert outcome == {"far": "cancelled"}
+            assert (await client.synthesize("next")).samples.tobytes() == expected("next")
+
+
 async def test_overall_timeout_fires_despite_progress() -> None:
     with anyio.fail_after(20):
         async with fake_client() as client:
