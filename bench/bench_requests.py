@@ -8,7 +8,10 @@ the order, and each round runs ``--requests`` requests per contender, one after 
 (or ``--in-flight`` at a time for ours).  A request is a ``synthesize`` of ``--seconds``
 of audio with zero model time (the fake engine yields it in chunks of ``--chunk-seconds``;
 the seed's protocol returns it whole, the raw pipe in one block), or with ``--op ping``
-a health check (the raw pipe answers an empty block).
+a health check (the raw pipe answers an empty block).  With one request in flight the
+asyncio floor runs too: the same frames between an asyncio parent and an asyncio child with
+an engine thread, and nothing else (``_loop_floor_server.py``), the least an event-loop
+design pays.
 
 Besides wall time, it reads the CPU time both processes spent (the parent's
 ``process_time``, the child's ``utime + stime`` from ``/proc/PID/stat``), so what each
@@ -19,6 +22,8 @@ over the rounds, and ratios to the seed and to the raw pipe.  Linux only (``/pro
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -174,6 +179,90 @@ class Floor:
         self.parent.close()
 
 
+class LoopFloor:
+    """The least an asyncio parent does per request, against ``_loop_floor_server.py``.
+
+    A readiness callback splits and decodes the frames and completes a future per
+    request; audio is joined into one array at the end.  No deadlines, no cancels, no
+    supervision: what an event-loop design costs before any of its features.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.name = "asyncio floor"
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_loop_floor_server.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=ENV,
+            bufsize=0,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        assert self.process.stdout.read(1) == b"R"
+        options = {"seconds": args.seconds}
+        if args.chunk_seconds is not None:
+            options["chunk_seconds"] = args.chunk_seconds
+        self.ping = args.op == "ping"
+        self.options, self.samples = options, round(args.seconds * 24000)
+        self.ids = itertools.count(1)
+        asyncio.run(self._requests(20))
+
+    async def _requests(self, count: int) -> tuple[float, float]:
+        import numpy as np
+
+        from indextts_sidecar import protocol
+        from indextts_sidecar.protocol.framing import FrameSplitter
+
+        assert self.process.stdin is not None and self.process.stdout is not None
+        loop = asyncio.get_running_loop()
+        read_fd, write_fd = self.process.stdout.fileno(), self.process.stdin.fileno()
+        os.set_blocking(read_fd, False)
+        splitter = FrameSplitter(protocol.DEFAULT_MAX_FRAME_SIZE)
+        waiting: dict[int, tuple[asyncio.Future[None], list[memoryview]]] = {}
+
+        def readable() -> None:
+            frames: list[memoryview] = []
+            splitter.feed(os.read(read_fd, 256 * 1024), frames)
+            for body in frames:
+                reply = protocol.decode_reply(body)
+                if isinstance(reply, protocol.Audio):
+                    waiting[reply.id][1].append(reply.pcm)
+                elif isinstance(reply, (protocol.Done, protocol.Pong)):
+                    waiting.pop(reply.id)[0].set_result(None)
+
+        loop.add_reader(read_fd, readable)
+        try:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(count):
+                request_id = next(self.ids)
+                done: asyncio.Future[None] = loop.create_future()
+                parts: list[memoryview] = []
+                waiting[request_id] = (done, parts)
+                if self.ping:
+                    os.write(write_fd, protocol.frame(protocol.Ping(id=request_id)))
+                    await done
+                    continue
+                request = protocol.Synthesize(id=request_id, text="x", options=self.options)
+                os.write(write_fd, protocol.frame(request))
+                await done
+                audio = np.concatenate([np.frombuffer(part, dtype="<i2") for part in parts])
+                assert len(audio) == self.samples
+            return time.perf_counter() - wall0, time.process_time() - cpu0
+        finally:
+            loop.remove_reader(read_fd)
+
+    def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
+        pid = self.process.pid
+        before = child_cpu(pid)
+        wall, cpu = asyncio.run(self._requests(count))
+        return wall, cpu, child_cpu(pid) - before
+
+    def close(self) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        self.process.wait(10)
+        self.process.stdout.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -185,6 +274,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the raw rounds here")
     args = parser.parse_args()
     contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
+    if args.in_flight == 1:  # the asyncio floor sends one request at a time
+        contenders.append(LoopFloor(args))
     rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
     try:
         for number in range(args.rounds):

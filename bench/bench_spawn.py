@@ -2,11 +2,13 @@
 
     .venv/bin/python bench/bench_spawn.py [--rounds 7]
 
-Each round spawns a fresh child per measure and contender, the order rotating between
-rounds: the time from spawning to an answered ping, and from spawning to one second of
+Each round spawns a fresh child per measure and contender, the order reversed every other
+round: the time from spawning to an answered ping, and from spawning to one second of
 audio in the parent (fake engine, zero model time; the seed's parent spawns its server and
 asks, as the seed does).  Ours is ``async with Client("fake")`` on asyncio, which includes
-the client's own start-up work.  Prints medians (min-max) and the per-round ratios.
+the client's own start-up work.  The asyncio floor (``_loop_floor_server.py``) is the least
+an asyncio sidecar speaking the same frames does: its interpreter, asyncio and msgspec
+imports, one readiness callback.  Prints medians (min-max) and the per-round ratios.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 import anyio
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_protocol import SeedParent  # noqa: E402
+from bench_protocol import ENV, SeedParent  # noqa: E402
 
 from indextts_client import Client  # noqa: E402
 
@@ -51,6 +55,40 @@ def _seed(audio: bool) -> float:
     return elapsed
 
 
+def _loop_floor(audio: bool) -> float:
+    """``_loop_floor_server.py``: an asyncio sidecar that does the least (see there); a blocking parent."""
+    from indextts_sidecar import protocol
+
+    began = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "_loop_floor_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=ENV,
+        bufsize=0,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stdout.read(1) == b"R"
+    if audio:
+        process.stdin.write(protocol.frame(protocol.Synthesize(id=1, text="x", options={"seconds": 1.0})))
+    else:
+        process.stdin.write(protocol.frame(protocol.Ping(id=1)))
+    samples = 0
+    while True:
+        size = int.from_bytes(process.stdout.read(4), "big")
+        reply = protocol.decode_reply(process.stdout.read(size))
+        if isinstance(reply, protocol.Audio):
+            samples += len(np.frombuffer(reply.pcm, dtype="<i2").copy())
+        elif isinstance(reply, (protocol.Done, protocol.Pong)):
+            break
+    assert samples == (24000 if audio else 0)
+    elapsed = time.perf_counter() - began
+    process.stdin.close()
+    process.wait(10)
+    process.stdout.close()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -58,6 +96,7 @@ def main() -> None:
     contenders: dict[str, Callable[[bool], float]] = {
         "seed": _seed,
         "ours": lambda audio: anyio.run(_ours, audio),
+        "asyncio floor": _loop_floor,
     }
     times: dict[tuple[str, bool], list[float]] = {(name, audio): [] for name in contenders for audio in (False, True)}
     for number in range(args.rounds):
@@ -73,11 +112,18 @@ def main() -> None:
         )
 
     print(f"{args.rounds} rounds, a fresh child per measure; median (min-max)")
-    print(f"{'':28} {'seed (ms)':>22} {'ours (ms)':>22} {'ours / seed':>18}")
+    print(
+        f"{'':24} {'seed (ms)':>20} {'ours (ms)':>20} {'ours / seed':>17}"
+        f" {'asyncio floor (ms)':>20} {'floor / seed':>17}"
+    )
     for audio, label in ((False, "spawn -> answered ping"), (True, "spawn -> 1 s of audio")):
-        seed, ours = times["seed", audio], times["ours", audio]
-        ratios = [a / b for a, b in zip(ours, seed, strict=True)]
-        print(f"{label:28} {stat(seed):>22} {stat(ours):>22} {stat(ratios, 1, 2):>18}")
+        seed, ours, floor = times["seed", audio], times["ours", audio], times["asyncio floor", audio]
+        ours_ratios = [a / b for a, b in zip(ours, seed, strict=True)]
+        floor_ratios = [a / b for a, b in zip(floor, seed, strict=True)]
+        print(
+            f"{label:24} {stat(seed):>20} {stat(ours):>20} {stat(ours_ratios, 1, 2):>17}"
+            f" {stat(floor):>20} {stat(floor_ratios, 1, 2):>17}"
+        )
 
 
 if __name__ == "__main__":
