@@ -108,6 +108,8 @@ class Channel(Protocol):
 
     #: anyio clock time of the last progress or audio frame of any request.
     last_activity: float
+    #: The event loop's clock (anyio's time), cheaper than ``anyio.current_time()``.
+    _clock: Callable[[], float]
     #: Whether this side asked the sidecar to stop.
     _stop_asked: bool
     _redact: Callable[[str], str]

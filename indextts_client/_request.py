@@ -255,12 +255,12 @@ class _Tracked:
                     continue
                 raise error
             deadline, which = self._next_deadline(ex, conn)
-            if anyio.current_time() >= deadline:
-                self._fire(which)
             if deadline == math.inf:
                 await ex.wait()
-            else:
-                await conn._wait_until(ex, deadline)
+                continue
+            if conn._clock() >= deadline:
+                self._fire(which)
+            await conn._wait_until(ex, deadline)
 
     async def _room_within_pool_timeout(self, conn: Channel) -> bool:
         """Wait until another request of ``conn`` ends, within ``pool_timeout`` of the first refusal."""
