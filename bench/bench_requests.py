@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,14 +98,17 @@ anyio.run(main, backend=sys.argv[1])
 
 
 class Ours:
-    def __init__(self, backend: str, args: argparse.Namespace) -> None:
-        self.name = f"ours ({backend})"
+    """A worker process running the client (and its sidecar) of the checkout at ``repo``."""
+
+    def __init__(self, backend: str, args: argparse.Namespace, repo: str = REPO, name: str = "ours") -> None:
+        self.name = f"{name} ({backend})"
         settings = {"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds}
         self.process = subprocess.Popen(
             [sys.executable, "-c", WORKER, backend, json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=ENV,
+            env={**ENV, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            cwd=repo,
             text=True,
         )
         assert self.process.stdout is not None and self.process.stdin is not None
@@ -263,16 +267,38 @@ class LoopFloor:
         self.process.stdout.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def stat(values: list[float], scale: float, digits: int = 0) -> str:
+    """Median (min-max) of ``values`` times ``scale``."""
+    return (
+        f"{statistics.median(values) * scale:.{digits}f} "
+        f"({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
+    )
+
+
+def ratios(values: list[float], reference: list[float]) -> str:
+    """Median (min-max) of the per-round ratios: the rounds pair up, so drifts cancel."""
+    return stat([a / b for a, b in zip(values, reference, strict=True)], 1, 2)
+
+
+def parse_args(
+    description: str, extra: Callable[[argparse.ArgumentParser], object] = lambda _: None
+) -> argparse.Namespace:
+    """The options shared with bench_ab.py; ``extra`` adds more to the parser."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--in-flight", type=int, default=1)
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--seconds", type=float, default=0.06, help="audio per request")
     parser.add_argument("--chunk-seconds", type=float, default=None, help="the fake engine's chunks (ours)")
-    parser.add_argument("--json", help="also write the raw rounds here")
-    args = parser.parse_args()
+    extra(parser)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args(
+        __doc__.split("\n\n")[0], lambda parser: parser.add_argument("--json", help="also write the raw rounds here")
+    )
     contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
     if args.in_flight == 1:  # the asyncio floor sends one request at a time
         contenders.append(LoopFloor(args))
@@ -286,17 +312,6 @@ def main() -> None:
         for contender in contenders:
             contender.close()
     n = args.requests
-
-    def stat(values: list[float], scale: float, digits: int = 0) -> str:
-        return (
-            f"{statistics.median(values) * scale:.{digits}f} "
-            f"({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
-        )
-
-    def ratios(values: list[float], reference: list[float]) -> str:
-        """Median (min-max) of the per-round ratios: the rounds pair up, so drifts cancel."""
-        return stat([a / b for a, b in zip(values, reference, strict=True)], 1, 2)
-
     what = "pings" if args.op == "ping" else f"requests of {args.seconds:g} s of audio"
     chunks = "" if args.chunk_seconds is None else f" in {args.chunk_seconds:g} s chunks"
     print(f"{args.rounds} rounds x {n} {what}{chunks}, {args.in_flight} in flight (ours); median (min-max):")

@@ -1,0 +1,57 @@
+"""Two checkouts of this project side by side: the per-request cost of a change, interleaved.
+
+    git worktree add /tmp/before COMMIT
+    .venv/bin/python bench/bench_ab.py --before /tmp/before [--rounds 7] [--requests 1000]
+        [the options of bench_requests.py: --op, --seconds, --chunk-seconds, --in-flight]
+
+Runs bench_requests.py's measure of ours (a client and its sidecar, on asyncio and on
+trio) from both checkouts, this one and ``--before``, taking turns round by round (the
+order rotating), and prints each one's requests/s and CPU per request with the per-round
+speed ratio of this checkout over the other: a drift of the machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_requests import REPO, Ours, parse_args, ratios, stat  # noqa: E402
+
+
+def main() -> None:
+    args = parse_args(
+        __doc__.split("\n\n")[0],
+        lambda parser: parser.add_argument("--before", required=True, help="the other checkout (a git worktree)"),
+    )
+    backends = ("asyncio", "trio")
+    checkouts = ((args.before, "before"), (REPO, "now"))
+    contenders = [Ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]
+    rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
+    try:
+        for number in range(args.rounds):
+            shift = number % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                rows[contender.name].append(contender.run(args.requests, args.in_flight))
+    finally:
+        for contender in contenders:
+            contender.close()
+    n = args.requests
+    print(f"{args.rounds} rounds x {n} requests, {args.in_flight} in flight; median (min-max):")
+    print(f"{'':18} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21} {'speed now/before':>18}")
+    for backend in backends:
+        before = rows[f"before ({backend})"]
+        for name in ("before", "now"):
+            values = rows[f"{name} ({backend})"]
+            rates = [n / wall for wall, _, _ in values]
+            speed = ratios(rates, [n / wall for wall, _, _ in before])
+            print(
+                f"{name + ' (' + backend + ')':18} {stat(rates, 1):>20} {stat([c / n for _, c, _ in values], 1e6):>22}"
+                f" {stat([c / n for _, _, c in values], 1e6):>21} {speed:>18}"
+            )
+
+
+if __name__ == "__main__":
+    main()
