@@ -17,7 +17,12 @@ from .streams import loop_clock
 
 __all__ = ["FrameReader", "FrameSplitter", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
 
-_READ_SIZE = 256 * 1024
+#: Bytes asked of one read.  Below glibc's smallest mmap threshold (128 KiB), so the buffer
+#: ``os.read`` allocates comes from the heap: a bigger one was a fresh mapping, shrunk and
+#: unmapped again on every read (mmap, mremap, munmap and page faults, some 20 us for a
+#: ping), depending on what the process had freed before.  Frames larger than what one
+#: read brings are read straight into their own buffer (``pending_into``).
+_READ_SIZE = 120 * 1024
 
 
 class FramingError(Exception):
