@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_requests import REPO, Ours, parse_args, ratios, stat  # noqa: E402
+from bench_requests import REPO, Ours, interleave, parse_args, ratios, stat  # noqa: E402
 
 
 def main() -> None:
@@ -29,15 +29,7 @@ def main() -> None:
     backends = ("asyncio", "trio")
     checkouts = ((args.before, "before"), (REPO, "now"))
     contenders = [Ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]
-    rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
-    try:
-        for number in range(args.rounds):
-            shift = number % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
-                rows[contender.name].append(contender.run(args.requests, args.in_flight))
-    finally:
-        for contender in contenders:
-            contender.close()
+    rows = interleave(contenders, args)
     n = args.requests
     print(f"{args.rounds} rounds x {n} requests, {args.in_flight} in flight; median (min-max):")
     print(f"{'':18} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21} {'speed now/before':>18}")

@@ -117,20 +117,26 @@ def seed_suite(repeat: int) -> dict[str, Any]:
 # ------------------------------------------------------------------- the raw-pipe floor
 
 
+def spawn_server(script: str) -> subprocess.Popen[bytes]:
+    """Start one of this directory's servers on unbuffered pipes; returns once it wrote its ``R``."""
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=ENV,
+        bufsize=0,
+    )
+    assert process.stdout is not None and process.stdout.read(1) == b"R"
+    return process
+
+
 class FloorParent:
     """A blocking parent of the raw-pipe child: a length prefix, then ``readinto`` a numpy array."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "_raw_pipe_server.py")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=ENV,
-            bufsize=0,
-        )
+        self.process = spawn_server("_raw_pipe_server.py")
         assert self.process.stdin is not None and self.process.stdout is not None
         self.stdin, self.stdout = self.process.stdin, self.process.stdout
-        assert self.stdout.read(1) == b"R"
 
     def request(self, seconds: float) -> np.ndarray:
         self.stdin.write(struct.pack("!I", int(seconds * 1000)))

@@ -192,16 +192,11 @@ class LoopFloor:
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
+        sys.path.insert(0, HERE)
+        from bench_protocol import spawn_server
+
         self.name = "asyncio floor"
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "_loop_floor_server.py")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=ENV,
-            bufsize=0,
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None
-        assert self.process.stdout.read(1) == b"R"
+        self.process = spawn_server("_loop_floor_server.py")
         options = {"seconds": args.seconds}
         if args.chunk_seconds is not None:
             options["chunk_seconds"] = args.chunk_seconds
@@ -280,6 +275,20 @@ def ratios(values: list[float], reference: list[float]) -> str:
     return stat([a / b for a, b in zip(values, reference, strict=True)], 1, 2)
 
 
+def interleave(contenders: list[Any], args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+    """Each contender's (wall, parent CPU, child CPU) per round, the order rotating; closes them."""
+    rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
+    try:
+        for number in range(args.rounds):
+            shift = number % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                rows[contender.name].append(contender.run(args.requests, args.in_flight))
+    finally:
+        for contender in contenders:
+            contender.close()
+    return rows
+
+
 def parse_args(
     description: str, extra: Callable[[argparse.ArgumentParser], object] = lambda _: None
 ) -> argparse.Namespace:
@@ -302,15 +311,7 @@ def main() -> None:
     contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
     if args.in_flight == 1:  # the asyncio floor sends one request at a time
         contenders.append(LoopFloor(args))
-    rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
-    try:
-        for number in range(args.rounds):
-            shift = number % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
-                rows[contender.name].append(contender.run(args.requests, args.in_flight))
-    finally:
-        for contender in contenders:
-            contender.close()
+    rows = interleave(contenders, args)
     n = args.requests
     what = "pings" if args.op == "ping" else f"requests of {args.seconds:g} s of audio"
     chunks = "" if args.chunk_seconds is None else f" in {args.chunk_seconds:g} s chunks"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_protocol import ENV, SeedParent  # noqa: E402
+from bench_protocol import SeedParent, spawn_server  # noqa: E402
 
 from indextts_client import Client  # noqa: E402
 
@@ -60,15 +59,8 @@ def _loop_floor(audio: bool) -> float:
     from indextts_sidecar import protocol
 
     began = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "_loop_floor_server.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=ENV,
-        bufsize=0,
-    )
+    process = spawn_server("_loop_floor_server.py")
     assert process.stdin is not None and process.stdout is not None
-    assert process.stdout.read(1) == b"R"
     if audio:
         process.stdin.write(protocol.frame(protocol.Synthesize(id=1, text="x", options={"seconds": 1.0})))
     else:
