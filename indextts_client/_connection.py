@@ -5,7 +5,8 @@ serialised by a lock, since concurrent sends on one pipe interleave on asyncio a
 raise on trio).  The reader never runs user code and never blocks on a consumer: it
 decodes each frame and appends it to the inbox of the request whose id it carries.
 Each request's frames are consumed, its callbacks run and its deadlines are enforced
-in the task awaiting that request (see :mod:`._request`).
+in the task awaiting that request (see :mod:`._request`); the connection's alarm task only
+wakes a waiting request once its deadline has passed.
 
 When a request is abandoned (its task cancelled, a deadline fired, a callback raised)
 the ``cancel`` message is sent and the terminal frame collected in the connection's
