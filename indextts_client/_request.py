@@ -45,6 +45,9 @@ TimeoutArg = Union[float, None, EllipsisType]
 _Opener = Callable[[], Awaitable[Channel]]
 #: How often one request is sent again after a sidecar stopped without reading it.
 _MAX_RESENDS = 3
+#: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
+#: times the longest a quiet request goes without a frame while its engine reports progress.
+_QUIET_IDLE_MIN = 10 * protocol.QUIET_PROGRESS_INTERVAL
 _Build = Callable[[int], protocol.Request]
 
 
@@ -79,6 +82,7 @@ def _synthesize_builder(
     emotion: EmotionLike,
     sample_rate: Union[int, None],
     options: dict[str, Any],
+    progress: bool = True,
 ) -> Callable[[int], protocol.Synthesize]:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, not {type(text).__name__}")
@@ -88,7 +92,13 @@ def _synthesize_builder(
 
     def build(request_id: int) -> protocol.Synthesize:
         return protocol.Synthesize(
-            id=request_id, text=text, voice=voice, emotion=emo, sample_rate=sample_rate, options=options
+            id=request_id,
+            text=text,
+            voice=voice,
+            emotion=emo,
+            sample_rate=sample_rate,
+            options=options,
+            progress=progress,
         )
 
     return build
@@ -565,13 +575,18 @@ class Requester:
         timeout: TimeoutArg,
         idle_timeout: TimeoutArg,
         options: dict[str, Any],
+        wants_progress: bool = True,
     ) -> Synthesis:
+        idle = _resolve(idle_timeout, self._default_idle_timeout)
+        # Nobody looks at this request's progress: ask the sidecar for none, except the signs of
+        # life it sends after a quiet spell, which an idle deadline this long still sees in time.
+        quiet = not wants_progress and on_progress is None and (idle is None or idle >= _QUIET_IDLE_MIN)
         return Synthesis(
             self._connection,
-            _synthesize_builder(text, voice, emotion, sample_rate, options),
+            _synthesize_builder(text, voice, emotion, sample_rate, options, progress=not quiet),
             keep_audio=keep_audio,
             timeout=_resolve(timeout, self._default_timeout),
-            idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
+            idle_timeout=idle,
             on_progress=on_progress,
             pool_timeout=self._default_pool_timeout,
         )
@@ -635,15 +650,8 @@ class Requester:
         client's default; None: no limit); either raises :class:`RequestTimeoutError`
         after cancelling the request.  Other keyword arguments are engine request options.
         """
-        synthesis = self.request(
-            text,
-            voice=voice,
-            emotion=emotion,
-            sample_rate=sample_rate,
-            on_progress=on_progress,
-            timeout=timeout,
-            idle_timeout=idle_timeout,
-            **options,
+        synthesis = self._synthesis(
+            True, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options, wants_progress=False
         )
         synthesis._assemble_in_reader = True
         async with synthesis:

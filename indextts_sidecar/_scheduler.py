@@ -43,9 +43,22 @@ class Flag:
 class Job:
     """One queued or running ``synthesize``, ``load`` or ``unload``."""
 
-    __slots__ = ("cancel", "cancel_code", "enqueued", "finished", "id", "kind", "request", "started")
+    __slots__ = (
+        "cancel",
+        "cancel_code",
+        "enqueued",
+        "finished",
+        "id",
+        "kind",
+        "last_frame",
+        "quiet",
+        "request",
+        "started",
+    )
 
-    def __init__(self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None) -> None:
+    def __init__(
+        self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None, *, quiet: bool = False
+    ) -> None:
         self.id = request_id
         self.kind = kind
         self.request = request
@@ -57,6 +70,10 @@ class Job:
         self.started = 0.0
         #: Its terminal frame is sent (guarded by the scheduler's lock).
         self.finished = False
+        #: The parent asked for no progress: only a sign of life after a quiet spell goes out.
+        self.quiet = quiet
+        #: When the last frame of the job went out (``time.monotonic``), for ``quiet``.
+        self.last_frame = self.enqueued
 
 
 class Served(Protocol):

@@ -349,7 +349,7 @@ class Server:
         job: Job
         if isinstance(message, Synthesize):
             try:
-                job = Job(message.id, "synthesize", self._synthesis_request(message))
+                job = Job(message.id, "synthesize", self._synthesis_request(message), quiet=not message.progress)
             except EngineError as exc:
                 self.send(error_for(message.id, exc))
                 return
@@ -475,6 +475,8 @@ class Server:
         that has its terminal frame already (shutdown) drops it.  False: cancelled meanwhile.
         """
         outbox = self._outbox
+        if job.quiet:
+            job.last_frame = time.monotonic()
         with self.scheduler.lock:
             if outbox is None or job.finished or outbox.put_if_free(parts):
                 return True
@@ -493,7 +495,11 @@ class Server:
         with self.scheduler.lock:
             if job.finished:
                 return
-            self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+            if not job.quiet:
+                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+            elif (now := time.monotonic()) - job.last_frame >= protocol.QUIET_PROGRESS_INTERVAL:
+                job.last_frame = now  # a sign of life after a quiet spell
+                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
             if stage == "load":
                 # Every request queued behind this one, on any connection, waits on the same load.
                 for server in self.scheduler.servers:

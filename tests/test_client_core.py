@@ -22,6 +22,7 @@ from indextts_client import (
     EngineError,
     InvalidRequestError,
     LoadFailedError,
+    ProgressEvent,
     ProtocolError,
     RequestCancelledError,
     RequestTimeoutError,
@@ -173,6 +174,37 @@ async def test_done_that_disagrees_with_the_audio_is_a_protocol_error() -> None:
                     await conn.synthesize("x")
                 audio = await conn.synthesize("y")
                 assert audio.samples.tolist() == [5, 6, 7]
+
+
+async def test_synthesize_asks_for_progress_only_when_someone_looks() -> None:
+    asked: list[bool] = []
+
+    async def peer(reader: FrameReader, writer: FrameWriter) -> None:
+        await writer.send(fake_ready())
+        while (body := await reader.receive()) is not None:
+            request = protocol.decode_request(body)
+            assert isinstance(request, protocol.Synthesize)
+            asked.append(request.progress)
+            await writer.send(protocol.Progress(id=request.id, stage="synthesize", fraction=1.0))
+            await writer.send(protocol.Audio(id=request.id, seq=0, sample_rate=RATE, pcm=pcm(1, 2)))
+            await writer.send(protocol.Done(id=request.id, samples=2, chunks=1, sample_rate=RATE))
+
+    seen: list[ProgressEvent] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            stream = await scripted_peer(tg, peer)
+            async with Connection(stream, stream, idle_timeout=300) as conn:
+                assert (await conn.synthesize("quiet")).samples.tolist() == [1, 2]
+                await conn.synthesize("no idle deadline", idle_timeout=None)
+                await conn.synthesize("watched", on_progress=seen.append)
+                # A short idle deadline: the sidecar's signs of life after a quiet spell could come late.
+                await conn.synthesize("short idle deadline", idle_timeout=5)
+                async with conn.stream("streamed") as chunks:
+                    assert [c.samples.tolist() async for c in chunks] == [[1, 2]]
+                async with conn.request("events") as request:
+                    assert [type(e).__name__ async for e in request.events()] == ["ProgressEvent", "AudioChunk"]
+    assert asked == [False, False, True, True, True, True]
+    assert [e.fraction for e in seen] == [1.0]
 
 
 async def test_interleaved_replies_are_routed_by_id() -> None:

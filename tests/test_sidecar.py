@@ -89,6 +89,32 @@ async def test_synthesize_streams_exact_audio_then_done() -> None:
             assert stages[0] == "load" and stages[-1] == "synthesize"
 
 
+async def test_a_request_that_asks_for_no_progress_gets_only_signs_of_life() -> None:
+    with anyio.fail_after(20):
+        # A loaded engine: twenty chunks, each progress call right before its audio frame.
+        async with sidecar("fake", "-o", "chunk_seconds=0.05") as peer:
+            await peer.send(Load(id=1))
+            await peer.until_terminal(1)
+            await peer.send(Synthesize(id=2, text="twenty chunks", progress=False))
+            frames = await peer.until_terminal(2)
+            assert [type(f) for f in frames] == [Audio] * (len(frames) - 1) + [Done]
+            assert pcm_of(frames) == render_bytes("twenty chunks", 24000)
+            await peer.send(Synthesize(id=3, text="twenty chunks"))
+            frames = await peer.until_terminal(3)
+            assert sum(isinstance(f, Progress) for f in frames) == sum(isinstance(f, Audio) for f in frames) >= 15
+        # A load of 2.5 s in ten progress steps and no audio meanwhile: a progress frame still
+        # goes out once a second passed without one, and never more often than that.
+        async with sidecar("fake", "-o", "load_delay=2.5") as peer:
+            began = anyio.current_time()
+            await peer.send(Synthesize(id=4, text="after a slow load", progress=False))
+            frames = await peer.until_terminal(4)
+            elapsed = anyio.current_time() - began
+            loads = [f for f in frames if isinstance(f, Progress)]
+            assert loads and all(p.stage == "load" for p in loads)
+            assert len(loads) <= elapsed / protocol.QUIET_PROGRESS_INTERVAL + 1
+            assert isinstance(frames[-1], Done)
+
+
 async def test_audio_longer_than_a_frame_is_split_and_reassembled() -> None:
     with anyio.fail_after(20):
         async with sidecar("fake", "-o", "chunk_seconds=30", "--max-frame-size", "65536") as peer:

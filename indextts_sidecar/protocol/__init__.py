@@ -26,6 +26,7 @@ __all__ = [
     "MAX_ID",
     "MIN_MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "QUIET_PROGRESS_INTERVAL",
     "REGISTERED_PREFIX",
     "REQUEST_OPS",
     "Audio",
@@ -76,6 +77,9 @@ MAX_ID: Final = 2**63 - 1
 #: Nesting a request may always use (the top-level map is level 1); the Python client
 #: refuses to send deeper messages, and a sidecar may answer them with ``invalid_message``.
 MAX_DEPTH: Final = 64
+#: Seconds: a request that asked for no progress (``progress: false``) still gets a ``progress``
+#: frame when none of its frames went out for this long, so that the parent sees it alive.
+QUIET_PROGRESS_INTERVAL: Final = 1.0
 
 #: A request id: 0 ..= 2^63-1.
 RequestId = Annotated[int, msgspec.Meta(ge=0, le=MAX_ID)]
@@ -168,6 +172,9 @@ class Synthesize(_Message, tag="synthesize"):
     sample_rate: Union[int, None] = None
     #: Engine-specific request options; unknown keys are rejected by the engine.
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: False: the parent does not want this request's ``progress``; the sidecar sends one only
+    #: as a sign of life, when nothing of the request went out for :data:`QUIET_PROGRESS_INTERVAL`.
+    progress: bool = True
 
 
 class Load(_Message, tag="load"):
