@@ -6,8 +6,9 @@
 
 Runs bench_requests.py's measure of ours (a client and its sidecar, on asyncio and on
 trio) from both checkouts, this one and ``--before``, taking turns round by round (the
-order rotating), and prints each one's requests/s and CPU per request with the per-round
-speed ratio of this checkout over the other: a drift of the machine hits both alike.
+order rotating), and prints each one's requests/s, CPU and minor page faults (the parent's)
+per request, with the per-round speed ratio of this checkout over the other: a drift of the
+machine hits both alike.
 """
 
 from __future__ import annotations
@@ -31,17 +32,22 @@ def main() -> None:
     contenders = [Ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]
     rows = interleave(contenders, args)
     n = args.requests
+    faults = {c.name: c.faults for c in contenders}
     print(f"{args.rounds} rounds x {n} requests, {args.in_flight} in flight; median (min-max):")
-    print(f"{'':18} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21} {'speed now/before':>18}")
+    print(
+        f"{'':18} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21}"
+        f" {'parent faults/req':>20} {'speed now/before':>18}"
+    )
     for backend in backends:
         before = rows[f"before ({backend})"]
         for name in ("before", "now"):
-            values = rows[f"{name} ({backend})"]
+            label = f"{name} ({backend})"
+            values = rows[label]
             rates = [n / wall for wall, _, _ in values]
             speed = ratios(rates, [n / wall for wall, _, _ in before])
             print(
-                f"{name + ' (' + backend + ')':18} {stat(rates, 1):>20} {stat([c / n for _, c, _ in values], 1e6):>22}"
-                f" {stat([c / n for _, _, c in values], 1e6):>21} {speed:>18}"
+                f"{label:18} {stat(rates, 1):>20} {stat([c / n for _, c, _ in values], 1e6):>22}"
+                f" {stat([c / n for _, _, c in values], 1e6):>21} {stat(faults[label], 1):>20} {speed:>18}"
             )
 
 

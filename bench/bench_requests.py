@@ -49,7 +49,7 @@ def child_cpu(pid: int) -> float:
 # ------------------------------------------------------------------ worker (ours, one backend)
 
 WORKER = r"""
-import json, sys, time
+import json, resource, sys, time
 import anyio
 from indextts_client import Client
 
@@ -61,6 +61,7 @@ async def main():
     # pool_timeout: past the sidecar's queue of 64, a request refused busy waits for room.
     async with Client("fake", engine_options=options, pool_timeout=60) as client:
         seconds = settings["seconds"]
+        held = []
 
         async def request():
             if settings["op"] == "ping":
@@ -68,6 +69,8 @@ async def main():
             else:
                 audio = await client.synthesize("x", seconds=seconds)
                 assert len(audio.samples) == round(seconds * 24000), len(audio.samples)
+                if settings["hold"]:  # the last result stays alive while the next is made
+                    held[:] = [audio]
 
         for _ in range(20):
             await request()
@@ -76,6 +79,7 @@ async def main():
             count, in_flight = map(int, line.split())
             child = client.pid
             cpu0 = time.process_time()
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             wall0 = time.perf_counter()
             if in_flight == 1:  # one after another, in this task, as the seed's parent does
                 for _ in range(count):
@@ -91,6 +95,7 @@ async def main():
                     for _ in range(count):
                         tg.start_soon(one)
             print(json.dumps({"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0,
+                              "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0,
                               "pid": child}), flush=True)
 
 anyio.run(main, backend=sys.argv[1])
@@ -102,7 +107,7 @@ class Ours:
 
     def __init__(self, backend: str, args: argparse.Namespace, repo: str = REPO, name: str = "ours") -> None:
         self.name = f"{name} ({backend})"
-        settings = {"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds}
+        settings = {"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds, "hold": args.hold}
         self.process = subprocess.Popen(
             [sys.executable, "-c", WORKER, backend, json.dumps(settings)],
             stdin=subprocess.PIPE,
@@ -113,6 +118,8 @@ class Ours:
         )
         assert self.process.stdout is not None and self.process.stdin is not None
         self.child = json.loads(self.process.stdout.readline())["ready"]
+        #: The parent's minor page faults per request, per round.
+        self.faults: list[float] = []
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -120,6 +127,7 @@ class Ours:
         self.process.stdin.write(f"{count} {in_flight}\n")
         self.process.stdin.flush()
         report = json.loads(self.process.stdout.readline())
+        self.faults.append(report["faults"] / count)
         return report["wall"], report["cpu"], child_cpu(self.child) - before
 
     def close(self) -> None:
@@ -300,6 +308,9 @@ def parse_args(
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--seconds", type=float, default=0.06, help="audio per request")
     parser.add_argument("--chunk-seconds", type=float, default=None, help="the fake engine's chunks (ours)")
+    parser.add_argument(
+        "--hold", action="store_true", help="ours keeps each result until the next arrives, as most applications do"
+    )
     extra(parser)
     return parser.parse_args()
 
