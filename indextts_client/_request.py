@@ -46,7 +46,7 @@ _Opener = Callable[[], Awaitable[Channel]]
 #: How often one request is sent again after a sidecar stopped without reading it.
 _MAX_RESENDS = 3
 #: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
-#: times the longest a quiet request goes without a frame while its engine reports progress.
+#: times the most by which a quiet request's signs of life may trail its engine's progress.
 _QUIET_IDLE_MIN = 10 * protocol.QUIET_PROGRESS_INTERVAL
 _Build = Callable[[int], protocol.Request]
 
