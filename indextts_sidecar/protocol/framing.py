@@ -23,8 +23,6 @@ __all__ = ["FrameReader", "FrameSplitter", "FrameTooLarge", "FrameWriter", "Fram
 #: ping), depending on what the process had freed before.  Frames larger than what one
 #: read brings are read straight into their own buffer (``pending_into``).
 _READ_SIZE = 120 * 1024
-#: Reads one readiness wake-up may make while each fills what it asked for (FrameReader.pump).
-_READS_PER_WAKE = 8
 #: Frame bodies from this size on get a buffer that is not zero-filled (see _frame_buffer).
 _UNFILLED_FROM = 256 * 1024
 
@@ -271,43 +269,36 @@ class FrameReader:
         outcome: list[bool] = []
 
         def readable() -> Union[float, None]:
-            # Called each time the descriptor is readable: read until a read comes back short
-            # (the pipe held no more), a few reads at most, and hand out what is whole.  One
-            # wake-up then takes a burst of frames, not one read per turn of the event loop.
-            for _ in range(_READS_PER_WAKE):
-                frames: list[memoryview] = []
-                into = splitter.pending_into()
-                try:
-                    if into is not None:
-                        wanted = len(into)
-                        count = os.readv(fd, [into])
-                        if count:
-                            splitter.filled(count, frames)
-                    else:
-                        wanted = _READ_SIZE
-                        data = os.read(fd, _READ_SIZE)
-                        count = len(data)
-                        if count:
-                            self._feed(data, frames)
-                except BlockingIOError:
-                    return self._deadline()
-                except OSError:
-                    count = 0
-                if not count:
-                    if splitter.inside:
-                        raise self._truncated("ended")
-                    outcome.append(False)
+            # Called each time the descriptor is readable: read once, hand out what is whole.
+            frames: list[memoryview] = []
+            into = splitter.pending_into()
+            try:
+                if into is not None:
+                    count = os.readv(fd, [into])
+                    if count:
+                        splitter.filled(count, frames)
+                else:
+                    data = os.read(fd, _READ_SIZE)
+                    count = len(data)
+                    if count:
+                        self._feed(data, frames)
+            except BlockingIOError:
+                return self._deadline()
+            except OSError:
+                count = 0
+            if not count:
+                if splitter.inside:
+                    raise self._truncated("ended")
+                outcome.append(False)
+                return None
+            self._took(frames)
+            ready = self._ready
+            while ready:
+                if on_frame(ready.popleft()):
+                    outcome.append(True)
                     return None
-                self._took(frames)
-                ready = self._ready
-                while ready:
-                    if on_frame(ready.popleft()):
-                        outcome.append(True)
-                        return None
-                if self._failed is not None:
-                    raise self._failed
-                if count < wanted:
-                    break
+            if self._failed is not None:
+                raise self._failed
             return self._deadline()
 
         try:
