@@ -206,9 +206,8 @@ class AudioAssembler:
         needed = self.samples + nbytes // 2
         buffer = self._buffer
         if buffer is None:
-            # Exactly the first frame's size when nothing else may follow it here; else room to grow.
-            size = needed if self.chunks == 0 else needed * 5 // 4
-            buffer = self._buffer = np.empty(size, dtype=SAMPLE_DTYPE)
+            # From the second frame on (the first is kept as it is): room to grow by a quarter.
+            buffer = self._buffer = np.empty(needed * 5 // 4, dtype=SAMPLE_DTYPE)
             if self._first is not None:
                 buffer.data.cast("B")[: len(self._first)] = self._first
                 self._first = None

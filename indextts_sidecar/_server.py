@@ -495,10 +495,11 @@ class Server:
         with self.scheduler.lock:
             if job.finished:
                 return
-            if not job.quiet:
-                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
-            elif (now := time.monotonic()) - job.last_frame >= protocol.QUIET_PROGRESS_INTERVAL:
+            send = not job.quiet
+            if not send and (now := time.monotonic()) - job.last_frame >= protocol.QUIET_PROGRESS_INTERVAL:
                 job.last_frame = now  # a sign of life after a quiet spell
+                send = True
+            if send:
                 self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
             if stage == "load":
                 # Every request queued behind this one, on any connection, waits on the same load.
