@@ -240,13 +240,18 @@ class AudioAssembler:
         samples.flags.writeable = False
         return AudioChunk(samples, sample_rate, seq, offset, self.request_id)
 
-    def absorb(self, seq: int, sample_rate: int, pcm: memoryview) -> None:
-        """Record one frame, kept for :meth:`assemble` only (no chunk for anyone)."""
+    def absorb(self, seq: int, sample_rate: int, pcm: memoryview, *, transient: bool = False) -> None:
+        """Record one frame, kept for :meth:`assemble` only (no chunk for anyone).
+
+        ``transient``: ``pcm`` is read over once this returns (the frame reader's buffer),
+        so what is kept of it is copied.
+        """
         view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
         if self._keep:
             if self._buffer is None and self.chunks == 0:
-                self._first = view  # perhaps the only frame: keep it as it is
+                # Perhaps the only frame: kept as it is, or as a writable copy of a transient one.
+                self._first = memoryview(bytearray(view)) if transient else view
             else:
                 self._room(len(view))[:] = view
         self.chunks += 1

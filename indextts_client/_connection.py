@@ -478,11 +478,15 @@ class Connection(Requester):
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
             self.last_activity = now
-        exchange.deliver(reply, now, terminal)
-        if isinstance(reply, protocol.Audio) and not exchange.abandoned:
+        queued_audio = kind is protocol.Audio and not exchange.abandoned
+        if queued_audio:
+            assert isinstance(reply, protocol.Audio)
+            if self._reader.shares(reply.pcm):  # read over once this returns: the request keeps a copy
+                reply.pcm = memoryview(bytes(reply.pcm))
             exchange.buffered += len(reply.pcm)
-            if exchange.buffered > self._max_buffered and not terminal:
-                self._overflow(exchange)
+        exchange.deliver(reply, now, terminal)
+        if queued_audio and exchange.buffered > self._max_buffered:
+            self._overflow(exchange)
         return None
 
     def _overflow(self, exchange: Exchange) -> None:
@@ -505,7 +509,7 @@ class Connection(Requester):
             return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         if exchange is not None and exchange.sink is not None and not exchange.abandoned:
             try:
-                exchange.sink.absorb(reply.seq, reply.sample_rate, reply.pcm)
+                exchange.sink.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=self._reader.shares(reply.pcm))
             except ProtocolError as exc:
                 if exchange.sink_error is None:
                     exchange.sink_error = exc

@@ -82,6 +82,29 @@ async def test_pump_stops_when_asked_and_keeps_the_rest_for_receive() -> None:
             assert await reader.receive() is None
 
 
+async def test_a_frame_left_by_a_stopped_pump_survives_the_reads_after_it() -> None:
+    # pump() reads into one buffer again and again; a frame it leaves for later is copied out first.
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, _frame(b"stop") + _frame(b"kept" * 100))
+    later: list[bytes] = []
+
+    def collect(body: memoryview) -> bool:
+        later.append(bytes(body))
+        return False
+
+    with anyio.fail_after(TIMEOUT):
+        async with FdReceiveStream(read_fd) as stream:
+            reader = FrameReader(stream)
+            assert await reader.pump(lambda body: bytes(body) == b"stop") is True
+            kept = await reader.receive()
+            assert kept is not None
+            os.write(write_fd, _frame(b"x" * 1000))
+            os.close(write_fd)
+            assert await reader.pump(collect) is False
+    assert later == [b"x" * 1000]
+    assert bytes(kept) == b"kept" * 100
+
+
 async def test_frames_before_an_oversized_prefix_are_handed_out_first() -> None:
     read_fd, write_fd = os.pipe()
     os.write(write_fd, _frame(b"first") + _frame(b"second") + (10**6).to_bytes(4, "big") + b"junk")

@@ -17,12 +17,13 @@ from .streams import loop_clock
 
 __all__ = ["FrameReader", "FrameSplitter", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
 
-#: Bytes asked of one read.  Below glibc's smallest mmap threshold (128 KiB), so the buffer
-#: ``os.read`` allocates comes from the heap: a bigger one was a fresh mapping, shrunk and
-#: unmapped again on every read (mmap, mremap, munmap and page faults, some 20 us for a
-#: ping), depending on what the process had freed before.  Frames larger than what one
-#: read brings are read straight into their own buffer (``pending_into``).
+#: Bytes asked of one read of :meth:`FrameReader.pump`, into a buffer the reader keeps and
+#: reads into again and again (a fresh buffer per read cost an allocation and, depending on
+#: what the process had freed before, page faults).  A megabyte measured the same.  Frames
+#: larger than what one read brings are read straight into their own buffer (``pending_into``).
 _READ_SIZE = 120 * 1024
+#: Reads one readiness wake-up of :meth:`FrameReader.pump` may make while each fills what it asked for.
+_READS_PER_WAKE = 8
 #: Frame bodies from this size on get a buffer that is not zero-filled (see _frame_buffer).
 _UNFILLED_FROM = 256 * 1024
 
@@ -172,6 +173,16 @@ class FrameReader:
         self._clock: Union[Callable[[], float], None] = None
         #: Framing lost after the frames in ``_ready``: raised once they are handed out.
         self._failed: Union[FramingError, None] = None
+        #: What :meth:`pump` reads into, again and again (allocated at its first use).
+        self._buffer: Union[bytearray, None] = None
+
+    def shares(self, view: memoryview) -> bool:
+        """Whether ``view`` lies in the buffer :meth:`pump` reads into (valid until ``on_frame`` returns)."""
+        return view.obj is self._buffer and view.obj is not None
+
+    def _own_ready(self) -> None:
+        """Copy the frames not yet handed out out of the shared buffer, before it is read into again."""
+        self._ready = deque(memoryview(bytes(body)) if self.shares(body) else body for body in self._ready)
 
     @property
     def max_frame_size(self) -> int:
@@ -242,6 +253,9 @@ class FrameReader:
     async def pump(self, on_frame: Callable[[memoryview], bool]) -> bool:
         """Hand each frame to ``on_frame`` as it arrives, until it returns True (then True).
 
+        The frame may be a view of the buffer the pump reads into again: it is valid until
+        ``on_frame`` returns, so what is kept of it must be copied (:meth:`shares` tells).
+
         Returns False at a clean end of stream between frames.  ``on_frame`` runs
         synchronously, maybe from the event loop's readiness callback, outside any task:
         it must not block, and must not call what needs a current task (anyio's clock:
@@ -268,37 +282,48 @@ class FrameReader:
         splitter = self._splitter
         outcome: list[bool] = []
 
+        if self._buffer is None:
+            self._buffer = bytearray(_READ_SIZE)
+        shared = memoryview(self._buffer)
+
         def readable() -> Union[float, None]:
-            # Called each time the descriptor is readable: read once, hand out what is whole.
-            frames: list[memoryview] = []
-            into = splitter.pending_into()
-            try:
-                if into is not None:
-                    count = os.readv(fd, [into])
-                    if count:
-                        splitter.filled(count, frames)
-                else:
-                    data = os.read(fd, _READ_SIZE)
-                    count = len(data)
-                    if count:
-                        self._feed(data, frames)
-            except BlockingIOError:
-                return self._deadline()
-            except OSError:
-                count = 0
-            if not count:
-                if splitter.inside:
-                    raise self._truncated("ended")
-                outcome.append(False)
-                return None
-            self._took(frames)
-            ready = self._ready
-            while ready:
-                if on_frame(ready.popleft()):
-                    outcome.append(True)
+            # Called each time the descriptor is readable.  Reads into the one shared buffer
+            # (whole frames are views of it, valid until on_frame returns), and reads on while
+            # a read fills what it asked for: one wake-up takes a burst of frames.
+            for _ in range(_READS_PER_WAKE):
+                frames: list[memoryview] = []
+                into = splitter.pending_into()
+                try:
+                    if into is not None:
+                        wanted = len(into)
+                        count = os.readv(fd, [into])
+                        if count:
+                            splitter.filled(count, frames)
+                    else:
+                        wanted = _READ_SIZE
+                        count = os.readv(fd, [shared])
+                        if count:
+                            self._feed(shared[:count], frames)
+                except BlockingIOError:
+                    return self._deadline()
+                except OSError:
+                    count = 0
+                if not count:
+                    if splitter.inside:
+                        raise self._truncated("ended")
+                    outcome.append(False)
                     return None
-            if self._failed is not None:
-                raise self._failed
+                self._took(frames)
+                ready = self._ready
+                while ready:
+                    if on_frame(ready.popleft()):
+                        self._own_ready()
+                        outcome.append(True)
+                        return None
+                if self._failed is not None:
+                    raise self._failed
+                if count < wanted:
+                    break
             return self._deadline()
 
         try:
