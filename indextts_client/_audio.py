@@ -179,10 +179,11 @@ def _soundfile() -> Any:
 class AudioAssembler:
     """Checks a request's ``audio`` frames as they arrive and assembles them as they come.
 
-    Each frame is copied once, into a buffer that grows in place by a quarter at a time
-    (``realloc``, which for large buffers remaps pages instead of copying them), and dropped
-    at once: the peak memory of a long request stays near the audio's own size instead of
-    the frames plus a final copy.  A request whose audio arrives in one writable frame is
+    Each frame is copied once, appended to a ``bytearray`` (which grows in place by an
+    eighth at a time, with ``realloc``: for large buffers that remaps pages instead of
+    copying them, and unlike ``ndarray.resize`` it does not zero the new room first), and
+    dropped at once: the peak memory of a long request stays near the audio's own size
+    instead of the frames plus a final copy.  A request whose audio arrives in one writable frame is
     not copied at all.  With ``keep=False`` (streaming) only the checks run and nothing is
     retained.
     """
@@ -194,27 +195,12 @@ class AudioAssembler:
         self._keep = keep
         #: The only frame so far, kept as it is in case no other follows.
         self._first: Union[memoryview, None] = None
-        #: From the second frame on: the samples so far, with spare capacity at the end.
-        self._buffer: Union[Samples, None] = None
+        #: From the second frame on: the samples so far (its allocation has room to grow).
+        self._buffer: Union[bytearray, None] = None
         self._sample_rate: Union[int, None] = None
         #: Frames and samples received so far.
         self.chunks = 0
         self.samples = 0
-
-    def _room(self, nbytes: int) -> memoryview:
-        """Writable bytes for the next ``nbytes`` of audio, at the end of the growing buffer."""
-        needed = self.samples + nbytes // 2
-        buffer = self._buffer
-        if buffer is None:
-            # From the second frame on (the first is kept as it is): room to grow by a quarter.
-            buffer = self._buffer = np.empty(needed * 5 // 4, dtype=SAMPLE_DTYPE)
-            if self._first is not None:
-                buffer.data.cast("B")[: len(self._first)] = self._first
-                self._first = None
-        elif needed > len(buffer):
-            # A quarter more each time: the room the result may keep (see assemble()).
-            buffer.resize(max(needed, len(buffer) * 5 // 4), refcheck=False)
-        return buffer.data.cast("B")[self.samples * 2 : needed * 2]
 
     def _check(self, seq: int, sample_rate: int, nbytes: int) -> None:
         if seq != self.chunks:
@@ -249,11 +235,17 @@ class AudioAssembler:
         view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
         if self._keep:
-            if self._buffer is None and self.chunks == 0:
+            buffer = self._buffer
+            if buffer is not None:
+                buffer += view
+            elif self.chunks == 0:
                 # Perhaps the only frame: kept as it is, or as a writable copy of a transient one.
                 self._first = memoryview(bytearray(view)) if transient else view
             else:
-                self._room(len(view))[:] = view
+                assert self._first is not None
+                self._buffer = bytearray(self._first)
+                self._buffer += view
+                self._first = None
         self.chunks += 1
         self.samples += len(view) // 2
 
@@ -279,8 +271,4 @@ class AudioAssembler:
             return samples if not first.readonly else samples.copy()
         if buffer is None:
             return np.empty(0, dtype=SAMPLE_DTYPE)
-        # A view of the samples, not a shrunk buffer: the array keeps the growth room (at most a
-        # quarter of its size) until it is freed.  Shrinking it (a realloc to the exact size)
-        # left glibc's allocator in a state where the next long request mapped fresh memory
-        # and faulted every page in again: twice the CPU for 60 s in 0.5 s chunks.
-        return buffer[: self.samples]
+        return np.frombuffer(buffer, dtype=SAMPLE_DTYPE)
