@@ -266,12 +266,13 @@ def main(argv: Union[list[str], None] = None) -> int:
 
     from ._paths import PathPolicy
     from ._server import Scheduler, Server
-    from ._voices import STORE_DIR, VoiceStore
     from .protocol.streams import FdReceiveStream, FdSendStream
 
     paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
     voices = None
     if args.voice_dir:
+        from ._voices import STORE_DIR, VoiceStore
+
         voices = VoiceStore(
             os.path.join(args.voice_dir[0], STORE_DIR), max_bytes=args.max_voice_bytes, max_count=args.max_voices
         )

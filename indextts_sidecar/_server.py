@@ -21,7 +21,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 import msgspec
@@ -32,7 +32,6 @@ from ._jobs import error_for, execute, shutting_down
 from ._outbox import Outbox
 from ._paths import PathPolicy
 from ._scheduler import Job, Scheduler
-from ._voices import VoiceStore
 from .engines import Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import (
     REGISTERED_PREFIX,
@@ -50,6 +49,9 @@ from .protocol import (
     Unload,
 )
 from .protocol.framing import FrameReader, FramingError
+
+if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores voices
+    from ._voices import VoiceStore
 
 __all__ = ["Scheduler", "Server"]
 

@@ -66,6 +66,19 @@ def test_ready_path_imports_no_heavy_module() -> None:
     assert out.stdout.strip() == ""
 
 
+def test_the_server_loads_the_voice_store_only_for_a_voice_dir() -> None:
+    # The store's hashlib and tempfile cost some 20 ms of a sidecar's start (OpenSSL loads).
+    code = textwrap.dedent(
+        """
+        import sys
+        import indextts_sidecar._main, indextts_sidecar._server
+        print("indextts_sidecar._voices" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
 async def _ping(peer, request_id: int) -> Pong:  # type: ignore[no-untyped-def]
     await peer.send(Ping(id=request_id))
     return await peer.expect(Pong)  # type: ignore[no-any-return]
