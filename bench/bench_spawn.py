@@ -1,6 +1,6 @@
 """From spawn to the first answer, and to one second of audio: this project against the seed's protocol.
 
-    .venv/bin/python bench/bench_spawn.py [--rounds 7]
+    .venv/bin/python bench/bench_spawn.py [--rounds 7] [--before CHECKOUT]
 
 Each round spawns a fresh child per measure and contender, the order reversed every other
 round: the time from spawning to an answered ping, and from spawning to one second of
@@ -9,11 +9,17 @@ asks, as the seed does).  Ours is ``async with Client("fake")`` on asyncio, whic
 the client's own start-up work.  The asyncio floor (``_loop_floor_server.py``) is the least
 an asyncio sidecar speaking the same frames does: its interpreter, asyncio and msgspec
 imports, one readiness callback.  Prints medians (min-max) and the per-round ratios.
+``--before`` (another checkout, e.g. a git worktree) adds ours with that checkout's
+sidecar, taking turns with the others, and the ratio of this checkout's times to its.
+Both checkouts' bytecode is compiled first: a fresh worktree has none, and a shell with
+PYTHONDONTWRITEBYTECODE set never writes it, so every spawn would compile the modules
+again (some 20 ms here).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import sys
@@ -31,9 +37,9 @@ from bench_protocol import SeedParent, spawn_server  # noqa: E402
 from indextts_client import Client  # noqa: E402
 
 
-async def _ours(audio: bool) -> float:
+async def _ours(audio: bool, repo: str) -> float:
     began = time.perf_counter()
-    async with Client("fake") as client:
+    async with Client("fake", env={"PYTHONPATH": repo}, cwd=repo) as client:
         if audio:
             assert len((await client.synthesize("benchmark", seconds=1.0)).samples) == 24000
         else:
@@ -84,12 +90,19 @@ def _loop_floor(audio: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--before", help="another checkout whose sidecar to spawn too (a git worktree)")
     args = parser.parse_args()
+    here = os.path.dirname(HERE)
     contenders: dict[str, Callable[[bool], float]] = {
         "seed": _seed,
-        "ours": lambda audio: anyio.run(_ours, audio),
+        "ours": lambda audio: anyio.run(_ours, audio, here),
         "asyncio floor": _loop_floor,
     }
+    for repo in (here, args.before) if args.before else (here,):
+        for package in ("indextts_sidecar", "indextts_client"):
+            compileall.compile_dir(os.path.join(repo, package), quiet=1)
+    if args.before:
+        contenders["before"] = lambda audio: anyio.run(_ours, audio, os.path.abspath(args.before))
     times: dict[tuple[str, bool], list[float]] = {(name, audio): [] for name in contenders for audio in (False, True)}
     for number in range(args.rounds):
         names = list(contenders) if number % 2 == 0 else list(reversed(contenders))
@@ -116,6 +129,14 @@ def main() -> None:
             f"{label:24} {stat(seed):>20} {stat(ours):>20} {stat(ours_ratios, 1, 2):>17}"
             f" {stat(floor):>20} {stat(floor_ratios, 1, 2):>17}"
         )
+    if args.before:
+        print(f"\n{'':24} {'before (ms)':>20} {'ours (ms)':>20} {'ours / before':>17}")
+        for audio, label in ((False, "spawn -> answered ping"), (True, "spawn -> 1 s of audio")):
+            before, ours = times["before", audio], times["ours", audio]
+            print(
+                f"{label:24} {stat(before):>20} {stat(ours):>20}"
+                f" {stat([a / b for a, b in zip(ours, before, strict=True)], 1, 2):>17}"
+            )
 
 
 if __name__ == "__main__":
