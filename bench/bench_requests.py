@@ -16,7 +16,8 @@ design pays.
 Besides wall time, it reads the CPU time both processes spent (the parent's
 ``process_time``, the child's ``utime + stime`` from ``/proc/PID/stat``), so what each
 request costs shows apart from how busy the machine was.  Prints medians with min-max
-over the rounds, and ratios to the seed and to the raw pipe.  Linux only (``/proc``).
+over the rounds, and per-round ratios to the seed and to the raw pipe (its time, and its
+parent's CPU).  Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -329,10 +330,11 @@ def main() -> None:
     print(f"{args.rounds} rounds x {n} {what}{chunks}, {args.in_flight} in flight (ours); median (min-max):")
     print(
         f"{'':24} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21}"
-        f" {'speed vs seed':>16} {'time vs raw pipe':>18}"
+        f" {'speed vs seed':>16} {'time vs raw pipe':>18} {'parent CPU vs raw pipe':>23}"
     )
     seed_rates = [n / wall for wall, _, _ in rows["seed"]]
     floor_walls = [wall for wall, _, _ in rows["raw pipe"]]
+    floor_cpus = [cpu for _, cpu, _ in rows["raw pipe"]]
     for name, values in rows.items():
         rates = [n / wall for wall, _, _ in values]
         parent = [cpu / n for _, cpu, _ in values]
@@ -341,6 +343,7 @@ def main() -> None:
         print(
             f"{name:24} {stat(rates, 1):>20} {stat(parent, 1e6):>22} {stat(child, 1e6):>21}"
             f" {ratios(rates, seed_rates):>16} {ratios(walls, floor_walls):>18}"
+            f" {ratios([cpu for _, cpu, _ in values], floor_cpus):>23}"
         )
     if args.json:
         with open(args.json, "w") as f:
