@@ -183,9 +183,9 @@ class AudioAssembler:
     eighth at a time, with ``realloc``: for large buffers that remaps pages instead of
     copying them, and unlike ``ndarray.resize`` it does not zero the new room first), and
     dropped at once: the peak memory of a long request stays near the audio's own size
-    instead of the frames plus a final copy.  A request whose audio arrives in one writable frame is
-    not copied at all.  With ``keep=False`` (streaming) only the checks run and nothing is
-    retained.
+    instead of the frames plus a final copy.  A request whose audio arrives in one writable
+    frame of its own is not copied at all.  With ``keep=False`` (streaming) only the checks
+    run and nothing is retained.
     """
 
     __slots__ = ("_buffer", "_first", "_keep", "_sample_rate", "chunks", "request_id", "samples")
@@ -235,17 +235,13 @@ class AudioAssembler:
         view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
         if self._keep:
-            buffer = self._buffer
-            if buffer is not None:
-                buffer += view
-            elif self.chunks == 0:
-                # Perhaps the only frame: kept as it is, or as a writable copy of a transient one.
-                self._first = memoryview(bytearray(view)) if transient else view
+            if self._buffer is None and self.chunks == 0 and not transient:
+                self._first = view  # perhaps the only frame: keep it as it is
             else:
-                assert self._first is not None
-                self._buffer = bytearray(self._first)
+                if self._buffer is None:  # the frames so far (the first, or none) start the buffer
+                    self._buffer = bytearray(self._first if self._first is not None else b"")
+                    self._first = None
                 self._buffer += view
-                self._first = None
         self.chunks += 1
         self.samples += len(view) // 2
 

@@ -178,7 +178,7 @@ class FrameReader:
 
     def shares(self, view: memoryview) -> bool:
         """Whether ``view`` lies in the buffer :meth:`pump` reads into (valid until ``on_frame`` returns)."""
-        return view.obj is self._buffer and view.obj is not None
+        return self._buffer is not None and view.obj is self._buffer
 
     def _own_ready(self) -> None:
         """Copy the frames not yet handed out out of the shared buffer, before it is read into again."""
