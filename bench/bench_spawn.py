@@ -3,15 +3,16 @@
     .venv/bin/python bench/bench_spawn.py [--rounds 7] [--before CHECKOUT]
 
 Each round spawns a fresh child per measure and contender, the order reversed every other
-round: the time from spawning to an answered ping, and from spawning to one second of
-audio in the parent (fake engine, zero model time; the seed's parent spawns its server and
-asks, as the seed does).  Ours is ``async with Client("fake")`` on asyncio, which includes
-the client's own start-up work.  The asyncio floor (``_loop_floor_server.py``) is the least
-an asyncio sidecar speaking the same frames does: its interpreter, asyncio and msgspec
-imports, one readiness callback.  Prints medians (min-max) and the per-round ratios.
-``--before`` (another checkout, e.g. a git worktree) adds ours with that checkout's
-sidecar, taking turns with the others, and the ratio of this checkout's times to its.
-Both checkouts' bytecode is compiled first: a fresh worktree has none, and a shell with
+round: the time from spawning to its ``ready`` (ours: ``async with Client`` entered; the
+floor: its ``R``), to an answered ping, and from spawning to one second of audio in the
+parent (fake engine, zero model time; the seed's parent spawns its server and asks, as the
+seed does).  Ours is ``async with Client("fake")`` on asyncio, which includes the client's
+own start-up work.  The asyncio floor (``_loop_floor_server.py``) is the least an asyncio
+sidecar speaking the same frames does: its interpreter, asyncio and msgspec imports, one
+readiness callback.  Prints medians (min-max) and the per-round ratios.  ``--before``
+(another checkout, e.g. a git worktree) adds ours with that checkout's sidecar, taking
+turns with the others, and the ratio of this checkout's times to its.  Both checkouts'
+bytecode is compiled first: a fresh worktree has none, and a shell with
 PYTHONDONTWRITEBYTECODE set never writes it, so every spawn would compile the modules
 again (some 20 ms here).
 """
@@ -25,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Union
 
 import anyio
 import numpy as np
@@ -37,19 +39,22 @@ from bench_protocol import SeedParent, spawn_server  # noqa: E402
 from indextts_client import Client  # noqa: E402
 
 
-async def _ours(audio: bool, repo: str) -> float:
+async def _ours(audio: bool, repo: str) -> tuple[float, float]:
     began = time.perf_counter()
     async with Client("fake", env={"PYTHONPATH": repo}, cwd=repo) as client:
+        ready = time.perf_counter() - began
         if audio:
             assert len((await client.synthesize("benchmark", seconds=1.0)).samples) == 24000
         else:
             await client.ping()
-        return time.perf_counter() - began
+        return ready, time.perf_counter() - began
 
 
-def _seed(audio: bool) -> float:
+def _seed(audio: bool) -> tuple[float, float]:
+    """(spawn -> ready, spawn -> the answer)."""
     began = time.perf_counter()
     parent = SeedParent()
+    ready = time.perf_counter() - began
     if audio:
         assert len(parent.synthesize(1.0)) == 24000
     else:
@@ -57,15 +62,16 @@ def _seed(audio: bool) -> float:
         assert parent.receive()["op"] == "pong"
     elapsed = time.perf_counter() - began
     parent.close()
-    return elapsed
+    return ready, elapsed
 
 
-def _loop_floor(audio: bool) -> float:
+def _loop_floor(audio: bool) -> tuple[float, float]:
     """``_loop_floor_server.py``: an asyncio sidecar that does the least (see there); a blocking parent."""
     from indextts_sidecar import protocol
 
     began = time.perf_counter()
     process = spawn_server("_loop_floor_server.py")
+    ready = time.perf_counter() - began
     assert process.stdin is not None and process.stdout is not None
     if audio:
         process.stdin.write(protocol.frame(protocol.Synthesize(id=1, text="x", options={"seconds": 1.0})))
@@ -84,7 +90,7 @@ def _loop_floor(audio: bool) -> float:
     process.stdin.close()
     process.wait(10)
     process.stdout.close()
-    return elapsed
+    return ready, elapsed
 
 
 def main() -> None:
@@ -93,7 +99,7 @@ def main() -> None:
     parser.add_argument("--before", help="another checkout whose sidecar to spawn too (a git worktree)")
     args = parser.parse_args()
     here = os.path.dirname(HERE)
-    contenders: dict[str, Callable[[bool], float]] = {
+    contenders: dict[str, Callable[[bool], tuple[float, float]]] = {
         "seed": _seed,
         "ours": lambda audio: anyio.run(_ours, audio, here),
         "asyncio floor": _loop_floor,
@@ -103,12 +109,18 @@ def main() -> None:
             compileall.compile_dir(os.path.join(repo, package), quiet=1)
     if args.before:
         contenders["before"] = lambda audio: anyio.run(_ours, audio, os.path.abspath(args.before))
-    times: dict[tuple[str, bool], list[float]] = {(name, audio): [] for name in contenders for audio in (False, True)}
+    # Keys: (contender, None) spawn -> ready (of the ping measures), (contender, audio) spawn -> the answer.
+    times: dict[tuple[str, Union[bool, None]], list[float]] = {
+        (name, audio): [] for name in contenders for audio in (None, False, True)
+    }
     for number in range(args.rounds):
         names = list(contenders) if number % 2 == 0 else list(reversed(contenders))
         for audio in (False, True):
             for name in names:
-                times[name, audio].append(contenders[name](audio))
+                ready, answered = contenders[name](audio)
+                times[name, audio].append(answered)
+                if not audio:
+                    times[name, None].append(ready)
 
     def stat(values: list[float], scale: float = 1e3, digits: int = 1) -> str:
         return (
@@ -121,7 +133,12 @@ def main() -> None:
         f"{'':24} {'seed (ms)':>20} {'ours (ms)':>20} {'ours / seed':>17}"
         f" {'asyncio floor (ms)':>20} {'floor / seed':>17}"
     )
-    for audio, label in ((False, "spawn -> answered ping"), (True, "spawn -> 1 s of audio")):
+    rows: tuple[tuple[Union[bool, None], str], ...] = (
+        (None, "spawn -> ready"),
+        (False, "spawn -> answered ping"),
+        (True, "spawn -> 1 s of audio"),
+    )
+    for audio, label in rows:
         seed, ours, floor = times["seed", audio], times["ours", audio], times["asyncio floor", audio]
         ours_ratios = [a / b for a, b in zip(ours, seed, strict=True)]
         floor_ratios = [a / b for a, b in zip(floor, seed, strict=True)]
@@ -131,7 +148,7 @@ def main() -> None:
         )
     if args.before:
         print(f"\n{'':24} {'before (ms)':>20} {'ours (ms)':>20} {'ours / before':>17}")
-        for audio, label in ((False, "spawn -> answered ping"), (True, "spawn -> 1 s of audio")):
+        for audio, label in rows:
             before, ours = times["before", audio], times["ours", audio]
             print(
                 f"{label:24} {stat(before):>20} {stat(ours):>20}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import ssl
 import stat
@@ -22,10 +21,10 @@ from typing import Any, Union
 
 import anyio
 import msgspec
-from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
+from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
 
 from . import protocol
-from ._parent import stop_without_parent
+from ._parent import stop_on_signal, stop_without_parent
 from ._server import Scheduler, Server
 from .protocol import auth as _auth
 from .protocol.address import Address, is_loopback, parse_url
@@ -259,7 +258,7 @@ async def serve_socket(
     )
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(_stop_on_signal, service)
+            await tg.start(stop_on_signal, service)
             # A parent (or a test) learns the bound address, port 0 resolved, from one line
             # on stdout, once SIGTERM is handled.
             try:
@@ -280,11 +279,3 @@ async def serve_socket(
                 pass
     log.info("stopped listening on %s", url)
     return 0
-
-
-async def _stop_on_signal(service: SocketService, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        task_status.started()
-        async for signum in signals:
-            log.info("received signal %d; stopping", signum)
-            service.stop()

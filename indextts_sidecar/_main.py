@@ -1,9 +1,10 @@
-"""``python -m indextts_sidecar``: parse arguments, protect the pipes, send ``ready``, serve.
+"""``python -m indextts_sidecar``: parse arguments, protect the pipes, serve, send ``ready``.
 
-The order matters.  fd 1 moves out of reach before anything can print; ``ready`` is
-written straight to the pipe before anyio or any engine dependency is imported, so a
-parent learns within tens of milliseconds that the process is alive, speaks protocol v1
-and which engine it will load.
+The order matters.  fd 1 moves out of reach before anything can print.  ``ready`` goes
+out once the server reads requests, so that it means usable: a request sent after it is
+answered at once, not after the event loop's imports.  It still comes before any engine
+dependency is imported (the model loads at the first request or ``load``), and a sidecar
+that cannot start (unknown engine, bad options) answers with an ``error`` frame instead.
 """
 
 from __future__ import annotations
@@ -252,9 +253,6 @@ def main(argv: Union[list[str], None] = None) -> int:
         ],
         options=msgspec.to_builtins(options),
     )
-    if listen is None:
-        os.write(write_fd, protocol.frame(ready))
-
     import logging
 
     logging.basicConfig(
@@ -300,14 +298,15 @@ def main(argv: Union[list[str], None] = None) -> int:
         return listen_code
 
     async def serve() -> int:
+        from ._parent import stop_on_signal, stop_without_parent
+
         server = make_server()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signal, server)
+            await tg.start(stop_on_signal, server)  # SIGTERM stops it cleanly from ``ready`` on
             if parent_pid is not None and parent_pid > 0:
-                from ._parent import stop_without_parent
-
                 tg.start_soon(stop_without_parent, server, parent_pid)
-            code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd))
+            # ``ready`` goes out from the serving server: a request sent after it is read at once.
+            code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd), ready)
             tg.cancel_scope.cancel()
         return code
 
@@ -368,15 +367,3 @@ def engine_thread_busy() -> bool:
     import threading
 
     return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
-
-
-async def _stop_on_signal(server: Any) -> None:
-    import logging
-    import signal
-
-    import anyio
-
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            logging.getLogger("indextts_sidecar").info("received signal %d; stopping", signum)
-            server.stop()

@@ -1,17 +1,20 @@
-"""The parent-death watch: a sidecar stops once the process that started it is gone.
+"""What stops a sidecar from outside: SIGTERM or SIGINT, and the end of the process that started it.
 
-A pid watch, not ``PR_SET_PDEATHSIG`` (which fires when the spawning *thread* exits).
+The parent watch is a pid watch, not ``PR_SET_PDEATHSIG`` (which fires when the spawning
+*thread* exits).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
-__all__ = ["stop_without_parent"]
+__all__ = ["stop_on_signal", "stop_without_parent"]
 
 log = logging.getLogger("indextts_sidecar")
 
@@ -44,3 +47,12 @@ async def stop_without_parent(server: Any, pid: int) -> None:
             break
     log.warning("parent process %d is gone; stopping", pid)
     server.stop()
+
+
+async def stop_on_signal(server: Any, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Stop ``server`` at each SIGTERM or SIGINT; started (``TaskGroup.start``) once they are caught."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("received signal %d; stopping", signum)
+            server.stop()

@@ -179,9 +179,9 @@ class Server:
         outbox = self._outbox = Outbox(send, max_outgoing=self.max_outgoing)
         reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
         code = EXIT_OK
-        if ready is not None:
-            self.send(ready)
         self.scheduler.attach(self)
+        if ready is not None:  # the engine thread runs, and the reader starts just below
+            self.send(ready)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer, outbox, self._read_scope)

@@ -66,6 +66,47 @@ def test_ready_path_imports_no_heavy_module() -> None:
     assert out.stdout.strip() == ""
 
 
+def test_ready_means_usable_and_comes_before_the_engine_dependencies() -> None:
+    # ``ready`` goes out once the server reads requests: answering the ping that follows
+    # it imports nothing more (no event loop start-up left to pay), and the engine's own
+    # dependencies are still unloaded (the model loads at the first request).
+    code = textwrap.dedent(
+        """
+        import sys
+        from indextts_sidecar import protocol
+        from indextts_sidecar._main import main
+
+        frame, at_ready = protocol.frame, []
+
+        def spy(message):
+            if isinstance(message, protocol.Ready):
+                at_ready.append(set(sys.modules))
+            return frame(message)
+
+        protocol.frame = spy
+        code = main(["--engine", "fake", "--log-level", "warning"])
+        loaded = set(sys.modules)
+        print("after:" + ",".join(sorted(loaded - at_ready[0])), file=sys.stderr)
+        print("engine:" + ",".join(sorted({"numpy", "torch", "indextts"} & at_ready[0])), file=sys.stderr)
+        sys.exit(code)
+        """
+    )
+    requests = protocol.frame(Ping(id=1))
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=requests, capture_output=True, cwd=REPO, timeout=30, check=True
+    )
+    decoder = msgspec.msgpack.Decoder(protocol.Reply)
+    replies, data = [], out.stdout
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        replies.append(decoder.decode(data[4 : 4 + size]))
+        data = data[4 + size :]
+    assert [type(r) for r in replies[:2]] == [Ready, Pong] and replies[1].id == 1
+    report = [line.split(":", 1) for line in out.stderr.decode().splitlines()]
+    lines = {key: value for key, value in report if key in ("after", "engine")}
+    assert lines == {"after": "", "engine": ""}
+
+
 def test_the_server_loads_the_voice_store_only_for_a_voice_dir() -> None:
     # The store's hashlib and tempfile cost some 20 ms of a sidecar's start (OpenSSL loads).
     code = textwrap.dedent(
