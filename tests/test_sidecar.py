@@ -70,25 +70,28 @@ def test_ready_means_usable_and_comes_before_the_engine_dependencies() -> None:
     # ``ready`` goes out once the server reads requests: answering the ping that follows
     # it imports nothing more (no event loop start-up left to pay), and the engine's own
     # dependencies are still unloaded (the model loads at the first request).
+    # (Reported as the frames are made: the sidecar may leave with os._exit.)
     code = textwrap.dedent(
         """
-        import sys
+        import os, sys
         from indextts_sidecar import protocol
         from indextts_sidecar._main import main
 
-        frame, at_ready = protocol.frame, []
+        frame, at_ready = protocol.frame, set()
+
+        def report(key, names):
+            os.write(2, f"{key}:{','.join(sorted(names))}\\n".encode())
 
         def spy(message):
             if isinstance(message, protocol.Ready):
-                at_ready.append(set(sys.modules))
+                at_ready.update(sys.modules)
+                report("engine", {"numpy", "torch", "indextts"} & at_ready)
+            elif isinstance(message, protocol.Pong):
+                report("after", set(sys.modules) - at_ready)
             return frame(message)
 
         protocol.frame = spy
-        code = main(["--engine", "fake", "--log-level", "warning"])
-        loaded = set(sys.modules)
-        print("after:" + ",".join(sorted(loaded - at_ready[0])), file=sys.stderr)
-        print("engine:" + ",".join(sorted({"numpy", "torch", "indextts"} & at_ready[0])), file=sys.stderr)
-        sys.exit(code)
+        sys.exit(main(["--engine", "fake", "--log-level", "warning"]))
         """
     )
     requests = protocol.frame(Ping(id=1))
