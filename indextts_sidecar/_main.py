@@ -363,7 +363,18 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
     return ListenConfig(address, token, ssl_context, args.max_connections)
 
 
-def engine_thread_busy() -> bool:
+#: Seconds the engine thread has to end once its scheduler is closed, before the process
+#: leaves without it.  An idle one ends at once; one stuck in native code never does.
+ENGINE_EXIT_WAIT = 0.2
+
+
+def engine_thread_busy(wait: float = ENGINE_EXIT_WAIT) -> bool:
+    """Whether the engine thread still runs ``wait`` seconds on (its scheduler is closed by now)."""
     import threading
 
-    return any(t.name == "indextts-engine" and t.is_alive() for t in threading.enumerate())
+    for thread in threading.enumerate():
+        if thread.name == "indextts-engine":
+            thread.join(wait)
+            if thread.is_alive():
+                return True
+    return False

@@ -110,6 +110,53 @@ def test_ready_means_usable_and_comes_before_the_engine_dependencies() -> None:
     assert lines == {"after": "", "engine": ""}
 
 
+def _exit_with_an_engine_thread_that_ends_after(seconds: float) -> subprocess.CompletedProcess[bytes]:
+    """A sidecar answers a ping and reaches the end of its input; its engine thread, once
+    closed, takes ``seconds`` to end.  Its stderr says whether atexit handlers ran."""
+    code = textwrap.dedent(
+        f"""
+        import atexit, os, sys, time
+        from indextts_sidecar import _scheduler
+        from indextts_sidecar._main import main
+
+        run = _scheduler.Scheduler._main
+
+        def slow_to_end(self):
+            run(self)
+            time.sleep({seconds})
+
+        _scheduler.Scheduler._main = slow_to_end
+        atexit.register(lambda: os.write(2, b"atexit ran\\n"))
+        sys.exit(main(["--engine", "fake", "--log-level", "warning"]))
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        input=protocol.frame(Ping(id=1)),
+        capture_output=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_an_idle_sidecar_exits_through_the_interpreters_shutdown() -> None:
+    # At the end of its input an idle sidecar ends like any program (atexit handlers run: an
+    # engine's cleanup, logging's flush).  Here the engine thread takes 20 ms to end once
+    # closed, as on a loaded machine; the sidecar waits up to ten times that for it.
+    out = _exit_with_an_engine_thread_that_ends_after(0.02)
+    assert out.returncode == 0, out.stderr
+    assert b"atexit ran\n" in out.stderr
+
+
+def test_an_engine_thread_that_never_ends_does_not_hold_the_exit() -> None:
+    # As an engine stuck in native code: the sidecar leaves without it (os._exit), at once
+    # after its wait; the parent's timeout of 30 s would fail the test otherwise.
+    out = _exit_with_an_engine_thread_that_ends_after(3600)
+    assert out.returncode == 0, out.stderr
+    assert b"atexit ran" not in out.stderr
+
+
 def test_the_server_loads_the_voice_store_only_for_a_voice_dir() -> None:
     # The store's hashlib and tempfile cost some 20 ms of a sidecar's start (OpenSSL loads).
     code = textwrap.dedent(
