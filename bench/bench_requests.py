@@ -31,8 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -192,6 +192,64 @@ class Floor:
         self.parent.close()
 
 
+async def floor_requests(
+    read_fd: int,
+    write_fd: int,
+    ids: Iterator[int],
+    count: int,
+    options: Union[dict[str, Any], None],
+    samples: int,
+    marks: Union[list[tuple[float, float]], None] = None,
+) -> None:
+    """The asyncio floor's parent: ``count`` requests one at a time, to ``_loop_floor_server.py``.
+
+    A readiness callback splits and decodes the frames and completes a future per request;
+    a ``synthesize`` (with ``options``; None: a ping) joins its audio into one array and
+    checks it holds ``samples``.  ``marks`` gets each request's (began, ended).
+    """
+    import numpy as np
+
+    from indextts_sidecar import protocol
+    from indextts_sidecar.protocol.framing import FrameSplitter
+
+    loop = asyncio.get_running_loop()
+    os.set_blocking(read_fd, False)
+    splitter = FrameSplitter(protocol.DEFAULT_MAX_FRAME_SIZE)
+    waiting: dict[int, tuple[asyncio.Future[None], list[memoryview]]] = {}
+
+    def readable() -> None:
+        frames: list[memoryview] = []
+        splitter.feed(os.read(read_fd, 256 * 1024), frames)
+        for body in frames:
+            reply = protocol.decode_reply(body)
+            if isinstance(reply, protocol.Audio):
+                waiting[reply.id][1].append(reply.pcm)
+            elif isinstance(reply, (protocol.Done, protocol.Pong)):
+                waiting.pop(reply.id)[0].set_result(None)
+
+    loop.add_reader(read_fd, readable)
+    clock = time.perf_counter
+    try:
+        for _ in range(count):
+            request_id = next(ids)
+            done: asyncio.Future[None] = loop.create_future()
+            parts: list[memoryview] = []
+            waiting[request_id] = (done, parts)
+            began = clock()
+            if options is None:
+                os.write(write_fd, protocol.frame(protocol.Ping(id=request_id)))
+                await done
+            else:
+                os.write(write_fd, protocol.frame(protocol.Synthesize(id=request_id, text="x", options=options)))
+                await done
+                audio = np.concatenate([np.frombuffer(part, dtype="<i2") for part in parts])
+                assert len(audio) == samples
+            if marks is not None:
+                marks.append((began, clock()))
+    finally:
+        loop.remove_reader(read_fd)
+
+
 class LoopFloor:
     """The least an asyncio parent does per request, against ``_loop_floor_server.py``.
 
@@ -215,48 +273,17 @@ class LoopFloor:
         asyncio.run(self._requests(20))
 
     async def _requests(self, count: int) -> tuple[float, float]:
-        import numpy as np
-
-        from indextts_sidecar import protocol
-        from indextts_sidecar.protocol.framing import FrameSplitter
-
         assert self.process.stdin is not None and self.process.stdout is not None
-        loop = asyncio.get_running_loop()
-        read_fd, write_fd = self.process.stdout.fileno(), self.process.stdin.fileno()
-        os.set_blocking(read_fd, False)
-        splitter = FrameSplitter(protocol.DEFAULT_MAX_FRAME_SIZE)
-        waiting: dict[int, tuple[asyncio.Future[None], list[memoryview]]] = {}
-
-        def readable() -> None:
-            frames: list[memoryview] = []
-            splitter.feed(os.read(read_fd, 256 * 1024), frames)
-            for body in frames:
-                reply = protocol.decode_reply(body)
-                if isinstance(reply, protocol.Audio):
-                    waiting[reply.id][1].append(reply.pcm)
-                elif isinstance(reply, (protocol.Done, protocol.Pong)):
-                    waiting.pop(reply.id)[0].set_result(None)
-
-        loop.add_reader(read_fd, readable)
-        try:
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            for _ in range(count):
-                request_id = next(self.ids)
-                done: asyncio.Future[None] = loop.create_future()
-                parts: list[memoryview] = []
-                waiting[request_id] = (done, parts)
-                if self.ping:
-                    os.write(write_fd, protocol.frame(protocol.Ping(id=request_id)))
-                    await done
-                    continue
-                request = protocol.Synthesize(id=request_id, text="x", options=self.options)
-                os.write(write_fd, protocol.frame(request))
-                await done
-                audio = np.concatenate([np.frombuffer(part, dtype="<i2") for part in parts])
-                assert len(audio) == self.samples
-            return time.perf_counter() - wall0, time.process_time() - cpu0
-        finally:
-            loop.remove_reader(read_fd)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await floor_requests(
+            self.process.stdout.fileno(),
+            self.process.stdin.fileno(),
+            self.ids,
+            count,
+            None if self.ping else self.options,
+            self.samples,
+        )
+        return time.perf_counter() - wall0, time.process_time() - cpu0
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         pid = self.process.pid

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 REPO = os.path.dirname(HERE)
 #: One record per pipe syscall: (call, fd, began, ended, bytes).
 Record = tuple[str, int, float, float, int]
@@ -172,9 +173,9 @@ def run_ours(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[lis
 
 def run_floor(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[list[tuple[float, float]], list[Record]]:
     import asyncio
+    import itertools
 
-    from indextts_sidecar import protocol
-    from indextts_sidecar.protocol.framing import FrameSplitter
+    from bench_requests import floor_requests
 
     process = subprocess.Popen(
         _child_command(out, "floor"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=_env()
@@ -182,52 +183,18 @@ def run_floor(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[li
     assert process.stdin is not None and process.stdout is not None
     assert process.stdout.read(1) == b"R"
     read_fd, write_fd = process.stdout.fileno(), process.stdin.fileno()
+    options = None if args.op == "ping" else {"seconds": 0.06}
     marks: list[tuple[float, float]] = []
-    recorded: list[Record] = []
+    ids = itertools.count(1)
 
     async def main() -> None:
-        # As bench_requests.py's LoopFloor: a readiness callback completes a future per
-        # request; the audio is joined into one array.
-        import numpy as np
-
-        loop = asyncio.get_running_loop()
-        os.set_blocking(read_fd, False)
-        splitter = FrameSplitter(protocol.DEFAULT_MAX_FRAME_SIZE)
-        waiting: dict[int, tuple[asyncio.Future[None], list[memoryview]]] = {}
-
-        def readable() -> None:
-            frames: list[memoryview] = []
-            splitter.feed(os.read(read_fd, 256 * 1024), frames)
-            for body in frames:
-                reply = protocol.decode_reply(body)
-                if isinstance(reply, protocol.Audio):
-                    waiting[reply.id][1].append(reply.pcm)
-                elif isinstance(reply, (protocol.Done, protocol.Pong)):
-                    waiting.pop(reply.id)[0].set_result(None)
-
-        loop.add_reader(read_fd, readable)
-        clock = time.perf_counter
-        for number in range(200 + args.requests):
-            if number == 200:
-                del log[:]
-            done: asyncio.Future[None] = loop.create_future()
-            parts: list[memoryview] = []
-            waiting[number] = (done, parts)
-            began = clock()
-            if args.op == "ping":
-                os.write(write_fd, protocol.frame(protocol.Ping(id=number)))
-                await done
-            else:
-                request = protocol.Synthesize(id=number, text="x", options={"seconds": 0.06})
-                os.write(write_fd, protocol.frame(request))
-                await done
-                assert len(np.concatenate([np.frombuffer(part, dtype="<i2") for part in parts])) == 1440
-            if number >= 200:
-                marks.append((began, clock()))
-        loop.remove_reader(read_fd)
-        recorded.extend(r for r in log if r[1] in (read_fd, write_fd))
+        # bench_requests.py's asyncio floor parent: a readiness callback completes a future per request.
+        await floor_requests(read_fd, write_fd, ids, 200, options, 1440)
+        del log[:]
+        await floor_requests(read_fd, write_fd, ids, args.requests, options, 1440, marks)
 
     asyncio.run(main())
+    recorded = [r for r in log if r[1] in (read_fd, write_fd)]
     process.stdin.close()
     process.wait(10)
     process.stdout.close()
