@@ -1,7 +1,7 @@
 """Where one request's time goes: its critical path, from the pipe syscalls of both processes.
 
     .venv/bin/python bench/bench_trace.py [--rounds 5] [--requests 2000] [--op synthesize|ping]
-        [--backend asyncio|trio]
+        [--backend asyncio|trio] [--before CHECKOUT]
 
 Ours (``Client`` and ``python -m indextts_sidecar --engine fake``) and the asyncio floor
 (``_loop_floor_server.py`` and the minimal parent of bench_requests.py) take turns, a fresh
@@ -22,6 +22,9 @@ begins and returns.  Requests go one at a time; each round trip splits into:
 Prints, per contender, the median (min-max) over the rounds of each part's median.  The
 syscall and wake-up parts are what any two processes pay on this machine; the Python parts
 are each design's own.  The hooks cost each side well under a microsecond per call.
+``--before`` (another checkout, e.g. a git worktree) adds ours from that checkout, client and
+sidecar, taking turns with the others: a change's effect on each part, free of the drift
+between runs.  Ours runs in a parent process of its own, started per round.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ sys.path.insert(0, HERE)
 REPO = os.path.dirname(HERE)
 #: One record per pipe syscall: (call, fd, began, ended, bytes).
 Record = tuple[str, int, float, float, int]
+#: Runs one round of a contender: (each request's begin and end, the parent's records).
+Contender = Callable[[argparse.Namespace, str, list[Record]], tuple[list[tuple[float, float]], list[Record]]]
 PARTS = (
     "parent, to its write",
     "parent write",
@@ -139,6 +144,30 @@ def _child_command(out: str, *argv: str) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "--child", out, "--", *argv]
 
 
+def parent_main(args: argparse.Namespace) -> None:
+    """Ours, in a parent process of its own (``--parent``): run the requests, write the records."""
+    log = record_pipe_calls()
+    marks, recorded = run_ours(args, args.child_out, log)
+    with open(args.parent, "w") as f:
+        json.dump({"marks": marks, "parent": recorded}, f)
+
+
+def ours_in(repo: str) -> Contender:
+    """A contender: ours from the checkout ``repo``, parent and sidecar, in a process of its own."""
+
+    def run(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[list[tuple[float, float]], list[Record]]:
+        report = out + ".parent"
+        argv = ["--op", args.op, "--backend", args.backend, "--requests", str(args.requests)]
+        command = [sys.executable, os.path.abspath(__file__), "--parent", report, "--child-out", out, *argv]
+        env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        subprocess.run(command, env=env, cwd=repo, check=True)
+        with open(report) as f:
+            result = json.load(f)
+        return [tuple(m) for m in result["marks"]], [tuple(r) for r in result["parent"]]  # type: ignore[misc]
+
+    return run
+
+
 def run_ours(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[list[tuple[float, float]], list[Record]]:
     import anyio
 
@@ -146,10 +175,11 @@ def run_ours(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[lis
 
     marks: list[tuple[float, float]] = []
     recorded: list[Record] = []
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["indextts_client"].__file__ or "")))
 
     async def main() -> None:
         command = _child_command(out, "--engine", "fake", "--log-level", "warning")
-        async with Client(command=command, env={"PYTHONPATH": REPO}) as client:
+        async with Client(command=command, env={"PYTHONPATH": repo}) as client:
 
             async def request() -> None:
                 if args.op == "ping":
@@ -211,14 +241,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="ours")
+    parser.add_argument("--before", help="another checkout whose client and sidecar to run too (a git worktree)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--parent", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("argv", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(args.child, args.argv)
         return
+    if args.parent:
+        parent_main(args)
+        return
     log = record_pipe_calls()
-    contenders = {f"ours ({args.backend})": run_ours, "asyncio floor": run_floor}
+    contenders = {f"ours ({args.backend})": ours_in(REPO), "asyncio floor": run_floor}
+    if args.before:
+        contenders[f"before ({args.backend})"] = ours_in(os.path.abspath(args.before))
     rounds: dict[str, dict[str, list[float]]] = {name: {part: [] for part in (*PARTS, "total")} for name in contenders}
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "child.json")
