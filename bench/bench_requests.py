@@ -1,7 +1,7 @@
 """Per-request cost, side by side: this project on asyncio and on trio, the seed's protocol, a raw pipe.
 
     .venv/bin/python bench/bench_requests.py [--rounds 5] [--requests 300] [--in-flight 1]
-        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5]
+        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5] [--cpus 0]
 
 Each contender keeps one sidecar (or server) alive for the whole run; the rounds rotate
 the order, and each round runs ``--requests`` requests per contender, one after another
@@ -17,7 +17,8 @@ Besides wall time, it reads the CPU time both processes spent (the parent's
 ``process_time``, the child's ``utime + stime`` from ``/proc/PID/stat``), so what each
 request costs shows apart from how busy the machine was.  Prints medians with min-max
 over the rounds, and per-round ratios to the seed and to the raw pipe (its time, and its
-parent's CPU).  Linux only (``/proc``).
+parent's CPU).  ``--cpus`` pins this script, and so every child, to the CPUs given: with
+one CPU no wake-up has to reach another CPU.  Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -339,8 +340,16 @@ def parse_args(
     parser.add_argument(
         "--hold", action="store_true", help="ours keeps each result until the next arrives, as most applications do"
     )
+    parser.add_argument(
+        "--cpus",
+        type=lambda text: {int(cpu) for cpu in text.split(",")},
+        help="run this script and every child on these CPUs only (e.g. 0): no wake-up crosses CPUs",
+    )
     extra(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, args.cpus)  # before any child is spawned: they inherit it
+    return args
 
 
 def main() -> None:
