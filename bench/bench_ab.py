@@ -6,9 +6,10 @@
 
 Runs bench_requests.py's measure of ours (a client and its sidecar, on asyncio and on
 trio) from both checkouts, this one and ``--before``, taking turns round by round (the
-order rotating), and prints each one's requests/s, CPU and minor page faults (the parent's)
-per request, with the per-round speed ratio of this checkout over the other: a drift of the
-machine hits both alike.
+order rotating; fresh processes each round, both checkouts with the same hash seed), and
+prints each one's requests/s, CPU and minor page faults (the parent's) per request, with
+the per-round speed ratio of this checkout over the other: a drift of the machine hits
+both alike.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_requests import REPO, Ours, interleave, parse_args, ratios, stat  # noqa: E402
+from bench_requests import REPO, interleave, ours, parse_args, ratios, stat  # noqa: E402
 
 
 def main() -> None:
@@ -29,10 +30,9 @@ def main() -> None:
     )
     backends = ("asyncio", "trio")
     checkouts = ((args.before, "before"), (REPO, "now"))
-    contenders = [Ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]
-    rows = interleave(contenders, args)
+    contenders = [ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]
+    rows, faults = interleave(contenders, args)
     n = args.requests
-    faults = {c.name: c.faults for c in contenders}
     print(f"{args.rounds} rounds x {n} requests, {args.in_flight} in flight; median (min-max):")
     print(
         f"{'':18} {'requests/s':>20} {'parent CPU/req (us)':>22} {'child CPU/req (us)':>21}"

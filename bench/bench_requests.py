@@ -1,14 +1,21 @@
 """Per-request cost, side by side: this project on asyncio and on trio, the seed's protocol, a raw pipe.
 
     .venv/bin/python bench/bench_requests.py [--rounds 5] [--requests 300] [--in-flight 1]
-        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5] [--cpus 0]
+        [--op synthesize|ping] [--seconds 0.06] [--chunk-seconds 0.5] [--cpus 0] [--hash-seed 1]
 
-Each contender keeps one sidecar (or server) alive for the whole run; the rounds rotate
-the order, and each round runs ``--requests`` requests per contender, one after another
-(or ``--in-flight`` at a time for ours).  A request is a ``synthesize`` of ``--seconds``
-of audio with zero model time (the fake engine yields it in chunks of ``--chunk-seconds``;
-the seed's protocol returns it whole, the raw pipe in one block), or with ``--op ping``
-a health check (the raw pipe answers an empty block).  With one request in flight the
+Each round starts every contender afresh, in the rotating order: a parent process of its
+own and its sidecar (or server), all with the round's ``PYTHONHASHSEED`` (``--hash-seed``
+plus the round's number), kept busy for ``--warmup`` seconds (a new pair of processes runs
+differently for its first few tenths of a second); then ``--requests`` requests, one after
+another (or ``--in-flight`` at a time for ours), and it is closed.  A process keeps its hash
+seed and memory layout for life, and on this machine they alone move its per-request cost
+by up to a fifth: fresh processes each round put that draw into the spread, where one
+process per run would carry a single draw into every round.
+
+A request is a ``synthesize`` of ``--seconds`` of audio with zero model time (the fake
+engine yields it in chunks of ``--chunk-seconds``; the seed's protocol returns it whole,
+the raw pipe in one block), or with ``--op ping`` a health check (the raw pipe answers an
+empty block).  With one request in flight the
 asyncio floor runs too: the same frames between an asyncio parent and an asyncio child with
 an engine thread, and nothing else (``_loop_floor_server.py``), the least an event-loop
 design pays.
@@ -104,24 +111,36 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
-class Ours:
-    """A worker process running the client (and its sidecar) of the checkout at ``repo``."""
+class Worker:
+    """One contender in a process of its own, spawned for one round and closed after it.
 
-    def __init__(self, backend: str, args: argparse.Namespace, repo: str = REPO, name: str = "ours") -> None:
-        self.name = f"{name} ({backend})"
-        settings = {"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds, "hold": args.hold}
+    A fresh process each round draws its own hash seed (``PYTHONHASHSEED``, which the
+    round sets for every contender alike) and memory layout: on this machine those move
+    one process's per-request cost by up to a fifth for its whole life, so a process
+    kept for a whole run would carry one draw into every round.
+    """
+
+    def __init__(self, name: str, command: list[str], repo: str, hash_seed: int, args: argparse.Namespace) -> None:
+        self.name = name
+        env = {
+            **os.environ,
+            "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PYTHONHASHSEED": str(hash_seed),
+        }
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WORKER, backend, json.dumps(settings)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**ENV, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")},
-            cwd=repo,
-            text=True,
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=repo, text=True
         )
         assert self.process.stdout is not None and self.process.stdin is not None
+        #: The pid of the process that answers the requests (the sidecar, the server).
         self.child = json.loads(self.process.stdout.readline())["ready"]
-        #: The parent's minor page faults per request, per round.
-        self.faults: list[float] = []
+        #: The parent's minor page faults per request, in the last run.
+        self.faults = 0.0
+        # Past start-up: for its first few tenths of a second a new process pair here runs
+        # in a regime of its own (more CPU per request, and often faster wake-ups), and a
+        # sidecar that serves an application is long past it.
+        began = time.perf_counter()
+        while time.perf_counter() - began < args.warmup:
+            self.run(max(1, args.requests // 10), args.in_flight)
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -129,13 +148,33 @@ class Ours:
         self.process.stdin.write(f"{count} {in_flight}\n")
         self.process.stdin.flush()
         report = json.loads(self.process.stdout.readline())
-        self.faults.append(report["faults"] / count)
+        self.faults = report["faults"] / count
         return report["wall"], report["cpu"], child_cpu(self.child) - before
 
     def close(self) -> None:
         assert self.process.stdin is not None
         self.process.stdin.close()
         self.process.wait(30)
+
+
+#: (name, a function of the round's hash seed that starts the contender's worker)
+Contender = tuple[str, Callable[[int], Worker]]
+
+
+def _settings(args: argparse.Namespace) -> str:
+    return json.dumps({"op": args.op, "seconds": args.seconds, "chunk_seconds": args.chunk_seconds, "hold": args.hold})
+
+
+def ours(backend: str, args: argparse.Namespace, repo: str = REPO, name: str = "ours") -> Contender:
+    """The client and sidecar of the checkout at ``repo``, on ``backend``."""
+    command = [sys.executable, "-c", WORKER, backend, _settings(args)]
+    return f"{name} ({backend})", lambda seed: Worker(f"{name} ({backend})", command, repo, seed, args)
+
+
+def blocking(kind: str, args: argparse.Namespace) -> Contender:
+    """One of the yardsticks (``seed``, ``raw pipe``, ``asyncio floor``), its parent in a worker."""
+    command = [sys.executable, os.path.abspath(__file__), "--serve", kind, _settings(args)]
+    return kind, lambda seed: Worker(kind, command, REPO, seed, args)
 
 
 class Seed:
@@ -145,8 +184,8 @@ class Seed:
         sys.path.insert(0, HERE)
         from bench_protocol import SeedParent
 
-        self.name = "seed"
         self.parent = SeedParent()
+        self.pid = self.parent.process.pid
         self.op, self.seconds = args.op, args.seconds
         for _ in range(20):
             self.request()
@@ -158,13 +197,11 @@ class Seed:
         else:
             assert len(self.parent.synthesize(self.seconds)) == round(self.seconds * 24000)
 
-    def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
-        pid = self.parent.process.pid
-        before = child_cpu(pid)
+    def run(self, count: int) -> tuple[float, float]:
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        for _ in range(count):  # the seed answers one request at a time, whatever in_flight says
+        for _ in range(count):  # the seed answers one request at a time, whatever is asked in flight
             self.request()
-        return time.perf_counter() - wall0, time.process_time() - cpu0, child_cpu(pid) - before
+        return time.perf_counter() - wall0, time.process_time() - cpu0
 
     def close(self) -> None:
         self.parent.close()
@@ -177,17 +214,16 @@ class Floor:
         sys.path.insert(0, HERE)
         from bench_protocol import FloorParent
 
-        self.name = "raw pipe"
         self.parent = FloorParent()
+        self.pid = self.parent.process.pid
         self.seconds = 0.0 if args.op == "ping" else args.seconds
+        self.run(20)
 
-    def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
-        pid = self.parent.process.pid
-        before = child_cpu(pid)
+    def run(self, count: int) -> tuple[float, float]:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(count):
             self.parent.request(self.seconds)
-        return time.perf_counter() - wall0, time.process_time() - cpu0, child_cpu(pid) - before
+        return time.perf_counter() - wall0, time.process_time() - cpu0
 
     def close(self) -> None:
         self.parent.close()
@@ -263,8 +299,8 @@ class LoopFloor:
         sys.path.insert(0, HERE)
         from bench_protocol import spawn_server
 
-        self.name = "asyncio floor"
         self.process = spawn_server("_loop_floor_server.py")
+        self.pid = self.process.pid
         options = {"seconds": args.seconds}
         if args.chunk_seconds is not None:
             options["chunk_seconds"] = args.chunk_seconds
@@ -286,17 +322,37 @@ class LoopFloor:
         )
         return time.perf_counter() - wall0, time.process_time() - cpu0
 
-    def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
-        pid = self.process.pid
-        before = child_cpu(pid)
-        wall, cpu = asyncio.run(self._requests(count))
-        return wall, cpu, child_cpu(pid) - before
+    def run(self, count: int) -> tuple[float, float]:
+        return asyncio.run(self._requests(count))
 
     def close(self) -> None:
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.close()
         self.process.wait(10)
         self.process.stdout.close()
+
+
+def serve(kind: str, settings: str) -> None:
+    """A yardstick's worker (``--serve``): its parent runs here, its server is a child; see :class:`Worker`."""
+    import resource
+
+    args = argparse.Namespace(**json.loads(settings))
+    kinds: dict[str, Callable[[argparse.Namespace], Union[Seed, Floor, LoopFloor]]] = {
+        "seed": Seed,
+        "raw pipe": Floor,
+        "asyncio floor": LoopFloor,
+    }
+    contender = kinds[kind](args)
+    print(json.dumps({"ready": contender.pid}), flush=True)
+    try:
+        for line in sys.stdin:
+            count, _ = map(int, line.split())  # one at a time, whatever is asked in flight
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            wall, cpu = contender.run(count)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+            print(json.dumps({"wall": wall, "cpu": cpu, "faults": faults}), flush=True)
+    finally:
+        contender.close()
 
 
 def stat(values: list[float], scale: float, digits: int = 0) -> str:
@@ -312,18 +368,28 @@ def ratios(values: list[float], reference: list[float]) -> str:
     return stat([a / b for a, b in zip(values, reference, strict=True)], 1, 2)
 
 
-def interleave(contenders: list[Any], args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
-    """Each contender's (wall, parent CPU, child CPU) per round, the order rotating; closes them."""
-    rows: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
-    try:
-        for number in range(args.rounds):
-            shift = number % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
-                rows[contender.name].append(contender.run(args.requests, args.in_flight))
-    finally:
-        for contender in contenders:
-            contender.close()
-    return rows
+Rows = dict[str, list[tuple[float, float, float]]]
+
+
+def interleave(contenders: list[Contender], args: argparse.Namespace) -> tuple[Rows, dict[str, list[float]]]:
+    """Each contender's (wall, parent CPU, child CPU) per round, the order rotating; and the
+    parent's minor page faults per request, per round.
+
+    Every round starts each contender afresh, all with that round's hash seed (``--hash-seed``
+    plus the round's number), runs it, and closes it.
+    """
+    rows: Rows = {name: [] for name, _ in contenders}
+    faults: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for number in range(args.rounds):
+        shift = number % len(contenders)
+        for name, start in contenders[shift:] + contenders[:shift]:
+            worker = start(args.hash_seed + number)
+            try:
+                rows[name].append(worker.run(args.requests, args.in_flight))
+                faults[name].append(worker.faults)
+            finally:
+                worker.close()
+    return rows, faults
 
 
 def parse_args(
@@ -345,6 +411,12 @@ def parse_args(
         type=lambda text: {int(cpu) for cpu in text.split(",")},
         help="run this script and every child on these CPUs only (e.g. 0): no wake-up crosses CPUs",
     )
+    parser.add_argument(
+        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of requests each new contender runs before it is measured"
+    )
     extra(parser)
     args = parser.parse_args()
     if args.cpus:
@@ -356,10 +428,10 @@ def main() -> None:
     args = parse_args(
         __doc__.split("\n\n")[0], lambda parser: parser.add_argument("--json", help="also write the raw rounds here")
     )
-    contenders: list[Any] = [Seed(args), Ours("asyncio", args), Ours("trio", args), Floor(args)]
+    contenders = [blocking("seed", args), ours("asyncio", args), ours("trio", args), blocking("raw pipe", args)]
     if args.in_flight == 1:  # the asyncio floor sends one request at a time
-        contenders.append(LoopFloor(args))
-    rows = interleave(contenders, args)
+        contenders.append(blocking("asyncio floor", args))
+    rows, _ = interleave(contenders, args)
     n = args.requests
     what = "pings" if args.op == "ping" else f"requests of {args.seconds:g} s of audio"
     chunks = "" if args.chunk_seconds is None else f" in {args.chunk_seconds:g} s chunks"
@@ -387,4 +459,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve"]:
+        serve(*sys.argv[2:4])
+    else:
+        main()
