@@ -51,7 +51,8 @@ class Client(Requester):
 
     **Busy.**  When the sidecar's queue is full (``--max-queue``) a request is refused
     ``busy``; with ``pool_timeout`` set it waits instead until another request of this
-    client ends and is sent again, for up to ``pool_timeout`` seconds, and only then raises
+    client ends and is sent again (with none in flight: at once, then after pauses that
+    double up to 0.1 s), for up to ``pool_timeout`` seconds, and only then raises
     :class:`BusyError` (None, the default: at once, as before).
 
     **Requests.**  ``timeout`` and ``idle_timeout`` are the defaults of every request
@@ -188,12 +189,13 @@ class Client(Requester):
         idle_timeout: Union[float, None] = 300.0,
         frame_timeout: Union[float, None] = 10.0,
         redact: Iterable[str] = (),
+        pool_timeout: Union[float, None] = None,
     ) -> Client:
         """A client over an already connected sidecar (TCP, Unix socket, in-memory streams).
 
         The client owns the streams and closes them in :meth:`aclose`.  It cannot
         restart such a sidecar: after the stream ends, every call raises the error
-        that ended it.
+        that ended it.  ``pool_timeout`` is as for a spawned sidecar (see "Busy" above).
         """
         client = cls(
             command=["<streams>"],
@@ -202,6 +204,7 @@ class Client(Requester):
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,
             redact=redact,
+            pool_timeout=pool_timeout,
             inherit_env=False,
             max_restarts=0,
         )

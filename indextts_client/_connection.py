@@ -631,8 +631,10 @@ class Connection(Requester):
         assert self._error is not None
         raise fresh(self._error)
 
-    def _room_event(self) -> anyio.Event:
-        """An event set when the next request of this connection ends."""
+    def _room_event(self) -> Union[anyio.Event, None]:
+        """An event set when the next request of this connection ends; None when none is in flight."""
+        if not self._pending:
+            return None
         self._room_wanted = True
         return self._room
 

@@ -48,6 +48,9 @@ _MAX_RESENDS = 3
 #: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
 #: times the most by which a quiet request's signs of life may trail its engine's progress.
 _QUIET_IDLE_MIN = 10 * protocol.QUIET_PROGRESS_INTERVAL
+#: The longest pause between tries of a request refused busy while no other request of its
+#: connection is in flight (the pauses double from 1 ms).
+_BUSY_PAUSE_MAX = 0.1
 _Build = Callable[[int], protocol.Request]
 
 
@@ -122,6 +125,8 @@ class _Tracked:
         #: How long a request the sidecar refuses ``busy`` waits for room and is sent again.
         self._pool_timeout = pool_timeout
         self._busy_until: Union[float, None] = None
+        #: The pause before sending it again when refused busy with nothing else in flight.
+        self._busy_pause = 0.0
         self._build = build
         self._timeout = timeout
         self._idle = idle_timeout
@@ -273,7 +278,13 @@ class _Tracked:
             await conn._wait_until(ex, deadline)
 
     async def _room_within_pool_timeout(self, conn: Channel) -> bool:
-        """Wait until another request of ``conn`` ends, within ``pool_timeout`` of the first refusal."""
+        """Wait for room in the sidecar's queue, within ``pool_timeout`` of the first refusal.
+
+        Room comes when another request of ``conn`` ends.  With none left in flight no end
+        is coming: the queue emptied before this request read its refusal (it tries again at
+        once), or it is full of other clients' requests (a shared socket sidecar: it tries
+        again after pauses that grow to ``_BUSY_PAUSE_MAX``).
+        """
         assert self._pool_timeout is not None
         now = anyio.current_time()
         if self._busy_until is None:
@@ -281,7 +292,11 @@ class _Tracked:
         limit = self._busy_until if self._deadline is None else min(self._busy_until, self._deadline)
         room = conn._room_event()
         with anyio.move_on_at(limit):
-            await room.wait()
+            if room is not None:
+                await room.wait()
+            else:
+                await anyio.sleep(self._busy_pause)
+                self._busy_pause = min(2 * self._busy_pause + 0.001, _BUSY_PAUSE_MAX)
             return True
         return False
 

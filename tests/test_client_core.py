@@ -155,6 +155,84 @@ async def test_seq_gap_is_a_protocol_error_and_the_request_is_cancelled() -> Non
                 assert conn.pending == 0
 
 
+def answer(request_id: int, *samples: int) -> list[bytes]:
+    """One audio frame and ``done``, as the parts of one write."""
+    return [
+        b"".join(protocol.audio_frame_parts(request_id, 0, RATE, pcm(*samples))),
+        protocol.frame(protocol.Done(id=request_id, samples=len(samples), chunks=1, sample_rate=RATE)),
+    ]
+
+
+def busy(request_id: int) -> bytes:
+    return protocol.frame(protocol.Error(code="busy", id=request_id, retryable=True, message="the queue is full"))
+
+
+async def test_a_busy_request_with_nothing_left_in_flight_is_sent_again_at_once() -> None:
+    """The refusal is read after the client's other request ended: no end is left to wait for.
+
+    With ``pool_timeout`` a refused request waits for another of its client's requests to
+    end; here none is left, and it must not sit out ``pool_timeout`` for an end that never
+    comes.
+    """
+    texts: list[str] = []
+
+    async def peer(reader: FrameReader, writer: FrameWriter) -> None:
+        await writer.send(fake_ready())
+        first, second = await next_request(reader), await next_request(reader)
+        assert isinstance(first, protocol.Synthesize) and isinstance(second, protocol.Synthesize)
+        texts.extend([first.text, second.text])
+        # One write: the client reads that the first ended before that the second was refused.
+        await writer.send_parts([*answer(first.id, 1, 2), busy(second.id)])
+        again = await next_request(reader)
+        assert isinstance(again, protocol.Synthesize) and again.text == second.text
+        await writer.send_parts(answer(again.id, 3, 4, 5))
+        assert await reader.receive() is None
+
+    results: dict[str, list[int]] = {}
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            stream = await scripted_peer(tg, peer)
+            async with Client.connect(stream, stream, pool_timeout=60) as client:
+
+                async def one(text: str) -> None:
+                    results[text] = (await client.synthesize(text)).samples.tolist()
+
+                async with anyio.create_task_group() as requests:
+                    requests.start_soon(one, "a")
+                    requests.start_soon(one, "b")
+    assert results == {texts[0]: [1, 2], texts[1]: [3, 4, 5]}
+
+
+async def test_a_busy_request_refused_again_and_again_backs_off() -> None:
+    """A queue full of other clients' requests (a shared socket sidecar): nothing of this
+    client's ends, so it tries again after pauses that grow, not in a loop, until served."""
+    tries: list[int] = []
+
+    async def peer(reader: FrameReader, writer: FrameWriter) -> None:
+        await writer.send(fake_ready())
+        count, began = 0, None
+        while True:
+            request = await next_request(reader)
+            assert isinstance(request, protocol.Synthesize) and request.text == "waits"
+            count += 1
+            began = anyio.current_time() if began is None else began
+            if anyio.current_time() - began >= 0.3:
+                break
+            await writer.send_parts([busy(request.id)])
+        tries.append(count)
+        await writer.send_parts(answer(request.id, 6, 7))
+        assert await reader.receive() is None
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            stream = await scripted_peer(tg, peer)
+            async with Client.connect(stream, stream, pool_timeout=60) as client:
+                assert (await client.synthesize("waits")).samples.tolist() == [6, 7]
+    # Pauses of 0, 1, 3, 7, 15, 31, 63 and 100 ms: at most 10 tries fit in 0.3 s (fewer on a
+    # slow machine); a loop without pauses makes hundreds.
+    assert 3 <= tries[0] <= 20, tries
+
+
 async def test_done_that_disagrees_with_the_audio_is_a_protocol_error() -> None:
     async def peer(reader: FrameReader, writer: FrameWriter) -> None:
         await writer.send(fake_ready())
