@@ -4,8 +4,10 @@
         [--backend asyncio|trio] [--before CHECKOUT]
 
 Ours (``Client`` and ``python -m indextts_sidecar --engine fake``) and the asyncio floor
-(``_loop_floor_server.py`` and the minimal parent of bench_requests.py) take turns, a fresh
-child per round.  Both processes record when each read and write of their frame pipes
+(``_loop_floor_server.py`` and the minimal parent of bench_requests.py) take turns, each
+round in fresh processes (a parent of its own and its child), all with the round's
+``PYTHONHASHSEED``, busy for ``--warmup`` seconds before the records start (as
+bench_requests.py does, and for the same reasons).  Both processes record when each read and write of their frame pipes
 begins and ends (``os.read``/``readv``/``write``/``writev`` wrapped; ``time.perf_counter``
 is ``CLOCK_MONOTONIC`` on Linux, one clock for both), the parent also when each request
 begins and returns.  Requests go one at a time; each round trip splits into:
@@ -24,7 +26,7 @@ syscall and wake-up parts are what any two processes pay on this machine; the Py
 are each design's own.  The hooks cost each side well under a microsecond per call.
 ``--before`` (another checkout, e.g. a git worktree) adds ours from that checkout, client and
 sidecar, taking turns with the others: a change's effect on each part, free of the drift
-between runs.  Ours runs in a parent process of its own, started per round.
+between runs.
 """
 
 from __future__ import annotations
@@ -145,19 +147,20 @@ def _child_command(out: str, *argv: str) -> list[str]:
 
 
 def parent_main(args: argparse.Namespace) -> None:
-    """Ours, in a parent process of its own (``--parent``): run the requests, write the records."""
+    """A contender's parent, in a process of its own (``--parent``): run the requests, write the records."""
     log = record_pipe_calls()
-    marks, recorded = run_ours(args, args.child_out, log)
+    marks, recorded = (run_floor if args.kind == "floor" else run_ours)(args, args.child_out, log)
     with open(args.parent, "w") as f:
         json.dump({"marks": marks, "parent": recorded}, f)
 
 
-def ours_in(repo: str) -> Contender:
-    """A contender: ours from the checkout ``repo``, parent and sidecar, in a process of its own."""
+def in_own_process(kind: str, repo: str = REPO) -> Contender:
+    """A contender (``ours`` from the checkout ``repo``, or the ``floor``): its parent in a process of its own."""
 
     def run(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[list[tuple[float, float]], list[Record]]:
         report = out + ".parent"
-        argv = ["--op", args.op, "--backend", args.backend, "--requests", str(args.requests)]
+        argv = ["--op", args.op, "--backend", args.backend, "--requests", str(args.requests), "--kind", kind]
+        argv += ["--warmup", str(args.warmup)]
         command = [sys.executable, os.path.abspath(__file__), "--parent", report, "--child-out", out, *argv]
         env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
         subprocess.run(command, env=env, cwd=repo, check=True)
@@ -187,7 +190,9 @@ def run_ours(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[lis
                 else:
                     assert len((await client.synthesize("x", seconds=0.06)).samples) == 1440
 
-            for _ in range(200):
+            clock = time.perf_counter
+            began = clock()
+            while clock() - began < args.warmup:  # past a new pair's first regime (bench_requests.py)
                 await request()
             del log[:]
             clock = time.perf_counter
@@ -219,7 +224,9 @@ def run_floor(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[li
 
     async def main() -> None:
         # bench_requests.py's asyncio floor parent: a readiness callback completes a future per request.
-        await floor_requests(read_fd, write_fd, ids, 200, options, 1440)
+        began = time.perf_counter()
+        while time.perf_counter() - began < args.warmup:
+            await floor_requests(read_fd, write_fd, ids, 100, options, 1440)
         del log[:]
         await floor_requests(read_fd, write_fd, ids, args.requests, options, 1440, marks)
 
@@ -242,6 +249,9 @@ def main() -> None:
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="ours")
     parser.add_argument("--before", help="another checkout whose client and sidecar to run too (a git worktree)")
+    parser.add_argument("--hash-seed", type=int, default=1, help="PYTHONHASHSEED in the first round (+1 each round)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of requests before each round's records")
+    parser.add_argument("--kind", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--parent", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -253,14 +263,16 @@ def main() -> None:
     if args.parent:
         parent_main(args)
         return
-    log = record_pipe_calls()
-    contenders = {f"ours ({args.backend})": ours_in(REPO), "asyncio floor": run_floor}
+    log: list[Record] = []  # every contender's parent records in its own process
+    contenders = {f"ours ({args.backend})": in_own_process("ours"), "asyncio floor": in_own_process("floor")}
     if args.before:
-        contenders[f"before ({args.backend})"] = ours_in(os.path.abspath(args.before))
+        contenders[f"before ({args.backend})"] = in_own_process("ours", os.path.abspath(args.before))
     rounds: dict[str, dict[str, list[float]]] = {name: {part: [] for part in (*PARTS, "total")} for name in contenders}
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "child.json")
         for number in range(args.rounds):
+            # Every process of the round (the parents, the children) with the round's hash seed.
+            os.environ["PYTHONHASHSEED"] = str(args.hash_seed + number)
             names = list(contenders) if number % 2 == 0 else list(reversed(contenders))
             for name in names:
                 marks, parent = contenders[name](args, out, log)
