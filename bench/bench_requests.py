@@ -171,7 +171,7 @@ def ours(backend: str, args: argparse.Namespace, repo: str = REPO, name: str = "
     return f"{name} ({backend})", lambda seed: Worker(f"{name} ({backend})", command, repo, seed, args)
 
 
-def blocking(kind: str, args: argparse.Namespace) -> Contender:
+def yardstick(kind: str, args: argparse.Namespace) -> Contender:
     """One of the yardsticks (``seed``, ``raw pipe``, ``asyncio floor``), its parent in a worker."""
     command = [sys.executable, os.path.abspath(__file__), "--serve", kind, _settings(args)]
     return kind, lambda seed: Worker(kind, command, REPO, seed, args)
@@ -428,9 +428,9 @@ def main() -> None:
     args = parse_args(
         __doc__.split("\n\n")[0], lambda parser: parser.add_argument("--json", help="also write the raw rounds here")
     )
-    contenders = [blocking("seed", args), ours("asyncio", args), ours("trio", args), blocking("raw pipe", args)]
+    contenders = [yardstick("seed", args), ours("asyncio", args), ours("trio", args), yardstick("raw pipe", args)]
     if args.in_flight == 1:  # the asyncio floor sends one request at a time
-        contenders.append(blocking("asyncio floor", args))
+        contenders.append(yardstick("asyncio floor", args))
     rows, _ = interleave(contenders, args)
     n = args.requests
     what = "pings" if args.op == "ping" else f"requests of {args.seconds:g} s of audio"

@@ -49,8 +49,9 @@ sys.path.insert(0, HERE)
 REPO = os.path.dirname(HERE)
 #: One record per pipe syscall: (call, fd, began, ended, bytes).
 Record = tuple[str, int, float, float, int]
-#: Runs one round of a contender: (each request's begin and end, the parent's records).
-Contender = Callable[[argparse.Namespace, str, list[Record]], tuple[list[tuple[float, float]], list[Record]]]
+#: Runs one round of a contender, its parent in a process of its own: (each request's begin
+#: and end, the parent's records).
+Contender = Callable[[argparse.Namespace, str], tuple[list[tuple[float, float]], list[Record]]]
 PARTS = (
     "parent, to its write",
     "parent write",
@@ -112,7 +113,7 @@ def child_main(out: str, argv: list[str]) -> None:
 
 def _after(records: list[Record], when: float, field: int = 2) -> Record:
     """The first record whose ``field`` (2: began, 3: ended) is at or after ``when``."""
-    return next(r for r in records if r[field] >= when)
+    return next(r for r in records if (r[2] if field == 2 else r[3]) >= when)
 
 
 def split(marks: list[tuple[float, float]], parent: list[Record], child: list[Record]) -> dict[str, list[float]]:
@@ -157,7 +158,7 @@ def parent_main(args: argparse.Namespace) -> None:
 def in_own_process(kind: str, repo: str = REPO) -> Contender:
     """A contender (``ours`` from the checkout ``repo``, or the ``floor``): its parent in a process of its own."""
 
-    def run(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[list[tuple[float, float]], list[Record]]:
+    def run(args: argparse.Namespace, out: str) -> tuple[list[tuple[float, float]], list[Record]]:
         report = out + ".parent"
         argv = ["--op", args.op, "--backend", args.backend, "--requests", str(args.requests), "--kind", kind]
         argv += ["--warmup", str(args.warmup)]
@@ -166,7 +167,7 @@ def in_own_process(kind: str, repo: str = REPO) -> Contender:
         subprocess.run(command, env=env, cwd=repo, check=True)
         with open(report) as f:
             result = json.load(f)
-        return [tuple(m) for m in result["marks"]], [tuple(r) for r in result["parent"]]  # type: ignore[misc]
+        return [tuple(m) for m in result["marks"]], [tuple(r) for r in result["parent"]]
 
     return run
 
@@ -263,7 +264,6 @@ def main() -> None:
     if args.parent:
         parent_main(args)
         return
-    log: list[Record] = []  # every contender's parent records in its own process
     contenders = {f"ours ({args.backend})": in_own_process("ours"), "asyncio floor": in_own_process("floor")}
     if args.before:
         contenders[f"before ({args.backend})"] = in_own_process("ours", os.path.abspath(args.before))
@@ -275,10 +275,10 @@ def main() -> None:
             os.environ["PYTHONHASHSEED"] = str(args.hash_seed + number)
             names = list(contenders) if number % 2 == 0 else list(reversed(contenders))
             for name in names:
-                marks, parent = contenders[name](args, out, log)
+                marks, parent = contenders[name](args, out)
                 with open(out) as f:
                     child = [tuple(r) for r in json.load(f)]
-                parts = split(marks, parent, child)  # type: ignore[arg-type]
+                parts = split(marks, parent, child)
                 for part, values in parts.items():
                     rounds[name][part].append(statistics.median(values))
                 rounds[name]["total"].append(statistics.median(e - b for b, e in marks))
