@@ -48,11 +48,14 @@ ENV = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPAT
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def child_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) process ``pid`` has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+def child_cpu(pids: list[int]) -> float:
+    """Seconds of CPU (user + system) the processes ``pids`` have used, together."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
 
 
 # ------------------------------------------------------------------ worker (ours, one backend)
@@ -131,8 +134,10 @@ class Worker:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=repo, text=True
         )
         assert self.process.stdout is not None and self.process.stdin is not None
-        #: The pid of the process that answers the requests (the sidecar, the server).
-        self.child = json.loads(self.process.stdout.readline())["ready"]
+        #: The pids of the processes that answer the requests (the sidecar, the server; a
+        #: pool's sidecars): the worker's first line, ``{"ready": PID}`` or a list of them.
+        ready = json.loads(self.process.stdout.readline())["ready"]
+        self.children: list[int] = ready if isinstance(ready, list) else [ready]
         #: The parent's minor page faults per request, in the last run.
         self.faults = 0.0
         # Past start-up: for its first few tenths of a second a new process pair here runs
@@ -144,12 +149,12 @@ class Worker:
 
     def run(self, count: int, in_flight: int) -> tuple[float, float, float]:
         assert self.process.stdin is not None and self.process.stdout is not None
-        before = child_cpu(self.child)
+        before = child_cpu(self.children)
         self.process.stdin.write(f"{count} {in_flight}\n")
         self.process.stdin.flush()
         report = json.loads(self.process.stdout.readline())
         self.faults = report["faults"] / count
-        return report["wall"], report["cpu"], child_cpu(self.child) - before
+        return report["wall"], report["cpu"], child_cpu(self.children) - before
 
     def close(self) -> None:
         assert self.process.stdin is not None
