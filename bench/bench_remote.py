@@ -1,109 +1,131 @@
 """Per-request overhead of a sidecar reached over a socket, against a piped one.
 
-Three fake sidecars run side by side: one spawned by the client (pipes, the default),
-one listening on a Unix socket and one on loopback TCP (both with a token).  Each round
-sends ``--requests`` requests one after another to each of them in turn (the order
-reversed every other round), for two workloads: ``ping`` (a bare round trip) and a
-``synthesize`` of one second of audio (48 KB at 24 kHz) in one chunk::
+    .venv/bin/python bench/bench_remote.py [--rounds 5] [--requests 1000] [--warmup 1] [--hash-seed 1]
 
-    .venv/bin/python bench/bench_remote.py --rounds 5
+Three fake sidecars: one spawned by its client (pipes, the default), one listening on a
+Unix socket and one on loopback TCP (both with a token, so each connection goes through
+the challenge-response once).  Two workloads: ``ping`` (a bare round trip) and a
+``synthesize`` of one second of audio (48 KB at 24 kHz) in one chunk.  Each round starts
+every transport and workload afresh, in the rotating order, as bench_requests.py does its
+contenders: the client in a process of its own with its sidecar, all with the round's
+``PYTHONHASHSEED``, busy for ``--warmup`` seconds, then ``--requests`` requests one after
+another, then closed.
 
-Prints, per workload and transport, the median time per request (median over rounds of
-each round's median, with the min-max of the round medians) and the difference to pipes.
+Prints per workload and transport the time and the CPU of the client's process and of the
+sidecar per request (median, min-max over the rounds), and each round's difference to
+pipes.  Linux only (``/proc``).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
+import os
 import sys
-import tempfile
-import time
-from collections.abc import Awaitable, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_requests import REPO, Contender, Worker, interleave, stat  # noqa: E402
+
+WORKER = r"""
+import json, subprocess, sys, tempfile, time
 from pathlib import Path
-
 import anyio
-from anyio.abc import Process
-
 from indextts_client import Client
 
 TOKEN = "bench-token-0123456789abcdef"
 
-
-async def listening(directory: Path, listen: str) -> tuple[Process, str]:
-    voices = directory / "voices"
-    voices.mkdir(exist_ok=True)
+async def listening(directory, listen):
     (directory / "token").write_text(TOKEN)
-    command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
-    command += ["--listen", listen, "--voice-dir", str(voices), "--token-file", str(directory / "token")]
+    (directory / "voices").mkdir()
+    command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING",
+               "--listen", listen, "--token-file", str(directory / "token"), "--voice-dir", str(directory / "voices")]
     process = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=None)
-    assert process.stdout is not None
     line = b""
     with anyio.fail_after(30):
         while not line.endswith(b"\n"):
             line += await process.stdout.receive(1)
     return process, line.decode().strip().removeprefix("listening on ")
 
-
-async def timed(call: Callable[[], Awaitable[object]], requests: int) -> float:
-    """The median seconds of ``requests`` sequential calls."""
-    times = []
-    for _ in range(requests):
-        began = time.perf_counter()
-        await call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-async def main(args: argparse.Namespace) -> None:
+async def main():
+    transport, op = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory(prefix="itts-bench-") as tmp:
-        directory = Path(tmp)
-        unix_process, unix_url = await listening(directory, f"unix://{directory}/s.sock")
-        tcp_process, tcp_url = await listening(directory, "tcp://127.0.0.1:0")
-        clients = {
-            "pipes": Client("fake"),
-            "unix": Client(url=unix_url, token=TOKEN),
-            "tcp": Client(url=tcp_url, token=TOKEN),
-        }
-        workloads: dict[str, Callable[[Client], Callable[[], Awaitable[object]]]] = {
-            "ping": lambda c: c.ping,
-            "synthesize 1 s": lambda c: lambda: c.synthesize("x", seconds=1.0, chunk_seconds=1.0),
-        }
-        results: dict[tuple[str, str], list[float]] = {(w, t): [] for w in workloads for t in clients}
+        directory, server = Path(tmp), None
+        if transport == "pipes":
+            client = Client("fake")
+        else:
+            listen = f"unix://{directory}/s.sock" if transport == "unix" else "tcp://127.0.0.1:0"
+            server, url = await listening(directory, listen)
+            client = Client(url=url, token=TOKEN)
         try:
-            for client in clients.values():
-                await client.start()
+            async with client:
                 await client.load()
-            for number in range(args.rounds):
-                order = list(clients) if number % 2 == 0 else list(reversed(clients))
-                for workload, make in workloads.items():
-                    for name in order:
-                        call = make(clients[name])
-                        await timed(call, 5)  # warm-up, not counted
-                        results[workload, name].append(await timed(call, args.requests))
+                if op == "ping":
+                    request = client.ping
+                else:
+                    async def request():
+                        audio = await client.synthesize("x", seconds=1.0, chunk_seconds=1.0)
+                        assert len(audio.samples) == 24000, len(audio.samples)
+                print(json.dumps({"ready": client.pid if server is None else server.pid}), flush=True)
+                for line in sys.stdin:
+                    count = int(line.split()[0])
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    for _ in range(count):
+                        await request()
+                    print(json.dumps({"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0,
+                                      "faults": 0}), flush=True)
         finally:
-            for client in clients.values():
-                await client.aclose()
-            for process in (unix_process, tcp_process):
-                process.terminate()
-                await process.wait()
-                await process.aclose()
-    print(f"{args.rounds} rounds of {args.requests} sequential requests per transport and workload")
-    for workload in workloads:
-        base = statistics.median(results[workload, "pipes"])
-        print(f"  {workload}:")
-        for name in clients:
-            values = [v * 1e6 for v in results[workload, name]]
-            median = statistics.median(values)
+            if server is not None:
+                server.terminate()
+                await server.wait()
+                await server.aclose()
+
+anyio.run(main)
+"""
+
+TRANSPORTS = ("pipes", "unix", "tcp")
+WORKLOADS = {"ping": "ping", "synthesize": "synthesize 1 s"}
+
+
+def transport(name: str, op: str, args: argparse.Namespace) -> Contender:
+    """A client and its sidecar over ``name`` (pipes, unix, tcp), in a worker process."""
+    command = [sys.executable, "-c", WORKER, name, op]
+    label = f"{op} {name}"
+    return label, lambda seed: Worker(label, command, REPO, seed, args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument(
+        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of requests each new client runs before it is measured"
+    )
+    args = parser.parse_args()
+    args.in_flight = 1
+    contenders = [transport(name, op, args) for op in WORKLOADS for name in TRANSPORTS]
+    rows, _ = interleave(contenders, args)
+    n = args.requests
+    print(f"{args.rounds} rounds x {n} sequential requests per transport and workload; median (min-max):")
+    print(
+        f"{'':24} {'per request (us)':>18} {'against pipes (us)':>20}"
+        f" {'client CPU/req (us)':>21} {'sidecar CPU/req (us)':>22}"
+    )
+    for op, title in WORKLOADS.items():
+        pipes = [wall / n for wall, _, _ in rows[f"{op} pipes"]]
+        for name in TRANSPORTS:
+            values = rows[f"{op} {name}"]
+            times = [wall / n for wall, _, _ in values]
+            extra = [a - b for a, b in zip(times, pipes, strict=True)]
             print(
-                f"    {name:5}: {median:7.0f} us per request ({min(values):.0f}-{max(values):.0f})"
-                f"  {median - base * 1e6:+6.0f} us against pipes"
+                f"{title + ', ' + name:24} {stat(times, 1e6):>18} {stat(extra, 1e6):>20}"
+                f" {stat([cpu / n for _, cpu, _ in values], 1e6):>21}"
+                f" {stat([cpu / n for _, _, cpu in values], 1e6):>22}"
             )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=200)
-    anyio.run(main, parser.parse_args())
+    main()
