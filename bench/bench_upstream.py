@@ -5,7 +5,7 @@ speaks noise, but every step of upstream's pipeline runs), through a spawned sid
 the public client::
 
     INDEXTTS_UPSTREAM_PYTHON=$(python3 tests/upstream/build_venv.py github) \\
-        .venv/bin/python bench/bench_upstream.py --rounds 3
+        .venv/bin/python bench/bench_upstream.py --rounds 5
 
 * Voice switching: two sidecars side by side, one with the adapter's voice cache
   (``voice_cache=4``), one without (``voice_cache=0``: upstream's own one-slot cache,
@@ -108,7 +108,7 @@ async def run(python: str, src: str, ckpt: Path, rounds: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ckpt", help="an IndexTTS-2 fixture from tests/upstream/fixture.py (else built now)")
     args = parser.parse_args()
     python = os.environ.get("INDEXTTS_UPSTREAM_PYTHON")
