@@ -26,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_requests import REPO, Contender, Worker, interleave, ratios, stat  # noqa: E402
+from bench_requests import REPO, Contender, Worker, interleave, ratios, stat, worker_options  # noqa: E402
 
 WORKER = r"""
 import json, sys, time
@@ -77,12 +77,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--compute", type=float, default=0.05, help="simulated inference per request, a sleep")
     parser.add_argument("--seconds", type=float, default=1.0, help="audio per request, in one chunk")
-    parser.add_argument(
-        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=1.0, help="seconds of requests each new pool runs before it is measured"
-    )
+    worker_options(parser)
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     rows, _ = interleave([pool(size, args) for size in sizes], args)

@@ -25,7 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_requests import REPO, Contender, Worker, interleave, stat  # noqa: E402
+from bench_requests import REPO, Contender, Worker, interleave, stat, worker_options  # noqa: E402
 
 WORKER = r"""
 import json, subprocess, sys, tempfile, time
@@ -98,12 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument(
-        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=1.0, help="seconds of requests each new client runs before it is measured"
-    )
+    worker_options(parser)
     args = parser.parse_args()
     args.in_flight = 1
     contenders = [transport(name, op, args) for op in WORKLOADS for name in TRANSPORTS]

@@ -397,6 +397,16 @@ def interleave(contenders: list[Contender], args: argparse.Namespace) -> tuple[R
     return rows, faults
 
 
+def worker_options(parser: argparse.ArgumentParser) -> None:
+    """``--hash-seed`` and ``--warmup``, which :class:`Worker` and :func:`interleave` read."""
+    parser.add_argument(
+        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of requests each new contender runs before it is measured"
+    )
+
+
 def parse_args(
     description: str, extra: Callable[[argparse.ArgumentParser], object] = lambda _: None
 ) -> argparse.Namespace:
@@ -416,12 +426,7 @@ def parse_args(
         type=lambda text: {int(cpu) for cpu in text.split(",")},
         help="run this script and every child on these CPUs only (e.g. 0): no wake-up crosses CPUs",
     )
-    parser.add_argument(
-        "--hash-seed", type=int, default=1, help="PYTHONHASHSEED of every process in the first round (+1 each round)"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=1.0, help="seconds of requests each new contender runs before it is measured"
-    )
+    worker_options(parser)
     extra(parser)
     args = parser.parse_args()
     if args.cpus:
