@@ -211,10 +211,10 @@ def run_floor(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[li
     import asyncio
     import itertools
 
-    from bench_requests import floor_requests
+    from bench_requests import ENV, floor_requests
 
     process = subprocess.Popen(
-        _child_command(out, "floor"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=_env()
+        _child_command(out, "floor"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=ENV
     )
     assert process.stdin is not None and process.stdout is not None
     assert process.stdout.read(1) == b"R"
@@ -239,19 +239,16 @@ def run_floor(args: argparse.Namespace, out: str, log: list[Record]) -> tuple[li
     return marks, recorded
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
 def main() -> None:
+    from bench_requests import worker_options
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="ours")
     parser.add_argument("--before", help="another checkout whose client and sidecar to run too (a git worktree)")
-    parser.add_argument("--hash-seed", type=int, default=1, help="PYTHONHASHSEED in the first round (+1 each round)")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of requests before each round's records")
+    worker_options(parser)
     parser.add_argument("--kind", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--parent", help=argparse.SUPPRESS)
