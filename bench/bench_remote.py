@@ -72,8 +72,8 @@ async def main():
                     cpu0, wall0 = time.process_time(), time.perf_counter()
                     for _ in range(count):
                         await request()
-                    print(json.dumps({"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0,
-                                      "faults": 0}), flush=True)
+                    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+                    print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
         finally:
             if server is not None:
                 server.terminate()
