@@ -51,7 +51,7 @@ from .protocol import (
 from .protocol.framing import FrameReader, FramingError
 
 if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores voices
-    from ._voices import VoiceStore
+    from ._voices import RegisteredVoices
 
 __all__ = ["Scheduler", "Server"]
 
@@ -112,7 +112,7 @@ class Server:
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         paths: Union[PathPolicy, None] = None,
         scheduler: Union[Scheduler, None] = None,
-        voices: Union[VoiceStore, None] = None,
+        voices: Union[RegisteredVoices, None] = None,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
