@@ -425,7 +425,7 @@ def _sniff(data: bytes) -> Union[tuple[str, str, str], None]:
     return None
 
 
-def probe(data: bytes, max_seconds: float = VoiceLimits.max_clip_seconds) -> Audio:
+def probe(data: bytes, max_seconds: float = _DEFAULT_LIMITS.max_clip_seconds) -> Audio:
     """Decode ``data`` whole; raise :class:`VoiceInvalid` unless it is audio, :class:`VoiceTooLarge` if too long."""
     kind = _sniff(data)
     if kind is None:
@@ -488,7 +488,7 @@ def _decode_soundfile(data: bytes, demuxer: str, max_seconds: float) -> tuple[in
             for block in f.blocks(blocksize=65536, dtype="int16"):
                 frames += len(block)
                 _check_frames(frames, rate, max_seconds)
-    except (RuntimeError, soundfile.LibsndfileError, ValueError, TypeError) as exc:
+    except (RuntimeError, soundfile.LibsndfileError) as exc:
         raise _NotAudio(_short(exc)) from None
     if frames == 0:
         raise _NotAudio("it holds no samples")
