@@ -227,11 +227,14 @@ def main(argv: Union[list[str], None] = None) -> int:
         ("--max-voices", args.max_voices),
         ("--max-voice-total-bytes", args.max_voice_total_bytes),
         ("--max-voice-names", args.max_voice_names),
-        ("--max-voice-seconds", args.max_voice_seconds),
     )
     for name, value in (*limits, *more, *voice_limits):
         if value < 1:
             return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
+    if not args.max_voice_seconds > 0:
+        return _startup_error(
+            frame_fd, "invalid_option", "--max-voice-seconds must be more than 0", "--max-voice-seconds"
+        )
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
