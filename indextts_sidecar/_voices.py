@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .engines import RequestError
+from .engines import EngineError, RequestError
 from .protocol import REGISTERED_PREFIX
 from .voicestore import VoiceLimits, VoiceNotFound, VoiceStore, VoiceStoreError
 
@@ -51,9 +51,16 @@ class RegisteredVoices:
             shown = key if len(key) <= 80 else key[:80] + "..."
             raise RequestError(f"no voice is registered as {shown!r} (register_voice)", field=field) from None
         except VoiceStoreError as exc:
-            raise RequestError(exc.message, field=field) from None
+            raise _request_error(exc) from None
 
 
-def _request_error(exc: VoiceStoreError) -> RequestError:
+def _request_error(exc: VoiceStoreError) -> EngineError:
+    """``invalid_input`` for what the request got wrong; ``busy`` for a store locked too long; else ``internal``."""
     field = {"name": "$.name", "audio": "$.audio"}.get(exc.field or "")
-    return RequestError(exc.message, field=field)
+    if exc.status < 500:
+        return RequestError(exc.message, field=field)
+    if exc.status == 503:
+        error = EngineError(exc.message, code="busy")
+        error.retryable = True
+        return error
+    return EngineError(exc.message, code="internal")

@@ -307,6 +307,8 @@ class VoiceStore:
                 raw = f.read()
         except FileNotFoundError:
             return _Index()
+        except OSError as exc:
+            raise _io_error(exc, "read") from None
         try:
             index = msgspec.json.decode(raw, type=_Index)
         except msgspec.DecodeError:
@@ -320,9 +322,13 @@ class VoiceStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        """Hold the store's lock; a failed write inside becomes a :class:`VoiceStoreError` without a path."""
         import fcntl
 
-        fd = os.open(os.path.join(self.directory, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(os.path.join(self.directory, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _io_error(exc) from None
         try:
             deadline = time.monotonic() + self.lock_timeout
             while True:
@@ -339,6 +345,8 @@ class VoiceStore:
                 time.sleep(0.005)  # flock has no timed wait; another process's change takes milliseconds
             self._sweep_temp_files()
             yield
+        except OSError as exc:
+            raise _io_error(exc) from None
         finally:
             os.close(fd)  # releases the lock
 
@@ -359,6 +367,13 @@ def check_name(name: str) -> None:
         )
     if _ID.fullmatch(name):
         raise VoiceInvalid(f"voice name {name!r} has the form of a voice id", field="name")
+
+
+def _io_error(exc: OSError, doing: str = "write") -> VoiceStoreError:
+    """The store's error for a failed file operation: its reason, never its path."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    reason = exc.strerror or type(exc).__name__
+    return VoiceStoreError(f"the voice store cannot {doing}: {reason}", status=507 if full else 500)
 
 
 def _copy(index: _Index) -> _Index:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import ByteReceiveStream
 from harness import REPO, sidecar
 from voiceclips import clip
 
@@ -183,3 +188,74 @@ def test_each_bound_must_be_positive(flag: str) -> None:
         check=False,
     )
     assert result.returncode == 2 and f"{flag} must be " in result.stderr.decode()
+
+
+_HOLD_LOCK = """
+    import fcntl, os, sys
+    fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _holds_open(pid: int, path: Path) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        try:
+            if os.readlink(fd) == str(path):
+                return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
+async def test_a_register_voice_waiting_on_the_store_holds_up_no_other_connection() -> None:
+    # register_voice runs in a worker thread: while one waits for the store's lock (held
+    # here by another process, as by another pool member mid-write), other connections
+    # are served. Before, it ran on the event loop and froze every connection.
+    root = Path(tempfile.mkdtemp(prefix="itts-"))
+    voices = root / "voices"
+    store = voices / ".registered-voices"
+    store.mkdir(parents=True)
+    command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
+    command += ["--listen", f"unix://{root / 's.sock'}", "--voice-dir", str(voices)]
+    hold = [sys.executable, "-c", textwrap.dedent(_HOLD_LOCK), str(store)]
+    try:
+        with anyio.fail_after(TIMEOUT):
+            async with (
+                await anyio.open_process(hold) as holder,
+                await anyio.open_process(command, stderr=subprocess.DEVNULL) as process,
+            ):
+                assert holder.stdin is not None and holder.stdout is not None and process.stdout is not None
+                assert await _line(holder.stdout) == "locked"
+                url = (await _line(process.stdout)).removeprefix("listening on ")
+                registered: list[str] = []
+                async with Client(url=url) as a, Client(url=url) as b, anyio.create_task_group() as tg:
+
+                    async def register() -> None:
+                        registered.append(await a.register_voice("slow", clip()))
+
+                    tg.start_soon(register)
+                    # Polling the sidecar's state (it opened the lock file: it waits for it), not a delay.
+                    while not _holds_open(process.pid, store / ".lock"):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
+                    # The store stays locked (10 s before register_voice gives up): b is served now.
+                    with anyio.fail_after(5):
+                        for _ in range(3):
+                            await b.ping()
+                        audio = await b.synthesize("meanwhile")
+                    assert audio.samples.tobytes() == render_bytes("meanwhile")
+                    assert registered == []
+                    await holder.stdin.send(b"release\n")
+                assert registered == ["registered:slow"]
+                process.terminate()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _line(stream: ByteReceiveStream) -> str:
+    line = b""
+    while not line.endswith(b"\n"):
+        line += await stream.receive(1)
+    return line.decode().strip()
