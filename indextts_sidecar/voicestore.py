@@ -210,18 +210,13 @@ class VoiceStore:
                 field="audio",
             )
         data = bytes(data)
+        self._check_room_for_name(self._read_index(), name, replace)  # before the decoding: cheap refusals first
         audio = probe(data, limits.max_clip_seconds)  # outside the lock: decoding takes a while
         digest = hashlib.sha256(data).hexdigest()
         filename = digest + audio.ext
         with self._locked():
             index = self._read_index()
-            old = next((e for e in index.voices if e.info.name == name), None)
-            if old is not None and not replace:
-                raise VoiceConflict(f"a voice named {name!r} exists already", field="name")
-            if old is None and len(index.voices) >= limits.max_names:
-                raise VoiceStoreFull(
-                    f"the voice store holds {len(index.voices)} names, its limit (--max-voice-names)", field="name"
-                )
+            old = self._check_room_for_name(index, name, replace)
             info = VoiceInfo(
                 id=old.info.id if old is not None else "voice_" + secrets.token_hex(12),
                 name=name,
@@ -252,6 +247,17 @@ class VoiceStore:
             self._drop_unused(entry.file, index)
 
     # ------------------------------------------------------------------ inside
+
+    def _check_room_for_name(self, index: _Index, name: str, replace: bool) -> Union[_Entry, None]:
+        """The entry ``name`` has now, if any; raise unless ``add(name, replace=replace)`` may go on."""
+        old = next((e for e in index.voices if e.info.name == name), None)
+        if old is not None and not replace:
+            raise VoiceConflict(f"a voice named {name!r} exists already", field="name")
+        if old is None and len(index.voices) >= self.limits.max_names:
+            raise VoiceStoreFull(
+                f"the voice store holds {len(index.voices)} names, its limit (--max-voice-names)", field="name"
+            )
+        return old
 
     def _find(self, index: _Index, id_or_name: str) -> _Entry:
         key = "id" if _ID.fullmatch(id_or_name) else "name"

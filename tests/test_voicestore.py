@@ -135,6 +135,11 @@ def test_the_names_bound(tmp_path: Path) -> None:
         store.add("d", data)
     assert caught.value.status == 413 and caught.value.field == "name"
     assert "3 names, its limit (--max-voice-names)" in caught.value.message
+    # Refused before the clip is decoded: a flood of new names costs no decoding.
+    with pytest.raises(VoiceStoreFull):
+        store.add("d", b"RIFF not decoded")
+    with pytest.raises(VoiceConflict):
+        store.add("a", b"RIFF not decoded")
     # Replacing a name adds none: allowed when full.
     store.add("a", clip(seed=5), replace=True)
     store.delete("b")
