@@ -27,6 +27,7 @@ import builtins
 import errno
 import hashlib
 import io
+import math
 import os
 import re
 import secrets
@@ -40,6 +41,7 @@ import msgspec
 
 __all__ = [
     "INDEX_FILE",
+    "SIDECAR_SUBDIR",
     "VoiceConflict",
     "VoiceInfo",
     "VoiceInvalid",
@@ -52,6 +54,9 @@ __all__ = [
 ]
 
 INDEX_FILE = "index.json"
+#: Where a sidecar keeps its store: this subdirectory of its first ``--voice-dir``.  A server
+#: that shares the sidecars' store (``serve --voice-dir DIR``) opens ``DIR/SIDECAR_SUBDIR``.
+SIDECAR_SUBDIR = ".registered-voices"
 _LOCK_FILE = ".lock"
 _TEMP_PREFIX = ".upload-"
 #: A voice's name: what ``registered:NAME`` and the HTTP ``name`` field carry.
@@ -163,8 +168,8 @@ class VoiceStore:
 
     def __init__(self, directory: str, limits: VoiceLimits = _DEFAULT_LIMITS, *, lock_timeout: float = 10.0) -> None:
         for name in ("max_clip_bytes", "max_clips", "max_total_bytes", "max_names", "max_clip_seconds"):
-            if not getattr(limits, name) > 0:
-                raise ValueError(f"VoiceLimits.{name} must be positive")
+            if not 0 < getattr(limits, name) < math.inf:
+                raise ValueError(f"VoiceLimits.{name} must be positive and finite")
         self.directory = os.path.realpath(directory)
         self.limits = limits
         self.lock_timeout = lock_timeout
@@ -426,7 +431,7 @@ class Audio(msgspec.Struct, frozen=True):
 def _sniff(data: bytes) -> Union[tuple[str, str, str], None]:
     head = data[:12]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
-        return ".wav", "soundfile", "wav"
+        return ".wav", "wave", "wav"
     if head[:4] == b"fLaC":
         return ".flac", "soundfile", "flac"
     if head[:4] == b"OggS":
@@ -455,7 +460,11 @@ def probe(data: bytes, max_seconds: float = _DEFAULT_LIMITS.max_clip_seconds) ->
             field="audio",
         )
     ext, decoder, demuxer = kind
-    decoders = (_decode_soundfile, _decode_av) if decoder == "soundfile" else (_decode_av,)
+    decoders = {
+        "wave": (_decode_soundfile, _decode_wave),  # the standard library's, where soundfile is missing
+        "soundfile": (_decode_soundfile, _decode_av),
+        "av": (_decode_av,),
+    }[decoder]
     missing = []
     for decode in decoders:
         try:
@@ -495,6 +504,24 @@ def _check_format(rate: int, channels: int) -> None:
 def _check_frames(frames: int, rate: int, max_seconds: float) -> None:
     if frames > max_seconds * rate:
         raise _TooLong
+
+
+def _decode_wave(data: bytes, demuxer: str, max_seconds: float) -> tuple[int, int]:
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(data)) as f:
+            rate, channels, width = f.getframerate(), f.getnchannels(), f.getsampwidth()
+            _check_format(rate, channels)
+            frames = 0
+            while chunk := f.readframes(65536):
+                frames += len(chunk) // (width * channels)
+                _check_frames(frames, rate, max_seconds)
+    except (wave.Error, EOFError) as exc:
+        raise _NotAudio(_short(exc)) from None
+    if frames == 0:
+        raise _NotAudio("it holds no samples")
+    return rate, frames
 
 
 def _decode_soundfile(data: bytes, demuxer: str, max_seconds: float) -> tuple[int, int]:

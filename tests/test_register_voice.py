@@ -190,6 +190,17 @@ def test_each_bound_must_be_positive(flag: str) -> None:
     assert result.returncode == 2 and f"{flag} must be " in result.stderr.decode()
 
 
+def test_the_length_bound_must_be_finite() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--max-voice-seconds", "inf"],
+        capture_output=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2 and "--max-voice-seconds must be more than 0 and finite" in result.stderr.decode()
+
+
 _HOLD_LOCK = """
     import fcntl, os, sys
     fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT)

@@ -295,6 +295,8 @@ def test_limits_must_be_positive(tmp_path: Path) -> None:
     for field in ("max_clip_bytes", "max_clips", "max_total_bytes", "max_names", "max_clip_seconds"):
         with pytest.raises(ValueError, match=field):
             VoiceStore(str(tmp_path), VoiceLimits(**{field: 0}))
+    with pytest.raises(ValueError, match="max_clip_seconds must be positive and finite"):
+        VoiceStore(str(tmp_path), VoiceLimits(max_clip_seconds=float("inf")))
 
 
 # ------------------------------------------------------------------ several processes
@@ -421,3 +423,31 @@ def test_info_is_a_frozen_struct() -> None:
     )
     with pytest.raises(AttributeError):
         info.name = "m"  # type: ignore[misc]
+
+
+def test_without_soundfile_wav_still_decodes_and_other_formats_say_what_to_install(
+    tmp_path: Path, children: list[subprocess.Popen[str]]
+) -> None:
+    # The core install has no soundfile: WAV falls back to the standard library's wave.
+    (tmp_path / "a.wav").write_bytes(clip(0.5, rate=16000))
+    (tmp_path / "a.flac").write_bytes(clip(0.5, rate=16000, fmt="FLAC"))
+    code = """
+        import sys
+        sys.modules["soundfile"] = None  # as if not installed: importing it raises ImportError
+        sys.modules["av"] = None
+        from pathlib import Path
+        from indextts_sidecar.voicestore import VoiceStore, VoiceStoreError
+        root = Path(sys.argv[1])
+        store = VoiceStore(str(root / "store"))
+        info = store.add("w", (root / "a.wav").read_bytes())
+        print(info.sample_rate, info.duration_s)
+        try:
+            store.add("f", (root / "a.flac").read_bytes())
+        except VoiceStoreError as exc:
+            print(exc.status, exc.field, exc.message)
+    """
+    child = _python(code, str(tmp_path))
+    children.append(child)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.splitlines() == ["16000 0.5", "415 audio this server cannot decode FLAC clips: install soundfile or av"]
