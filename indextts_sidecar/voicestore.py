@@ -104,8 +104,12 @@ class _Entry(msgspec.Struct, frozen=True):
     file: str
 
 
+_INDEX_VERSION = 1
+
+
 class _Index(msgspec.Struct):
-    version: int = 1
+    #: Changed only with a layout an older reader must not take for its own.
+    version: int = _INDEX_VERSION
     voices: list[_Entry] = msgspec.field(default_factory=list)
 
 
@@ -324,6 +328,10 @@ class VoiceStore:
             index = msgspec.json.decode(raw, type=_Index)
         except msgspec.DecodeError:
             raise VoiceStoreError(f"the voice store's {INDEX_FILE} is unreadable; fix or remove it") from None
+        if index.version != _INDEX_VERSION:
+            raise VoiceStoreError(
+                f"the voice store's {INDEX_FILE} has version {index.version}; this version reads {_INDEX_VERSION}"
+            )
         with self._cache_lock:
             self._cache = (key, index)
         return _copy(index)

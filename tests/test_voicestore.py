@@ -276,6 +276,12 @@ def test_an_unreadable_index_fails_at_start_without_a_path(tmp_path: Path) -> No
     assert "index.json is unreadable" in caught.value.message and str(tmp_path) not in caught.value.message
 
 
+def test_an_index_of_another_version_is_not_taken_for_this_one(tmp_path: Path) -> None:
+    (tmp_path / INDEX_FILE).write_text('{"version": 2, "voices": []}')
+    with pytest.raises(VoiceStoreError, match="has version 2; this version reads 1"):
+        VoiceStore(str(tmp_path))
+
+
 def test_what_the_index_holds(tmp_path: Path) -> None:
     store = VoiceStore(str(tmp_path))
     info = store.add("a", clip())
