@@ -236,9 +236,13 @@ class VoiceStore:
                 created=time.time(),
             )
             others = [e for e in index.voices if e.info.name != name]
+            kept = {e.file for e in others}
+            # The name's old clip, if no other name has it, goes once the index no longer names it
+            # (below): counted as gone, but not removed before, so a failed write loses nothing.
+            leaving = old.file if old is not None and old.file != filename and old.file not in kept else None
             path = os.path.join(self.directory, filename)
             if not os.path.isfile(path):
-                self._make_room(len(data), keep={e.file for e in others})
+                self._make_room(len(data), keep=kept | {old.file} if old is not None else kept, leaving=leaving)
                 _write_file(path, data)
             index.voices = [*others, _Entry(info=info, file=filename)]
             self._write_index(index)
@@ -287,10 +291,13 @@ class VoiceStore:
                     continue
         return found
 
-    def _make_room(self, size: int, keep: set[str]) -> None:
-        """Remove clips no name refers to, oldest first, until one more of ``size`` bytes fits."""
+    def _make_room(self, size: int, keep: set[str], leaving: Union[str, None]) -> None:
+        """Remove clips no name refers to, oldest first, until one more of ``size`` bytes fits.
+
+        ``keep`` are never removed; ``leaving`` (one of them) is not counted: it goes after.
+        """
         limits = self.limits
-        clips = self._clips()
+        clips = [c for c in self._clips() if c[0] != leaving]
         total = sum(st.st_size for _, st in clips)
         spare = sorted((c for c in clips if c[0] not in keep), key=lambda c: c[1].st_mtime_ns)
         while len(clips) + 1 > limits.max_clips or total + size > limits.max_total_bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -17,6 +18,7 @@ import pytest
 from harness import REPO
 from voiceclips import clip
 
+from indextts_sidecar import voicestore
 from indextts_sidecar.voicestore import (
     INDEX_FILE,
     VoiceConflict,
@@ -166,6 +168,28 @@ def test_the_clips_bound_removes_only_clips_no_name_refers_to(tmp_path: Path) ->
     store.add("three", three)
     assert not orphan.exists()
     assert sorted(i.name for i in store.list()) == ["three", "two"]
+
+
+def test_a_full_store_takes_a_new_clip_for_a_name_and_a_failed_write_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = VoiceStore(str(tmp_path), VoiceLimits(max_clips=1))
+    first = store.add("a", clip(seed=1))
+    # The name's old clip is counted as gone: a full store lets the name take a new one.
+    assert store.add("a", clip(seed=2), replace=True).sha256 != first.sha256
+    assert clips_in(tmp_path) == [store.get("a").sha256 + ".wav"]
+
+    def disk_full(path: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(voicestore, "_write_file", disk_full)
+    with pytest.raises(VoiceStoreError) as caught:
+        store.add("a", clip(seed=3), replace=True)
+    assert (
+        caught.value.status == 507 and caught.value.message == "the voice store cannot write: No space left on device"
+    )
+    # The old clip was not removed to make room before the write failed.
+    assert Path(store.path("a")).read_bytes() == clip(seed=2)
 
 
 def test_the_total_bytes_bound(tmp_path: Path) -> None:
