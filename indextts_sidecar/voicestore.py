@@ -164,7 +164,10 @@ _DEFAULT_LIMITS = VoiceLimits()
 
 
 class VoiceStore:
-    """Named reference clips in ``directory`` (created if needed), bounded by ``limits``.
+    """Named reference clips in ``directory`` (created, mode 0700, by the first change), bounded by ``limits``.
+
+    Until then a missing directory is an empty store: a sidecar whose ``--voice-dir`` is
+    read-only starts, serves the clips in it, and refuses ``register_voice`` with the reason.
 
     Safe to use from several threads and several processes at once.  ``lock_timeout`` bounds
     the wait for another process's change to end (:class:`VoiceStoreError`, 503, after it).
@@ -177,7 +180,6 @@ class VoiceStore:
         self.directory = os.path.realpath(directory)
         self.limits = limits
         self.lock_timeout = lock_timeout
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self._cache_lock = threading.Lock()
         self._cache: tuple[tuple[int, int, int], _Index] | None = None
         self._read_index()  # an unreadable index fails now, at start, not at the first request
@@ -352,6 +354,7 @@ class VoiceStore:
         import fcntl
 
         try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
             fd = os.open(os.path.join(self.directory, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise _io_error(exc) from None

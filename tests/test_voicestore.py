@@ -313,6 +313,20 @@ def test_what_the_index_holds(tmp_path: Path) -> None:
     assert index == {"version": 1, "voices": [{"info": msgspec.to_builtins(info), "file": info.sha256 + ".wav"}]}
 
 
+def test_the_directory_is_made_by_the_first_change_and_a_blocked_one_is_a_clear_error(tmp_path: Path) -> None:
+    store = VoiceStore(str(tmp_path / "store"))
+    assert store.list() == [] and not (tmp_path / "store").exists()
+    with pytest.raises(VoiceNotFound):
+        store.path("a")
+    store.add("a", clip())
+    assert (tmp_path / "store").stat().st_mode & 0o777 == 0o700
+    # A store that cannot be read (a file in the way): a clear error, without the path, at once.
+    (tmp_path / "blocked").write_bytes(b"")
+    with pytest.raises(VoiceStoreError) as caught:
+        VoiceStore(str(tmp_path / "blocked" / "store"))
+    assert caught.value.status == 500 and caught.value.message == "the voice store cannot read: Not a directory"
+
+
 def test_a_dead_writers_temporary_file_is_swept(tmp_path: Path) -> None:
     store = VoiceStore(str(tmp_path))
     leftover = tmp_path / ".upload-0123456789abcdef"
