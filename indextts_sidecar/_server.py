@@ -153,8 +153,12 @@ class Server:
             if job.finished:
                 return
             job.finished = True
-            self._inflight.pop(job.id, None)
+            # The terminal frame is in the outbox before the id leaves ``_inflight``: the
+            # event loop checks that set without this lock, and once it finds the id free
+            # its answer to a frame reusing the id (a pong, an error, a new request's
+            # audio) must come after this frame on the wire, never before it.
             self.send(message)
+            self._inflight.pop(job.id, None)
 
     async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
@@ -304,10 +308,15 @@ class Server:
             self._dispatch(message)
         except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
             log.exception("internal error dispatching request %d", message.id)
+            error = Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}")
             with self.scheduler.lock:
-                self._inflight.pop(message.id, None)
-                self.queue.pop(message.id, None)
-            self.send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
+                job = self._inflight.get(message.id)
+                if job is None:
+                    self.send(error)
+                elif self.queue.pop(message.id, None) is not None:
+                    self._finish(job, error)
+                else:  # the engine thread took it already: it ends as cancelled, in order
+                    job.cancel.set()
         return None
 
     # ----------------------------------------------------------- dispatch
