@@ -10,6 +10,7 @@ that cannot start (unknown engine, bad options) answers with an ``error`` frame 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, Union
@@ -79,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any)",
+        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any; "
+        "with --listen, none: voices are uploaded)",
     )
     parser.add_argument(
         "--max-voice-bytes",
@@ -110,7 +112,29 @@ def _parser() -> argparse.ArgumentParser:
     sockets.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (tcp:// only)")
     sockets.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     sockets.add_argument(
-        "--max-connections", type=int, default=64, help="connections served at once; more are refused (default 64)"
+        "--max-connections",
+        type=int,
+        default=64,
+        help="authenticated connections served at once; more are refused 'busy' (default 64)",
+    )
+    sockets.add_argument(
+        "--max-handshakes",
+        type=int,
+        default=32,
+        help="connections in their handshake (TLS, token) at once; a new one past it closes the oldest (default 32)",
+    )
+    sockets.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to complete TLS and the token exchange (default 5)",
+    )
+    sockets.add_argument(
+        "--write-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a connection may take no reply bytes before its running request is cancelled "
+        "and it is closed (default 10)",
     )
     sockets.add_argument(
         "--max-voices",
@@ -205,9 +229,12 @@ def main(argv: Union[list[str], None] = None) -> int:
             )
     limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
     more = (("--max-voice-bytes", args.max_voice_bytes), ("--max-connections", args.max_connections))
-    for name, value in (*limits, *more, ("--max-voices", args.max_voices)):
+    for name, value in (*limits, *more, ("--max-voices", args.max_voices), ("--max-handshakes", args.max_handshakes)):
         if value < 1:
             return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
+    for name, seconds in (("--handshake-timeout", args.handshake_timeout), ("--write-timeout", args.write_timeout)):
+        if not (math.isfinite(seconds) and seconds > 0):
+            return _startup_error(frame_fd, "invalid_option", f"{name} must be more than 0 seconds", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -240,6 +267,9 @@ def main(argv: Union[list[str], None] = None) -> int:
         parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
         if parent_pid is None:
             sys.stderr.write(f"indextts_sidecar: ignoring {_PARENT_ENV}={named_parent!r}: not a process id\n")
+    # A socket without --voice-dir: requests name no files; clips are uploaded (register_voice)
+    # into a private directory made below, removed at exit.
+    uploads_only = listen is not None and not args.voice_dir
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
@@ -249,7 +279,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         sample_rate=engine.sample_rate,
         capabilities=[
             *cls.capabilities,
-            *(["registered_voices"] if args.voice_dir else []),
+            *(["registered_voices"] if args.voice_dir or uploads_only else []),
         ],
         options=msgspec.to_builtins(options),
     )
@@ -266,13 +296,23 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._server import Scheduler, Server
     from .protocol.streams import FdReceiveStream, FdSendStream
 
-    paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
+    private: Union[str, None] = None
+    if uploads_only:
+        import tempfile
+
+        private = tempfile.mkdtemp(prefix="indextts-voices-")
+        logging.getLogger("indextts_sidecar").warning(
+            "listening without --voice-dir: requests may name no files, voices must be uploaded (register_voice); "
+            "they are kept in a private temporary directory, removed at exit"
+        )
+    voice_dirs = [private] if private is not None else args.voice_dir
+    paths = PathPolicy(voice_dirs, args.max_voice_bytes)
     voices = None
-    if args.voice_dir:
+    if voice_dirs:
         from ._voices import STORE_DIR, VoiceStore
 
         voices = VoiceStore(
-            os.path.join(args.voice_dir[0], STORE_DIR), max_bytes=args.max_voice_bytes, max_count=args.max_voices
+            os.path.join(voice_dirs[0], STORE_DIR), max_bytes=args.max_voice_bytes, max_count=args.max_voices
         )
 
     def make_server(scheduler: Union[Scheduler, None] = None) -> Server:
@@ -286,12 +326,22 @@ def main(argv: Union[list[str], None] = None) -> int:
             paths=paths,
             scheduler=scheduler,
             voices=voices,
+            write_timeout=args.write_timeout if listen is not None else None,
+            path_voices=not uploads_only,
         )
 
     if listen is not None:
         from ._listen import serve_socket
 
-        listen_code: int = anyio.run(serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
+        try:
+            listen_code: int = anyio.run(
+                serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid
+            )
+        finally:
+            if private is not None:
+                import shutil
+
+                shutil.rmtree(private, ignore_errors=True)
         sys.stderr.flush()
         if engine_thread_busy():
             os._exit(listen_code)
@@ -327,8 +377,6 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
         address = parse_url(args.listen)
     except ValueError as exc:
         return str(exc), "--listen"
-    if not args.voice_dir:
-        return "--listen needs --voice-dir: over a socket, requests may name files only inside it", "--voice-dir"
     token = None
     if args.token_file is not None:
         try:
@@ -360,7 +408,14 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
             ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             return f"--tls-cert/--tls-key: {exc}", "--tls-cert"
-    return ListenConfig(address, token, ssl_context, args.max_connections)
+    return ListenConfig(
+        address,
+        token,
+        ssl_context,
+        args.max_connections,
+        max_handshakes=args.max_handshakes,
+        handshake_timeout=args.handshake_timeout,
+    )
 
 
 #: Seconds the engine thread has to end once its scheduler is closed, before the process
