@@ -219,7 +219,11 @@ def main(argv: Union[list[str], None] = None) -> int:
         return 0
     from ._fds import take_over_stdio
 
-    read_fd, write_fd = take_over_stdio()
+    try:
+        read_fd, write_fd = take_over_stdio()
+    except OSError as exc:  # fd 0 or 1 closed: there is no stream to serve, nor one to say so on
+        sys.stderr.write(f"indextts_sidecar: standard input and output must be open: {exc.strerror}\n")
+        return EXIT_USAGE
     # A listening sidecar's stdout is one text line ("listening on URL"), never frames.
     frame_fd = write_fd if args.listen is None else -1
     for directory in args.voice_dir:
@@ -356,7 +360,10 @@ def main(argv: Union[list[str], None] = None) -> int:
             if parent_pid is not None and parent_pid > 0:
                 tg.start_soon(stop_without_parent, server, parent_pid)
             # ``ready`` goes out from the serving server: a request sent after it is read at once.
-            code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd), ready)
+            receive = FdReceiveStream(read_fd)
+            # Requests from a file (or /dev/null), not a parent: all of them run, then the sidecar ends.
+            server.drain_at_eof = not receive.pollable
+            code = await server.serve(receive, FdSendStream(write_fd), ready)
             tg.cancel_scope.cancel()
         return code
 

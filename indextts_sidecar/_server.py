@@ -119,6 +119,7 @@ class Server:
         voices: Union[VoiceStore, None] = None,
         write_timeout: Union[float, None] = None,
         path_voices: bool = True,
+        drain_at_eof: bool = False,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
@@ -138,6 +139,9 @@ class Server:
         self.write_timeout = write_timeout
         #: Whether requests may name files (``voice``, an emotion ``path``); False: uploads only.
         self.path_voices = path_voices
+        #: At the end of input, run what is queued before ending (input from a file, which
+        #: ends where its writer stopped) instead of ending it ``shutting_down`` (a parent gone).
+        self.drain_at_eof = drain_at_eof
         self._stalled = False
         self._inflight: dict[int, Job] = {}
         #: Jobs waiting for the engine thread, and the one it runs (guarded by the scheduler's lock).
@@ -264,6 +268,15 @@ class Server:
             for job in list(self._inflight.values()):
                 self._finish(job, shutting_down(job))
 
+    async def _wait_idle(self) -> None:
+        """Until no job of this connection is queued or running."""
+        while True:
+            with self.scheduler.lock:
+                if not self.queue and self.active is None:
+                    return
+                idle = self._idle_waiter = anyio.Event()
+            await idle.wait()
+
     async def _read_loop(self, reader: FrameReader, outbox: Outbox) -> int:
         shutdown: list[Shutdown] = []
 
@@ -291,7 +304,11 @@ class Server:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
                 stopped = False
             if not stopped:
-                log.info("end of input: the parent closed the request stream")
+                if self.drain_at_eof:
+                    log.info("end of the request file: running what it queued, then stopping")
+                    await self._wait_idle()
+                else:
+                    log.info("end of input: the parent closed the request stream")
                 return EXIT_OK
             if shutdown:
                 self._shutdown_requested = True
