@@ -133,8 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         "--write-timeout",
         type=float,
         default=10.0,
-        help="seconds a connection may take no reply bytes before its running request is cancelled "
-        "and it is closed (default 10)",
+        help="seconds in which a connection must take 256 KiB of the replies offered, else its running request "
+        "is cancelled and it is closed (default 10)",
     )
     sockets.add_argument(
         "--max-voices",
