@@ -453,8 +453,11 @@ async def test_partial_frame_then_silence_does_not_hang() -> None:
     """Flaw 5: the seed waited forever, then ate the next frame as the stalled one's tail."""
     with anyio.fail_after(10):
         async with sidecar("fake", "--frame-timeout", "0.3") as peer:
+            # Loaded first: no load progress may arrive after the error below (a slow load, under load).
+            await peer.request(Load(id=9))
             await peer.send(Synthesize(id=1, text="a", options={"hang_at": 0}))
-            await peer.expect(Progress)
+            while (await peer.request(Ping(id=2)))[-1].active != 1:  # type: ignore[union-attr]
+                pass  # until the engine runs it (it hangs before any frame)
             await peer.send_raw(protocol.frame(Ping(id=2))[:3])
             error = await peer.expect(Error)
             assert error.code == "truncated_frame" and "stalled" in error.message
