@@ -190,6 +190,7 @@ class SocketService:
                 for server, _ in ending:
                     server.stop()
                 for pending in list(self._pending):
+                    pending.evicted = True  # (no warning: they end with the sidecar)
                     pending.scope.cancel()
                 with anyio.move_on_after(_STOP_WAIT):
                     for _, ended in ending:
@@ -222,12 +223,12 @@ class SocketService:
             finally:
                 self._pending.pop(pending, None)
             if opened is None:
-                if pending.evicted:
+                if pending.evicted and not self._scope.cancel_called:
                     log.info(
                         "a connection still in its handshake was closed: %d newer ones arrived (--max-handshakes)",
                         self._max_handshakes,
                     )
-                elif pending.scope.cancelled_caught:
+                elif pending.scope.cancelled_caught and not pending.evicted:
                     log.warning(
                         "a connection did not complete its handshake within %g s (--handshake-timeout); closed",
                         self._handshake_timeout,
