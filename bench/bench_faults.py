@@ -9,15 +9,18 @@ seconds from the fault to what the caller sees, reported as median and maximum.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import anyio.abc
 
 from indextts_client import (
     Client,
@@ -281,15 +284,179 @@ from _faults_voices import VOICE_SCENARIOS  # noqa: E402
 SCENARIOS.update(VOICE_SCENARIOS)
 
 
-async def main(repeat: int) -> None:
+async def main(repeat: int, only: str = "") -> None:
     for name, (scenario, unit) in SCENARIOS.items():
+        if only not in name:
+            continue
         values = await scenario(repeat)
         print(f"{name:50} median {statistics.median(values):8.3f}  max {max(values):8.3f}  {unit}", flush=True)
+
+
+# ---------------------------------------------------------------- sockets (--listen)
+
+_TOKEN = "bench-token-0123456789abcdef"
+
+
+@contextlib.asynccontextmanager
+async def _listening(*extra: str) -> AsyncIterator[str]:
+    """A fake sidecar listening on a Unix socket (token required) in a fresh directory; yields its URL."""
+    with tempfile.TemporaryDirectory(prefix="itts-bench-") as directory:
+        token = os.path.join(directory, "token")
+        with open(token, "w") as f:  # noqa: ASYNC230
+            f.write(_TOKEN)
+        listen = "tcp://127.0.0.1:0" if "--tls-cert" in extra else f"unix://{directory}/s.sock"
+        command = [*SIDECAR, "--listen", listen, "--token-file", token, *extra]
+        process = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert process.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive(1)
+            yield line.decode().strip().removeprefix("listening on ")
+        finally:
+            process.kill()
+            await process.wait()
+            await process.aclose()
+
+
+def _raw_frame(message: dict[str, object]) -> bytes:
+    import msgspec
+
+    body = msgspec.msgpack.encode(message)
+    return len(body).to_bytes(4, "big") + body
+
+
+async def _raw_auth(stream: anyio.abc.ByteStream, more: bytes = b"") -> bytearray:
+    """Answer the challenge on ``stream`` (``more`` in the same write); the bytes read past the challenge."""
+    import msgspec
+
+    from indextts_sidecar.protocol import auth
+
+    buffer = bytearray()
+    while len(buffer) < 4 or len(buffer) < 4 + int.from_bytes(buffer[:4], "big"):
+        buffer += await stream.receive()
+    size = int.from_bytes(buffer[:4], "big")
+    challenge = msgspec.msgpack.decode(bytes(buffer[4 : 4 + size]))
+    del buffer[: 4 + size]
+    await stream.send(_raw_frame({"op": "auth", "mac": auth.answer(_TOKEN, challenge["nonce"])}) + more)
+    return buffer
+
+
+async def socket_behind_auth(repeat: int) -> list[float]:
+    """10 pings in the write that carries ``auth``: seconds until all 10 pongs (before: 0 of 10 answered)."""
+    times = []
+    async with _listening() as url:
+        for _ in range(repeat):
+            async with await anyio.connect_unix(url.removeprefix("unix://")) as stream:
+                began = time.perf_counter()
+                buffer = await _raw_auth(stream, b"".join(_raw_frame({"op": "ping", "id": i}) for i in range(10)))
+                pongs = 0
+                with anyio.fail_after(30):
+                    while pongs < 10:
+                        while len(buffer) >= 4 and len(buffer) >= 4 + (size := int.from_bytes(buffer[:4], "big")):
+                            pongs += protocol.decode_reply(bytes(buffer[4 : 4 + size])).__class__ is protocol.Pong
+                            del buffer[: 4 + size]
+                        if pongs < 10:
+                            buffer += await stream.receive()
+                times.append(time.perf_counter() - began)
+    return times
+
+
+async def socket_idle_unauthenticated(repeat: int) -> list[float]:
+    """64 idle connections that never authenticate, then a client: seconds until its first audio
+    (before: refused busy, --max-connections full)."""
+    times = []
+    async with _listening() as url:
+        path = url.removeprefix("unix://")
+        for _ in range(repeat):
+            idle = [await anyio.connect_unix(path) for _ in range(64)]
+            try:
+                began = time.perf_counter()
+                async with Client(url=url, token=_TOKEN) as client:
+                    await client.synthesize("let in")
+                times.append(time.perf_counter() - began)
+            finally:
+                for stream in idle:
+                    await stream.aclose()
+    return times
+
+
+async def socket_stalled_reader(repeat: int) -> list[float]:
+    """One connection stops reading mid-stream (--write-timeout 1): seconds until another connection's
+    request, queued behind it, ends (before: none within 30 s)."""
+    times = []
+    async with _listening("--write-timeout", "1") as url:
+        for _ in range(repeat):
+            async with await anyio.connect_unix(url.removeprefix("unix://")) as stalled:
+                await _raw_auth(stalled)
+                await stalled.send(_raw_frame({"op": "synthesize", "id": 1, "text": "x", "options": {"seconds": 1200}}))
+                got = len(await stalled.receive())  # its first frames: the request runs
+                async with Client(url=url, token=_TOKEN) as other:
+                    assert got
+                    began = time.perf_counter()
+                    with anyio.fail_after(60):
+                        await other.synthesize("behind it")
+                    times.append(time.perf_counter() - began)
+    return times
+
+
+async def socket_silent_handshake(repeat: int) -> list[float]:
+    """A connection that never answers the challenge: seconds until the sidecar closes it (--handshake-timeout 5)."""
+    times = []
+    async with _listening() as url:
+        for _ in range(repeat):
+            async with await anyio.connect_unix(url.removeprefix("unix://")) as stream:
+                await stream.receive()  # the challenge
+                began = time.perf_counter()
+                try:
+                    with anyio.fail_after(60):
+                        while await stream.receive():
+                            pass
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+                times.append(time.perf_counter() - began)
+    return times
+
+
+async def socket_plain_client_of_tls(repeat: int) -> list[float]:
+    """A client without ssl_context at a TLS sidecar: seconds until StartError(code='tls_required')."""
+    from indextts_client import StartError
+
+    times = []
+    with tempfile.TemporaryDirectory(prefix="itts-bench-") as directory:
+        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+        subprocess.run(  # noqa: ASYNC221
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        async with _listening("--tls-cert", cert, "--tls-key", key) as url:
+            for _ in range(repeat):
+                began = time.perf_counter()
+                try:
+                    async with Client(url=url, token=_TOKEN, max_restarts=0):
+                        pass
+                except StartError as exc:
+                    if exc.code != "tls_required":
+                        raise
+                    times.append(time.perf_counter() - began)
+    return times
+
+
+SOCKET_SCENARIOS: dict[str, tuple[Callable[[int], Awaitable[list[float]]], str]] = {
+    "socket: 10 pings in the write that carries auth": (socket_behind_auth, "s until the 10 pongs"),
+    "socket: 64 idle unauthenticated connections": (socket_idle_unauthenticated, "s until a client's audio"),
+    "socket: a connection stops reading (--write-timeout 1)": (socket_stalled_reader, "s until another's request ends"),
+    "socket: challenge never answered": (socket_silent_handshake, "s until closed"),
+    "socket: plain client, TLS sidecar": (socket_plain_client_of_tls, "s until StartError(tls_required)"),
+}
+SCENARIOS.update(SOCKET_SCENARIOS)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--only", default="", metavar="TEXT", help="run the scenarios whose name holds TEXT")
     args = parser.parse_args()
-    anyio.run(main, args.repeat, backend=args.backend)
+    anyio.run(main, args.repeat, args.only, backend=args.backend)

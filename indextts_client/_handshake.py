@@ -74,6 +74,8 @@ def read_ready(body: memoryview, redact: Callable[[str], str]) -> Union[protocol
     if op == "error" and loose.get("id") is None:
         code = str(loose.get("code", "internal"))
         message = redact(str(loose.get("message", "")))
+        if code == "tls_required":  # a TLS listener answering a plain connection
+            return Loss("startup_error", f"the sidecar expects TLS: {message}", {"code": code})
         return Loss("startup_error", f"the sidecar failed to start: {code}: {message}", {"code": code})
     if op != "ready":
         return Loss("protocol", f"the sidecar's first frame is {op!r}, expected 'ready'")

@@ -20,8 +20,14 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 def take_over_stdio() -> tuple[int, int]:
-    """Move the frame pipes off fds 0 and 1; return the private (read, write) fds."""
-    sys.stdout.flush()
+    """Move the frame pipes off fds 0 and 1; return the private (read, write) fds.
+
+    Raises OSError (EBADF) when fd 0 or 1 is closed, before a new descriptor could take its number.
+    """
+    os.fstat(0)
+    os.fstat(1)
+    if sys.stdout is not None:
+        sys.stdout.flush()
     read_fd = os.dup(0)
     write_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

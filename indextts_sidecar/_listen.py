@@ -15,20 +15,21 @@ import os
 import socket
 import ssl
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
 import anyio
 import msgspec
-from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
+from anyio.abc import ByteReceiveStream, ByteStream, Listener, SocketAttribute
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import protocol
 from ._parent import stop_on_signal, stop_without_parent
 from ._server import Scheduler, Server
 from .protocol import auth as _auth
 from .protocol.address import Address, is_loopback, parse_url
-from .protocol.framing import FrameReader, FrameWriter, FramingError
+from .protocol.framing import FrameWriter
 
 __all__ = ["Address", "SocketService", "is_loopback", "parse_url"]
 
@@ -37,11 +38,59 @@ log = logging.getLogger("indextts_sidecar")
 #: Seconds before a refused token is answered: the same for every failure, so nothing
 #: can be learned from timing, and guessing costs a second per connection.
 AUTH_DELAY = 1.0
-#: Seconds a new connection has to complete the handshake.
-HANDSHAKE_TIMEOUT = 10.0
+#: Seconds a new connection has to complete its handshake (TLS, then the token): ``--handshake-timeout``.
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+#: Connections in their handshake at once (``--max-handshakes``); a new one past it ends the oldest.
+DEFAULT_MAX_HANDSHAKES = 32
 #: Largest frame read before a connection is authenticated.
 _HANDSHAKE_FRAME = 4096
+#: Connections served at once, after their handshake (``--max-connections``).
 DEFAULT_MAX_CONNECTIONS = 64
+#: Seconds a connection has, on stopping, to end its requests and flush its replies.
+_STOP_WAIT = 10.0
+#: On a TLS listener, seconds without a byte from the peer after which it is taken for a plain
+#: client (a TLS client speaks first, at once; a protocol v1 client waits for the sidecar) and
+#: told, in plain frames, that TLS is expected.
+_TLS_SILENCE = 2.0
+#: The first byte of a TLS record carrying a handshake message (the ClientHello).
+_TLS_HANDSHAKE_RECORD = 0x16
+
+
+class _Replayed(ByteStream):
+    """``stream`` with ``head`` put back in front of what it receives (a byte read to tell TLS from plain)."""
+
+    def __init__(self, stream: ByteStream, head: bytes) -> None:
+        self._stream = stream
+        self._head = head
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._head:
+            data, self._head = self._head[:max_bytes], self._head[max_bytes:]
+            return data
+        return await self._stream.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self._stream.send(item)
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        return self._stream.extra_attributes
+
+
+class _Pending:
+    """A connection in its handshake: its deadline, and whether a newer one pushed it out."""
+
+    __slots__ = ("evicted", "scope")
+
+    def __init__(self, timeout: float) -> None:
+        self.scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        self.evicted = False
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -85,7 +134,14 @@ def bound_url(listener: Listener[Any], address: Address) -> str:
 
 
 class SocketService:
-    """Accepts connections and serves each with its own :class:`Server` over one scheduler."""
+    """Accepts connections and serves each with its own :class:`Server` over one scheduler.
+
+    A connection is *pending* from its accept to the end of its handshake (TLS, then the
+    token), with a deadline of ``handshake_timeout``; at most ``max_handshakes`` are, and a
+    new one past that ends the oldest, so connections that never authenticate cannot keep
+    out one that does (it needs its handshake's round trips only).  Then it is *served*,
+    one of at most ``max_connections``; one more is refused ``busy``.
+    """
 
     def __init__(
         self,
@@ -96,6 +152,8 @@ class SocketService:
         token: Union[bytes, None],
         ssl_context: Union[ssl.SSLContext, None] = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     ) -> None:
         self.scheduler = Scheduler(engine)
         self._ready = ready
@@ -103,11 +161,20 @@ class SocketService:
         self._token = token
         self._ssl = ssl_context
         self._max_connections = max_connections
-        self._connections = 0
+        self._max_handshakes = max_handshakes
+        self._handshake_timeout = handshake_timeout
+        #: Connections in their handshake, oldest first (a dict keeps the order).
+        self._pending: dict[_Pending, None] = {}
+        #: Connections past their handshake, served or being refused ``busy``.
+        self._served = 0
         #: Each served connection, with an event set once it has ended.
         self._servers: dict[Server, anyio.Event] = {}
         self._scope = anyio.CancelScope()
-        self._tg: Union[TaskGroup, None] = None
+
+    @property
+    def pending(self) -> int:
+        """Connections in their handshake now."""
+        return len(self._pending)
 
     def stop(self) -> None:
         """Stop accepting, end every connection as at end of input (SIGTERM); safe to call twice."""
@@ -116,83 +183,144 @@ class SocketService:
     async def serve(self, listener: Listener[Any]) -> None:
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
                 with self._scope:
                     await listener.serve(self._accepted, task_group=tg)
                 # Stopping: each connection ends its requests and says so, then closes.
                 ending = list(self._servers.items())
                 for server, _ in ending:
                     server.stop()
-                with anyio.move_on_after(HANDSHAKE_TIMEOUT):
+                for pending in list(self._pending):
+                    pending.evicted = True  # (no warning: they end with the sidecar)
+                    pending.scope.cancel()
+                with anyio.move_on_after(_STOP_WAIT):
                     for _, ended in ending:
                         await ended.wait()
-                tg.cancel_scope.cancel()  # connections still in their handshake
+                tg.cancel_scope.cancel()
         finally:
             self.scheduler.close()
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
 
-    async def _accepted(self, stream: ByteStream) -> None:
-        self._connections += 1
-        try:
-            if self._ssl is not None:
-                from anyio.streams.tls import TLSStream
+    def _admit(self) -> _Pending:
+        """A new connection starts its handshake; the oldest pending one ends if there are too many."""
+        while len(self._pending) >= self._max_handshakes:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            oldest.evicted = True
+            oldest.scope.cancel()
+        pending = _Pending(self._handshake_timeout)
+        self._pending[pending] = None
+        return pending
 
-                with anyio.move_on_after(HANDSHAKE_TIMEOUT):
-                    stream = await TLSStream.wrap(
-                        stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
+    async def _accepted(self, raw: ByteStream) -> None:
+        stream: ByteStream = raw
+        try:
+            pending = self._admit()
+            opened: Union[tuple[ByteStream, ByteReceiveStream], None] = None
+            try:
+                with pending.scope:
+                    opened = await self._handshake(raw)
+            finally:
+                self._pending.pop(pending, None)
+            if opened is None:
+                if pending.evicted and not self._scope.cancel_called:
+                    log.info(
+                        "a connection still in its handshake was closed: %d newer ones arrived (--max-handshakes)",
+                        self._max_handshakes,
                     )
-                if not isinstance(stream, TLSStream):
-                    log.warning("a connection did not complete the TLS handshake in time; closed")
-                    return
-            await self._connection(stream)
-        except (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                elif pending.scope.cancelled_caught and not pending.evicted:
+                    log.warning(
+                        "a connection did not complete its handshake within %g s (--handshake-timeout); closed",
+                        self._handshake_timeout,
+                    )
+                return
+            stream, receive = opened
+            await self._serve(stream, receive)
+        except (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream, anyio.IncompleteRead) as exc:
             log.info("a connection failed before it was served: %s", exc)
         except Exception:  # one connection's failure must never take the others down
             log.exception("internal error serving a connection")
         finally:
-            self._connections -= 1
             with anyio.CancelScope(shield=True):
-                try:
-                    await stream.aclose()
-                except Exception:
-                    pass
+                for closing in (stream, raw):
+                    try:
+                        await closing.aclose()
+                    except Exception:
+                        pass
 
-    async def _connection(self, stream: ByteStream) -> None:
-        writer = FrameWriter(stream)
-        if self._connections > self._max_connections:
-            await writer.send(
-                protocol.Error(
-                    code="busy",
-                    retryable=True,
-                    message=f"the sidecar serves {self._max_connections} connections already (--max-connections)",
+    async def _handshake(self, raw: ByteStream) -> Union[tuple[ByteStream, ByteReceiveStream], None]:
+        """TLS, then the token: the streams to serve once both hold, else None (the reason logged)."""
+        stream = raw
+        if self._ssl is not None:
+            tls = await self._start_tls(raw)
+            if tls is None:
+                return None
+            stream = tls
+        receive: ByteReceiveStream = stream
+        if self._token is not None:
+            # Reads exactly the frame it needs, so nothing sent right behind ``auth`` is
+            # lost; whatever it did hold would go on to the serving reader first.
+            buffered = BufferedByteReceiveStream(stream)
+            if not await self._authenticate(buffered, FrameWriter(stream)):
+                return None
+            if buffered.buffer:
+                receive = buffered
+        return stream, receive
+
+    async def _start_tls(self, raw: ByteStream) -> Union[ByteStream, None]:
+        from anyio.streams.tls import TLSStream
+
+        first = b""
+        with anyio.move_on_after(min(_TLS_SILENCE, self._handshake_timeout / 2)):
+            first = await raw.receive(1)
+        if first[:1] != bytes([_TLS_HANDSHAKE_RECORD]):
+            # Silence, or bytes that are no TLS record: a client speaking plain frames.
+            log.warning("a connection spoke no TLS to this TLS listener; told so and closed")
+            with anyio.move_on_after(self._handshake_timeout):
+                await FrameWriter(raw).send(
+                    protocol.Error(
+                        code="tls_required",
+                        message="this sidecar serves TLS on this address: connect with TLS (an ssl_context)",
+                    )
                 )
-            )
-            return
-        if self._token is not None and not await self._authenticate(stream, writer):
-            return
-        server = self._make_server(self.scheduler)
-        ended = self._servers[server] = anyio.Event()
-        try:
-            code = await server.serve(stream, stream, self._ready)
-        finally:
-            del self._servers[server]
-            ended.set()
-        log.info("a connection ended (code %d)", code)
+            return None
+        return await TLSStream.wrap(
+            _Replayed(raw, first), server_side=True, ssl_context=self._ssl, standard_compatible=False
+        )
 
-    async def _authenticate(self, stream: ByteStream, writer: FrameWriter) -> bool:
+    async def _serve(self, stream: ByteStream, receive: ByteReceiveStream) -> None:
+        self._served += 1
+        try:
+            if self._served > self._max_connections:
+                with anyio.move_on_after(self._handshake_timeout):
+                    await FrameWriter(stream).send(
+                        protocol.Error(
+                            code="busy",
+                            retryable=True,
+                            message=f"the sidecar serves {self._max_connections} connections already "
+                            "(--max-connections)",
+                        )
+                    )
+                return
+            server = self._make_server(self.scheduler)
+            ended = self._servers[server] = anyio.Event()
+            try:
+                code = await server.serve(receive, stream, self._ready)
+            finally:
+                del self._servers[server]
+                ended.set()
+            log.info("a connection ended (code %d)", code)
+        finally:
+            self._served -= 1
+
+    async def _authenticate(self, stream: BufferedByteReceiveStream, writer: FrameWriter) -> bool:
         assert self._token is not None
         message = _auth.challenge()
         await writer.send_parts((_frame(message),))
-        reader = FrameReader(stream, max_frame_size=_HANDSHAKE_FRAME, frame_timeout=HANDSHAKE_TIMEOUT)
-        body: Union[memoryview, None] = None
-        with anyio.move_on_after(HANDSHAKE_TIMEOUT):
-            try:
-                body = await reader.receive()
-            except FramingError:
-                body = None
         mac: object = None
-        if body is not None:
+        size = int.from_bytes(await stream.receive_exactly(protocol.HEADER), "big")
+        if size <= _HANDSHAKE_FRAME:
+            body = await stream.receive_exactly(size)
             try:
                 answer = msgspec.msgpack.decode(body)
             except msgspec.MsgspecError:
@@ -223,6 +351,8 @@ class ListenConfig:
     token: Union[bytes, None]
     ssl_context: Union[ssl.SSLContext, None]
     max_connections: int
+    max_handshakes: int = DEFAULT_MAX_HANDSHAKES
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
 
 
 async def serve_socket(
@@ -249,6 +379,8 @@ async def serve_socket(
         token=config.token,
         ssl_context=config.ssl_context,
         max_connections=config.max_connections,
+        max_handshakes=config.max_handshakes,
+        handshake_timeout=config.handshake_timeout,
     )
     log.info(
         "listening on %s (%s%s)",

@@ -10,6 +10,7 @@ that cannot start (unknown engine, bad options) answers with an ``error`` frame 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, Union
@@ -79,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any)",
+        help="only files inside DIR may be named as voice or emotion references (repeatable; default: any; "
+        "with --listen, none: voices are uploaded)",
     )
     parser.add_argument(
         "--max-voice-bytes",
@@ -110,7 +112,29 @@ def _parser() -> argparse.ArgumentParser:
     sockets.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (tcp:// only)")
     sockets.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     sockets.add_argument(
-        "--max-connections", type=int, default=64, help="connections served at once; more are refused (default 64)"
+        "--max-connections",
+        type=int,
+        default=64,
+        help="authenticated connections served at once; more are refused 'busy' (default 64)",
+    )
+    sockets.add_argument(
+        "--max-handshakes",
+        type=int,
+        default=32,
+        help="connections in their handshake (TLS, token) at once; a new one past it closes the oldest (default 32)",
+    )
+    sockets.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to complete TLS and the token exchange (default 5)",
+    )
+    sockets.add_argument(
+        "--write-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in which a connection must take 256 KiB of the replies offered, else its running request "
+        "is cancelled and it is closed (default 10)",
     )
     sockets.add_argument(
         "--max-voices",
@@ -213,7 +237,11 @@ def main(argv: Union[list[str], None] = None) -> int:
         return 0
     from ._fds import take_over_stdio
 
-    read_fd, write_fd = take_over_stdio()
+    try:
+        read_fd, write_fd = take_over_stdio()
+    except OSError as exc:  # fd 0 or 1 closed: there is no stream to serve, nor one to say so on
+        sys.stderr.write(f"indextts_sidecar: standard input and output must be open: {exc.strerror}\n")
+        return EXIT_USAGE
     # A listening sidecar's stdout is one text line ("listening on URL"), never frames.
     frame_fd = write_fd if args.listen is None else -1
     for directory in args.voice_dir:
@@ -227,14 +255,18 @@ def main(argv: Union[list[str], None] = None) -> int:
         ("--max-voices", args.max_voices),
         ("--max-voice-total-bytes", args.max_voice_total_bytes),
         ("--max-voice-names", args.max_voice_names),
+        ("--max-handshakes", args.max_handshakes),
     )
     for name, value in (*limits, *more, *voice_limits):
         if value < 1:
             return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
-    if not 0 < args.max_voice_seconds < float("inf"):
-        return _startup_error(
-            frame_fd, "invalid_option", "--max-voice-seconds must be more than 0 and finite", "--max-voice-seconds"
-        )
+    for name, seconds in (
+        ("--max-voice-seconds", args.max_voice_seconds),
+        ("--handshake-timeout", args.handshake_timeout),
+        ("--write-timeout", args.write_timeout),
+    ):
+        if not (math.isfinite(seconds) and seconds > 0):
+            return _startup_error(frame_fd, "invalid_option", f"{name} must be more than 0 and finite", name)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -267,6 +299,9 @@ def main(argv: Union[list[str], None] = None) -> int:
         parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
         if parent_pid is None:
             sys.stderr.write(f"indextts_sidecar: ignoring {_PARENT_ENV}={named_parent!r}: not a process id\n")
+    # A socket without --voice-dir: requests name no files; clips are uploaded (register_voice)
+    # into a private directory made below, removed at exit.
+    uploads_only = listen is not None and not args.voice_dir
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
@@ -276,7 +311,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         sample_rate=engine.sample_rate,
         capabilities=[
             *cls.capabilities,
-            *(["registered_voices"] if args.voice_dir else []),
+            *(["registered_voices"] if args.voice_dir or uploads_only else []),
         ],
         options=msgspec.to_builtins(options),
     )
@@ -293,9 +328,19 @@ def main(argv: Union[list[str], None] = None) -> int:
     from ._server import Scheduler, Server
     from .protocol.streams import FdReceiveStream, FdSendStream
 
-    paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
+    private: Union[str, None] = None
+    if uploads_only:
+        import tempfile
+
+        private = tempfile.mkdtemp(prefix="indextts-voices-")
+        logging.getLogger("indextts_sidecar").warning(
+            "listening without --voice-dir: requests may name no files, voices must be uploaded (register_voice); "
+            "they are kept in a private temporary directory, removed at exit"
+        )
+    voice_dirs = [private] if private is not None else args.voice_dir
+    paths = PathPolicy(voice_dirs, args.max_voice_bytes)
     voices = None
-    if args.voice_dir:
+    if voice_dirs:
         from ._voices import RegisteredVoices
         from .voicestore import VoiceLimits, VoiceStoreError
 
@@ -307,7 +352,7 @@ def main(argv: Union[list[str], None] = None) -> int:
             max_clip_seconds=args.max_voice_seconds,
         )
         try:
-            voices = RegisteredVoices(args.voice_dir[0], store_limits)
+            voices = RegisteredVoices(voice_dirs[0], store_limits)
         except (OSError, VoiceStoreError) as exc:
             return _startup_error(frame_fd, "invalid_option", f"the voice store in --voice-dir: {exc}", "--voice-dir")
 
@@ -322,12 +367,22 @@ def main(argv: Union[list[str], None] = None) -> int:
             paths=paths,
             scheduler=scheduler,
             voices=voices,
+            write_timeout=args.write_timeout if listen is not None else None,
+            path_voices=not uploads_only,
         )
 
     if listen is not None:
         from ._listen import serve_socket
 
-        listen_code: int = anyio.run(serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
+        try:
+            listen_code: int = anyio.run(
+                serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid
+            )
+        finally:
+            if private is not None:
+                import shutil
+
+                shutil.rmtree(private, ignore_errors=True)
         sys.stderr.flush()
         if engine_thread_busy():
             os._exit(listen_code)
@@ -342,7 +397,10 @@ def main(argv: Union[list[str], None] = None) -> int:
             if parent_pid is not None and parent_pid > 0:
                 tg.start_soon(stop_without_parent, server, parent_pid)
             # ``ready`` goes out from the serving server: a request sent after it is read at once.
-            code = await server.serve(FdReceiveStream(read_fd), FdSendStream(write_fd), ready)
+            receive = FdReceiveStream(read_fd)
+            # Requests from a file (or /dev/null), not a parent: all of them run, then the sidecar ends.
+            server.drain_at_eof = not receive.pollable
+            code = await server.serve(receive, FdSendStream(write_fd), ready)
             tg.cancel_scope.cancel()
         return code
 
@@ -363,8 +421,6 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
         address = parse_url(args.listen)
     except ValueError as exc:
         return str(exc), "--listen"
-    if not args.voice_dir:
-        return "--listen needs --voice-dir: over a socket, requests may name files only inside it", "--voice-dir"
     token = None
     if args.token_file is not None:
         try:
@@ -396,7 +452,14 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
             ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             return f"--tls-cert/--tls-key: {exc}", "--tls-cert"
-    return ListenConfig(address, token, ssl_context, args.max_connections)
+    return ListenConfig(
+        address,
+        token,
+        ssl_context,
+        args.max_connections,
+        max_handshakes=args.max_handshakes,
+        handshake_timeout=args.handshake_timeout,
+    )
 
 
 #: Seconds the engine thread has to end once its scheduler is closed, before the process

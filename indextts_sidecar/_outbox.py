@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Union
@@ -40,6 +41,13 @@ _Part = Union[bytes, memoryview]
 AUDIO_SLOTS = 4
 #: Frames queued meanwhile go out in one writev, up to this many bytes.
 _BATCH_BYTES = 1 << 20
+#: With a write deadline, bytes written under one deadline at most: the deadline bounds how
+#: long a connection may take none of them, not how long a large frame may take in all.
+_DEADLINE_BYTES = 256 * 1024
+
+
+class WriteStalled(Exception):
+    """The stream took none of the bytes offered within the outbox's ``write_timeout``."""
 
 
 class LoopPoster:
@@ -93,8 +101,13 @@ def _rest(parts: Sequence[_Part], written: int) -> list[_Part]:
 class Outbox:
     """Frames of one connection, written in order from any thread (see the module doc)."""
 
-    def __init__(self, stream: ByteSendStream, *, max_outgoing: int) -> None:
+    def __init__(self, stream: ByteSendStream, *, max_outgoing: int, write_timeout: Union[float, None] = None) -> None:
         self._writer = FrameWriter(stream)
+        #: Seconds a write may make no progress before :meth:`run` raises :class:`WriteStalled`.
+        self.write_timeout = write_timeout
+        #: ``time.monotonic()`` when bytes were last written (or the outbox made): what the
+        #: engine thread, waiting for an audio slot, measures a stall from.
+        self.progressed = time.monotonic()
         self._direct: Union[Callable[[Sequence[_Part]], int], None] = getattr(stream, "try_send_parts", None)
         self._lock = threading.Lock()
         #: Frames not yet written (parts, holds an audio slot); only the writer task removes them.
@@ -188,7 +201,11 @@ class Outbox:
             if not count:
                 await wake.wait()
                 continue
-            await self._writer.send_parts(batch)
+            if self.write_timeout is None:
+                await self._writer.send_parts(batch)
+            else:
+                await self._send_with_deadline(batch)
+            self.progressed = time.monotonic()
             with self._lock:
                 for _ in range(count):
                     _, audio = self._backlog.popleft()
@@ -197,6 +214,36 @@ class Outbox:
                 backlog = len(self._backlog)
             if backlog <= self.max_outgoing // 2:
                 self.drained.set()
+
+    async def _send_with_deadline(self, parts: Sequence[_Part]) -> None:
+        """Write ``parts`` in pieces of at most ``_DEADLINE_BYTES``, each within ``write_timeout`` seconds."""
+        piece: list[_Part] = []
+        size = 0
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:
+                take = view[: _DEADLINE_BYTES - size]
+                piece.append(take)
+                size += len(take)
+                view = view[len(take) :]
+                if size == _DEADLINE_BYTES:
+                    await self._send_piece(piece)
+                    piece, size = [], 0
+        if piece:
+            await self._send_piece(piece)
+
+    async def _send_piece(self, piece: list[_Part]) -> None:
+        timeout = self.write_timeout
+        assert timeout is not None
+        with anyio.move_on_after(timeout) as scope:
+            await self._writer.send_parts(piece)
+        if scope.cancelled_caught:
+            raise WriteStalled(f"the connection took no reply bytes for {timeout:g} s")
+        self.progressed = time.monotonic()
+
+    def stalled_for(self, since: float) -> float:
+        """Seconds, as of now, since the later of ``since`` and the last bytes written."""
+        return time.monotonic() - max(since, self.progressed)
 
     async def aclose(self) -> None:
         """Close the stream; frames put from now on are dropped (no thread writes to a closed fd)."""

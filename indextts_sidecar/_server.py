@@ -30,7 +30,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from . import protocol
 from ._jobs import error_for, execute, shutting_down
-from ._outbox import Outbox
+from ._outbox import Outbox, WriteStalled
 from ._paths import PathPolicy
 from ._scheduler import Job, Scheduler
 from .engines import Engine, EngineError, RequestError, SynthesisRequest
@@ -69,6 +69,10 @@ DEFAULT_MAX_TEXT = 100_000
 DEFAULT_MAX_OUTGOING = 1024
 
 _AUDIO_FRAME_BYTES = 4 * 1024 * 1024
+_UPLOADS_ONLY = (
+    "this sidecar takes no file paths (it listens without --voice-dir): upload the clip with register_voice "
+    "and name it as 'registered:NAME'"
+)
 
 
 class _Statm:
@@ -114,6 +118,9 @@ class Server:
         paths: Union[PathPolicy, None] = None,
         scheduler: Union[Scheduler, None] = None,
         voices: Union[RegisteredVoices, None] = None,
+        write_timeout: Union[float, None] = None,
+        path_voices: bool = True,
+        drain_at_eof: bool = False,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
@@ -129,6 +136,16 @@ class Server:
         self.max_frame_size = max_frame_size
         self.frame_timeout = frame_timeout
         self.shutdown_grace = shutdown_grace
+        #: Seconds the connection may take no reply bytes (``--write-timeout``; None: no limit):
+        #: then its running request is cancelled and it is closed, so that the engine thread,
+        #: which waits for this connection's audio to go out, goes on to the others.
+        self.write_timeout = write_timeout
+        #: Whether requests may name files (``voice``, an emotion ``path``); False: uploads only.
+        self.path_voices = path_voices
+        #: At the end of input, run what is queued before ending (input from a file, which
+        #: ends where its writer stopped) instead of ending it ``shutting_down`` (a parent gone).
+        self.drain_at_eof = drain_at_eof
+        self._stalled = False
         self._inflight: dict[int, Job] = {}
         #: Jobs waiting for the engine thread, and the one it runs (guarded by the scheduler's lock).
         self.queue: dict[int, Job] = {}
@@ -156,8 +173,12 @@ class Server:
             if job.finished:
                 return
             job.finished = True
-            self._inflight.pop(job.id, None)
+            # The terminal frame is in the outbox before the id leaves ``_inflight``: the
+            # event loop checks that set without this lock, and once it finds the id free
+            # its answer to a frame reusing the id (a pong, an error, a new request's
+            # audio) must come after this frame on the wire, never before it.
             self.send(message)
+            self._inflight.pop(job.id, None)
 
     async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
@@ -166,6 +187,8 @@ class Server:
             # (A TLS stream reports a peer that closed as EndOfStream, also on send.)
             log.info("parent closed the reply stream; stopping")
             stop.cancel()
+        except WriteStalled as exc:
+            self._close_stalled(str(exc))
         finally:
             self._writer_done.set()
 
@@ -175,11 +198,23 @@ class Server:
         """End serving as if the input had ended (used for SIGTERM); safe to call twice."""
         self._read_scope.cancel()
 
+    def _close_stalled(self, why: str) -> None:
+        """The connection reads no replies (``--write-timeout``): cancel its running request, close it.  Loop thread."""
+        if self._stalled:
+            return
+        self._stalled = True
+        log.warning("%s (--write-timeout); cancelling its requests and closing it", why)
+        with self.scheduler.lock:
+            active = self.active
+            if active is not None:
+                active.cancel.set()
+        self._read_scope.cancel()
+
     async def serve(
         self, receive: ByteReceiveStream, send: ByteSendStream, ready: Union[protocol.Ready, None] = None
     ) -> int:
         """Serve until shutdown, end of input or framing loss; return the exit code."""
-        outbox = self._outbox = Outbox(send, max_outgoing=self.max_outgoing)
+        outbox = self._outbox = Outbox(send, max_outgoing=self.max_outgoing, write_timeout=self.write_timeout)
         reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
         code = EXIT_OK
         self.scheduler.attach(self)
@@ -236,6 +271,15 @@ class Server:
             for job in list(self._inflight.values()):
                 self._finish(job, shutting_down(job))
 
+    async def _wait_idle(self) -> None:
+        """Until no job of this connection is queued or running."""
+        while True:
+            with self.scheduler.lock:
+                if not self.queue and self.active is None:
+                    return
+                idle = self._idle_waiter = anyio.Event()
+            await idle.wait()
+
     async def _read_loop(self, reader: FrameReader, outbox: Outbox) -> int:
         shutdown: list[Shutdown] = []
 
@@ -263,7 +307,11 @@ class Server:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
                 stopped = False
             if not stopped:
-                log.info("end of input: the parent closed the request stream")
+                if self.drain_at_eof:
+                    log.info("end of the request file: running what it queued, then stopping")
+                    await self._wait_idle()
+                else:
+                    log.info("end of input: the parent closed the request stream")
                 return EXIT_OK
             if self._pending_voice is not None:
                 await self._register_voice(self._pending_voice)
@@ -326,10 +374,15 @@ class Server:
             self._dispatch(message)
         except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
             log.exception("internal error dispatching request %d", message.id)
+            error = Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}")
             with self.scheduler.lock:
-                self._inflight.pop(message.id, None)
-                self.queue.pop(message.id, None)
-            self.send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
+                job = self._inflight.get(message.id)
+                if job is None:
+                    self.send(error)
+                elif self.queue.pop(message.id, None) is not None:
+                    self._finish(job, error)
+                else:  # the engine thread took it already: it ends as cancelled, in order
+                    job.cancel.set()
         return None
 
     # ----------------------------------------------------------- dispatch
@@ -417,9 +470,14 @@ class Server:
         voice = message.voice
         if voice is not None and voice.startswith(REGISTERED_PREFIX):
             voice = self._registered(voice, "$.voice")
-        if isinstance(message.emotion, EmotionAudio) and message.emotion.path.startswith(REGISTERED_PREFIX):
-            path = self._registered(message.emotion.path, "$.emotion.path")
-            message.emotion = EmotionAudio(path=path, alpha=message.emotion.alpha)
+        elif voice is not None and engine.reads_paths and not self.path_voices:
+            raise RequestError(_UPLOADS_ONLY, field="$.voice")
+        if isinstance(message.emotion, EmotionAudio):
+            if message.emotion.path.startswith(REGISTERED_PREFIX):
+                path = self._registered(message.emotion.path, "$.emotion.path")
+                message.emotion = EmotionAudio(path=path, alpha=message.emotion.alpha)
+            elif engine.reads_paths and not self.path_voices:
+                raise RequestError(_UPLOADS_ONLY, field="$.emotion.path")
         if engine.reads_paths:
             if voice is not None:
                 self.paths.check(voice, "$.voice", "voice reference")
@@ -500,8 +558,16 @@ class Server:
         with self.scheduler.lock:
             if outbox is None or job.finished or outbox.put_if_free(parts):
                 return True
+        since = time.monotonic()
+        limit = self.write_timeout
         while not outbox.audio_slots.acquire(timeout=0.05):
             if job.cancel.is_set():
+                return False
+            if limit is not None and outbox.stalled_for(since) > limit:
+                # Never wait on for a connection that takes nothing: the others wait on this thread.
+                job.cancel.set()
+                why = f"a connection took no reply bytes for {limit:g} s"
+                outbox.post(self._close_stalled, why)
                 return False
         with self.scheduler.lock:
             if not job.finished:

@@ -13,9 +13,10 @@ import threading
 import anyio
 import anyio.lowlevel
 import pytest
+from anyio.abc import ByteSendStream
 
 from indextts_sidecar import protocol
-from indextts_sidecar._outbox import AUDIO_SLOTS, Outbox
+from indextts_sidecar._outbox import AUDIO_SLOTS, Outbox, WriteStalled
 from indextts_sidecar.protocol.framing import FrameReader
 from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
@@ -81,3 +82,52 @@ async def test_frames_put_after_close_are_dropped_and_release_their_slot() -> No
     with os.fdopen(read_fd, "rb") as pipe:
         assert pipe.read() == _frame("loop", 1, 10)
     assert all(outbox.audio_slots.acquire(blocking=False) for _ in range(AUDIO_SLOTS))
+
+
+class _Unread(ByteSendStream):
+    """A stream whose reader takes a chunk only when told to: a client that stops reading."""
+
+    def __init__(self) -> None:
+        self.send_side, self.receive_side = anyio.create_memory_object_stream[bytes](0)
+
+    async def send(self, item: bytes) -> None:
+        await self.send_side.send(bytes(item))
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self.send_side.close()
+        self.receive_side.close()
+
+
+async def test_a_stream_that_takes_nothing_within_the_write_timeout_stalls_the_writer() -> None:
+    stream = _Unread()
+    outbox = Outbox(stream, max_outgoing=8, write_timeout=0.2)
+    outbox.put((_frame("loop", 1, 10),))
+    began = anyio.current_time()
+    with anyio.fail_after(TIMEOUT), pytest.raises(WriteStalled, match=r"0\.2 s"):
+        await outbox.run()
+    assert anyio.current_time() - began < 2.0  # 10 x the deadline
+    await outbox.aclose()
+
+
+async def test_a_slow_reader_that_keeps_taking_bytes_is_not_stalled() -> None:
+    """The deadline is per piece of 256 KiB: 4 MiB taken slowly, longer than the deadline in all
+    (17 pieces, 0.2 s each: 3.4 s against 2 s), but each piece well within it, pass."""
+    frame = _frame("loop", 1, 4 * 1024 * 1024)
+    stream = _Unread()
+    outbox = Outbox(stream, max_outgoing=8, write_timeout=2.0)
+    outbox.put((frame,))
+    outbox.close()
+    received = bytearray()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(outbox.run)
+        with anyio.fail_after(TIMEOUT):
+            async for chunk in stream.receive_side:
+                received += chunk
+                if len(received) == len(frame):
+                    break
+                await anyio.sleep(0.2)  # a slow reader (not synchronisation)
+    assert bytes(received) == frame
+    await outbox.aclose()

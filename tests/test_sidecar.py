@@ -453,8 +453,11 @@ async def test_partial_frame_then_silence_does_not_hang() -> None:
     """Flaw 5: the seed waited forever, then ate the next frame as the stalled one's tail."""
     with anyio.fail_after(10):
         async with sidecar("fake", "--frame-timeout", "0.3") as peer:
+            # Loaded first: no load progress may arrive after the error below (a slow load, under load).
+            await peer.request(Load(id=9))
             await peer.send(Synthesize(id=1, text="a", options={"hang_at": 0}))
-            await peer.expect(Progress)
+            while (await peer.request(Ping(id=2)))[-1].active != 1:  # type: ignore[union-attr]
+                pass  # until the engine runs it (it hangs before any frame)
             await peer.send_raw(protocol.frame(Ping(id=2))[:3])
             error = await peer.expect(Error)
             assert error.code == "truncated_frame" and "stalled" in error.message
@@ -505,6 +508,85 @@ async def test_stdin_eof_ends_everything_within_a_second() -> None:
                 frames = await peer.until_terminal(1)
                 assert frames[-1].code == "shutting_down"  # type: ignore[union-attr]
                 assert await peer.process.wait() == 0
+
+
+def _frames_of(data: bytes) -> list[protocol.Reply]:
+    frames, pos = [], 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        frames.append(protocol.decode_reply(data[pos + 4 : pos + 4 + size]))
+        pos += 4 + size
+    assert pos == len(data), "the output ends inside a frame"
+    return frames
+
+
+def test_stdin_from_dev_null_ends_cleanly() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_sidecar", "--engine", "fake"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    frames = _frames_of(result.stdout)
+    assert isinstance(frames[0], Ready)
+    assert [(type(f).__name__, getattr(f, "code", None), f.id) for f in frames[1:]] == [  # type: ignore[union-attr]
+        ("Error", "shutting_down", None)
+    ]
+    assert b"Traceback" not in result.stderr
+
+
+def test_requests_from_a_regular_file_all_run_and_the_replies_go_to_a_file(tmp_path: os.PathLike[str]) -> None:
+    """stdin and stdout are plain byte streams: a file of requests in, a file of replies out."""
+    requests = os.path.join(tmp_path, "requests.bin")
+    replies = os.path.join(tmp_path, "replies.bin")
+    with open(requests, "wb") as f:
+        f.write(protocol.frame(Synthesize(id=1, text="from a file")))
+        f.write(protocol.frame(Ping(id=2)))
+        f.write(protocol.frame(Synthesize(id=3, text="and another", options={"chunk_seconds": 0.05})))
+    with open(requests, "rb") as stdin, open(replies, "wb") as stdout:
+        result = subprocess.run(
+            [sys.executable, "-m", "indextts_sidecar", "--engine", "fake"],
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert b"Traceback" not in result.stderr
+    with open(replies, "rb") as f:
+        frames = _frames_of(f.read())
+    assert isinstance(frames[0], Ready)
+    per_id: dict[int, list[protocol.Reply]] = {}
+    for frame in frames[1:-1]:
+        per_id.setdefault(frame.id, []).append(frame)  # type: ignore[union-attr, arg-type]
+    assert sorted(per_id) == [1, 2, 3]
+    assert isinstance(per_id[2][-1], Pong)
+    assert pcm_of(per_id[1]) == render_bytes("from a file", 24000) and isinstance(per_id[1][-1], Done)
+    assert pcm_of(per_id[3]) == render_bytes("and another", 24000) and isinstance(per_id[3][-1], Done)
+    last = frames[-1]
+    assert isinstance(last, Error) and last.code == "shutting_down" and last.id is None
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-"])
+def test_a_closed_stdin_or_stdout_is_one_line_on_stderr_and_exit_2(closed: str) -> None:
+    result = subprocess.run(
+        f"exec {sys.executable} -m indextts_sidecar --engine fake </dev/null {closed}",
+        shell=True,
+        stdout=subprocess.DEVNULL if closed == "<&-" else None,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        "indextts_sidecar: standard input and output must be open: Bad file descriptor"
+    ]
 
 
 async def test_sigterm_ends_everything_within_a_second() -> None:

@@ -50,11 +50,15 @@ def sockdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _command(directory: Path, listen: str, *extra: str, token: Union[str, None] = TOKEN) -> list[str]:
-    voices = directory / "voices"
-    voices.mkdir(exist_ok=True)
+def _command(
+    directory: Path, listen: str, *extra: str, token: Union[str, None] = TOKEN, voice_dir: bool = True
+) -> list[str]:
     args = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
-    args += ["--listen", listen, "--voice-dir", str(voices), *extra]
+    args += ["--listen", listen, *extra]
+    if voice_dir:
+        voices = directory / "voices"
+        voices.mkdir(exist_ok=True)
+        args += ["--voice-dir", str(voices)]
     if token is not None:
         token_file = directory / "token"
         token_file.write_text(token + "\n")
@@ -70,13 +74,22 @@ class Listening:
 
 @asynccontextmanager
 async def listening(
-    directory: Path, transport: str = "unix", *extra: str, token: Union[str, None] = TOKEN, name: str = "s"
+    directory: Path,
+    transport: str = "unix",
+    *extra: str,
+    token: Union[str, None] = TOKEN,
+    name: str = "s",
+    voice_dir: bool = True,
+    env: Union[dict[str, str], None] = None,
 ) -> AsyncIterator[Listening]:
     """A listening sidecar; yields once its 'listening on URL' line arrived; reaps it after."""
     listen = f"unix://{directory / name}.sock" if transport == "unix" else "tcp://127.0.0.1:0"
     log = open(directory / f"{name}.log", "ab")  # noqa: SIM115 - closed below, after the process
     process = await anyio.open_process(
-        _command(directory, listen, *extra, token=token), stdin=subprocess.DEVNULL, stderr=log
+        _command(directory, listen, *extra, token=token, voice_dir=voice_dir),
+        stdin=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, **env} if env else None,
     )
     try:
         assert process.stdout is not None
@@ -129,16 +142,6 @@ def test_tcp_without_a_token_refuses_to_start(sockdir: Path) -> None:
     # Off loopback, --insecure is no excuse (refused before anything is bound).
     wide = _start(sockdir, "tcp://0.0.0.0:0", "--insecure")
     assert wide.returncode == 2 and "--token-file" in wide.stderr
-    # A socket always needs the path allow-list.
-    (sockdir / "voices").mkdir(exist_ok=True)
-    no_dir = subprocess.run(
-        [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--listen", f"unix://{sockdir}/x.sock"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert no_dir.returncode == 2 and "--voice-dir" in no_dir.stderr
     short = sockdir / "short"
     short.write_text("too short\n")
     weak = _start(sockdir, "unix://" + str(sockdir / "y.sock"), "--token-file", str(short))
@@ -575,6 +578,9 @@ async def test_connections_leave_no_descriptors_behind_in_the_sidecar(sockdir: P
     with anyio.fail_after(TIMEOUT):
         async with listening(sockdir, "tcp") as sidecar, _client(sidecar.url) as probe:
             await probe.synthesize("warm")  # the engine loaded, its files open
+            # The first pong opens /proc/self/statm and keeps it: count after one, or the
+            # loop below waits for a descriptor that stays open by design.
+            await probe.ping()
             baseline = descriptors(sidecar.process.pid)
 
             async def good(i: int) -> None:
@@ -639,3 +645,181 @@ async def test_register_voice_works_over_pipes_too_and_needs_a_voice_dir(sockdir
                 await plain.register_voice("carol", b"x")
             with pytest.raises(InvalidRequestError, match="--voice-dir"):
                 await plain.synthesize("x", voice="registered:carol")
+
+
+# ------------------------------------------------------ hostile and stalled peers (issue 23)
+
+
+async def _authenticated(path: str, *, more: bytes = b"") -> RawPeer:
+    """A raw connection past the token exchange; ``more`` goes out in the same write as ``auth``."""
+    peer = RawPeer(await anyio.connect_unix(path))
+    challenge = await peer.recv()
+    assert challenge is not None and challenge["op"] == "challenge"
+    body = msgspec.msgpack.encode({"op": "auth", "mac": _mac(TOKEN.encode(), challenge["nonce"])})
+    await peer.stream.send(len(body).to_bytes(4, "big") + body + more)
+    ready = await peer.recv()
+    assert ready is not None and ready["op"] == "ready", ready
+    return peer
+
+
+def _frames(*messages: dict[str, Any]) -> bytes:
+    bodies = [msgspec.msgpack.encode(m) for m in messages]
+    return b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+
+
+@pytest.mark.anyio
+async def test_requests_written_right_behind_auth_are_served(sockdir: Path) -> None:
+    pings = [{"op": "ping", "id": i} for i in range(1, 11)]
+    # 100 KB of text: more than any single read of the handshake would take.
+    long_text = "a" * 100_000
+    big = {"op": "synthesize", "id": 11, "text": long_text, "options": {"seconds": 0.01}}
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix") as sidecar:
+            peer = await _authenticated(sidecar.url.removeprefix("unix://"), more=_frames(*pings, big))
+            async with peer.stream:
+                terminal: dict[int, str] = {}
+                while len(terminal) < 11:
+                    frame = await peer.recv()
+                    assert frame is not None, terminal
+                    if frame["op"] in ("pong", "done", "error"):
+                        terminal[frame["id"]] = frame["op"]
+            assert terminal == {**{i: "pong" for i in range(1, 11)}, 11: "done"}
+
+
+@pytest.mark.anyio
+async def test_idle_unauthenticated_connections_cannot_keep_a_client_out(sockdir: Path) -> None:
+    idle: list[RawPeer] = []
+    with anyio.fail_after(TIMEOUT):
+        # As many idle connections as --max-connections allows served ones (64), and more:
+        # they need no token, so they must not count against it.
+        async with listening(sockdir, "unix", "--max-handshakes", "8") as sidecar:
+            path = sidecar.url.removeprefix("unix://")
+            for _ in range(80):
+                peer = RawPeer(await anyio.connect_unix(path))
+                idle.append(peer)
+                challenge = await peer.recv()  # accepted, and in its handshake
+                assert challenge is not None and challenge["op"] == "challenge"
+            async with _client(sidecar.url) as client:
+                audio = await client.synthesize("let in")
+                assert audio.samples.tobytes() == render_bytes("let in")
+            # Each connection past the 8 pending ones closed the oldest: at most 8 are left.
+            closed = 0
+            for peer in idle:
+                with anyio.move_on_after(0.5):  # an open one stays silent: it is not waited for
+                    if await peer.recv() is None:
+                        closed += 1
+            assert closed >= 80 - 8, closed
+    for peer in idle:
+        await peer.stream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_connection_that_never_answers_the_challenge_is_closed_at_the_handshake_deadline(
+    sockdir: Path,
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix", "--handshake-timeout", "0.5") as sidecar:
+            async with await anyio.connect_unix(sidecar.url.removeprefix("unix://")) as stream:
+                peer = RawPeer(stream)
+                assert (await peer.recv() or {}).get("op") == "challenge"
+                began = anyio.current_time()
+                assert await peer.recv() is None  # closed, no ready, no error
+                assert anyio.current_time() - began < 5.0  # 10 x the deadline
+            assert "--handshake-timeout" in (sockdir / "s.log").read_text()
+
+
+@pytest.mark.anyio
+async def test_a_stalled_connection_is_cancelled_and_closed_and_holds_up_no_other(sockdir: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "unix", "--write-timeout", "1") as sidecar:
+            path = sidecar.url.removeprefix("unix://")
+            # 20 minutes of audio that nobody reads: the socket's buffers fill, then the
+            # outbox's audio slots, then the engine thread waits on this connection.
+            stalled = await _authenticated(path)
+            await stalled.send({"op": "synthesize", "id": 1, "text": "x", "options": {"seconds": 1200}})
+            async with _client(sidecar.url) as other:
+                audio = await other.synthesize("not held up")
+                assert audio.samples.tobytes() == render_bytes("not held up")
+                health = await other.ping()
+                assert health.queue_depth == 0 and health.active is None
+            # The stalled connection was closed: reading it now drains what was buffered, then ends.
+            async with stalled.stream:
+                while (frame := await stalled.recv()) is not None:
+                    assert frame["op"] in ("audio", "progress", "error"), frame
+        assert "--write-timeout" in (sockdir / "s.log").read_text()
+
+
+@pytest.mark.anyio
+async def test_without_voice_dir_a_socket_serves_uploads_only_from_a_private_directory(sockdir: Path) -> None:
+    tmp = sockdir / "tmp"
+    tmp.mkdir()
+    clip = b"RIFF" + bytes(range(256))
+    named = sockdir / "speaker.wav"
+    named.write_bytes(clip)
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            listening(sockdir, "unix", voice_dir=False, env={"TMPDIR": str(tmp)}) as sidecar,
+            _client(sidecar.url) as client,
+        ):
+            assert "registered_voices" in client.info.capabilities
+            with pytest.raises(InvalidRequestError, match="register_voice") as refused:
+                await client.synthesize("by path", voice=str(named))
+            assert refused.value.detail["field"] == "$.voice"
+            with pytest.raises(InvalidRequestError, match="register_voice"):
+                await client.synthesize("by path", emotion={"kind": "audio", "path": str(named)})
+            voice = await client.register_voice("dana", clip)
+            audio = await client.synthesize("uploaded", voice=voice, emotion={"kind": "audio", "path": voice})
+            assert audio.samples.tobytes() == render_bytes("uploaded")
+            (private,) = tmp.iterdir()  # the upload store lives here while the sidecar runs
+            stored = list(private.rglob("*.wav"))
+            assert [p.read_bytes() for p in stored] == [clip]
+            sidecar.process.send_signal(signal.SIGTERM)
+            assert await sidecar.process.wait() == 0
+        assert list(tmp.iterdir()) == []  # removed at exit
+        assert "without --voice-dir" in (sockdir / "s.log").read_text()
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+async def test_a_plain_client_of_a_tls_sidecar_is_told_that_tls_is_expected(sockdir: Path) -> None:
+    cert, key = sockdir / "cert.pem", sockdir / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+            *("-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    with anyio.fail_after(TIMEOUT):
+        async with listening(sockdir, "tcp", "--tls-cert", str(cert), "--tls-key", str(key)) as sidecar:
+            with pytest.raises(StartError, match="expects TLS") as plain:
+                async with _client(sidecar.url, max_restarts=0):
+                    pass
+            assert plain.value.code == "tls_required" and "ssl_context" in plain.value.message
+            # A peer that speaks first, but no TLS, is told the same.
+            address = sidecar.url.removeprefix("tcp://").rsplit(":", 1)
+            async with await anyio.connect_tcp(address[0], int(address[1])) as stream:
+                peer = RawPeer(stream)
+                await peer.send({"op": "ping", "id": 1})
+                told = await peer.recv()
+                assert told is not None and told["op"] == "error" and told["code"] == "tls_required"
+                assert "id" not in told
+                assert await peer.recv() is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-handshakes", "0"), ("--handshake-timeout", "0"), ("--write-timeout", "nan"), ("--write-timeout", "inf")],
+)
+def test_the_socket_bounds_refuse_values_that_bound_nothing(sockdir: Path, flag: str, value: str) -> None:
+    refused = _start(sockdir, f"unix://{sockdir}/b.sock", flag, value, "--token-file", str(_token_file(sockdir)))
+    assert refused.returncode == 2
+    assert flag in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _token_file(directory: Path) -> Path:
+    path = directory / "token"
+    path.write_text(TOKEN + "\n")
+    return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, Union
 
@@ -78,14 +79,33 @@ class _FdStream:
         await checkpoint()
 
 
+def _pollable(fd: int) -> bool:
+    """Whether readiness can be waited for on ``fd``: a pipe, a socket or a terminal.
+
+    A regular file or ``/dev/null`` cannot be registered with epoll (EPERM), and needs not
+    be: a read from it never blocks.
+    """
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return True  # let the read report it
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
 class FdReceiveStream(_FdStream, ByteReceiveStream):
-    """Non-blocking reads from a pipe file descriptor.
+    """Non-blocking reads from a pipe file descriptor (or a regular file, ``/dev/null``).
 
     Each receive is a checkpoint, as anyio's streams are, but reads before it waits:
     when data has to be waited for, the wait is the only turn of the event loop; when
     it is there already, the read is followed by a shielded checkpoint (cancellation
     never loses bytes that were read).
     """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd)
+        #: False for a descriptor whose reads never wait (a regular file, ``/dev/null``): its
+        #: end is the end of what was written to it, not a parent that went away.
+        self.pollable = _pollable(fd)
 
     async def _read(self, call: Callable[[int], T]) -> T:
         await checkpoint_if_cancelled()
@@ -133,6 +153,13 @@ class FdReceiveStream(_FdStream, ByteReceiveStream):
         """
         if self._closed:
             raise anyio.ClosedResourceError
+        if not self.pollable:
+            # Always readable: read on, a turn of the event loop between two bursts.
+            while callback() is not None:
+                await checkpoint()
+                if self._closed:
+                    raise anyio.ClosedResourceError
+            return
         try:
             loop = asyncio.get_running_loop()  # only under asyncio
         except RuntimeError:
