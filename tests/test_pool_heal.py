@@ -177,3 +177,45 @@ def test_revive_after_must_be_positive() -> None:
         kwargs: dict[str, Any] = dict(bad)
         with pytest.raises(ValueError, match="revive_after"):
             Pool("fake", size=1, **kwargs)
+
+
+async def test_six_sigkills_of_one_member_fail_none_of_a_hundred_requests_with_two_retries() -> None:
+    """The issue's run: 1 of 100 failed CrashedError.  Each crash costs its requests one retry."""
+    with anyio.fail_after(TIMEOUT * 2):
+        async with Pool("fake", size=2, retries=2, max_restarts=100, restart_backoff=0.0, sidecar_args=QUIET) as p:
+            # 10 chunks, 30 ms each: about 0.3 s a request, so a hundred outlast six restarts.
+            options: dict[str, Any] = {"seconds": 1, "chunk_seconds": 0.1, "delay": 0.03}
+            results: dict[int, bool] = {}
+            failures: list[BaseException] = []
+            finished = anyio.Event()
+            kills = 0
+
+            async def one(i: int) -> None:
+                try:
+                    audio = await p.synthesize(f"request {i}", **options)
+                except Exception as exc:
+                    failures.append(exc)
+                else:
+                    results[i] = audio.samples.tobytes() == render_bytes(f"request {i}", seconds=1)
+
+            async def killer() -> None:
+                # Kill member 0 each time it is up again with requests in flight.
+                nonlocal kills
+                member, last = p._routing.members[0], None
+                while kills < 6 and not finished.is_set():
+                    pid = member.client.pid
+                    if pid is not None and pid != last and member.outstanding and member.client.is_alive():
+                        os.kill(pid, signal.SIGKILL)
+                        kills, last = kills + 1, pid
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(killer)
+                async with anyio.create_task_group() as requests:
+                    for i in range(100):
+                        requests.start_soon(one, i)
+                finished.set()
+            assert failures == []
+            assert results == dict.fromkeys(range(100), True)
+            assert kills == 6, kills
+            assert [h.restarts for h in await p.health()] == [6, 0]
