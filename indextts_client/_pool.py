@@ -285,9 +285,9 @@ class Pool:
     async def _revive(self, member: _Member) -> None:
         try:
             await member.client._supervisor.revive()
-        except SidecarError as exc:
+        except Exception as exc:  # a SidecarError; anything else must not stop the healer either
             member.revive_failures += 1
-            log.warning("pool member %d could not be revived: %s", member.index, exc)
+            log.warning("pool member %d could not be revived: %s: %s", member.index, type(exc).__name__, exc)
         else:
             if member.client.dead:  # nothing was tried (the client cannot restart)
                 member.revive_failures += 1
@@ -446,6 +446,7 @@ class Pool:
             retry_in = None if due is None else max(0.0, due - anyio.current_time())
             if state == "dead" and client._supervisor.dead is not None:
                 error = _summary_of(client._supervisor.dead)
+                self._wake_healer(member)  # it may have died through its own client
             if state == "ready":
                 try:
                     with anyio.fail_after(timeout):
