@@ -77,6 +77,7 @@ async def test_crash_fails_the_request_and_the_next_call_respawns(client: Client
 
 
 async def test_hang_hits_the_idle_timeout_and_the_sidecar_lives_on(client: Client) -> None:
+    await client.load()  # the idle timeout then covers the hang only, not a slow first load
     with pytest.raises(RequestTimeoutError) as caught:
         await client.synthesize("this request hangs", hang_at=0, idle_timeout=0.3)
     assert caught.value.deadline == "idle_timeout"
