@@ -53,6 +53,11 @@ SCRIPT = textwrap.dedent(
         try:
             if mode == "synthesize":
                 client.synthesize("long", on_progress=progress, **LONG)
+            elif mode == "stream-hang":
+                # The engine hangs after chunk 0: the loop waits in the iterator for a chunk.
+                with client.stream("long", hang_at=1, chunk_seconds=0.05) as chunks:
+                    for chunk in chunks:
+                        say("waiting")
             else:
                 with client.stream("long", on_progress=progress, **LONG) as chunks:
                     for chunk in chunks:
@@ -112,7 +117,7 @@ def wait_for_grandchild(pid: int) -> None:
 
 
 @BACKENDS
-@pytest.mark.parametrize("mode", ["synthesize", "stream"])
+@pytest.mark.parametrize("mode", ["synthesize", "stream", "stream-hang"])
 def test_ctrl_c_cancels_the_request_on_the_sidecar_and_returns_at_once(tmp_path: Path, mode: str, backend: str) -> None:
     lines, returncode, _ = run_and_interrupt(tmp_path, mode, backend)
     assert returncode == 0, lines
