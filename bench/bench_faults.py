@@ -1,6 +1,6 @@
 """Fault injection, measured: what the caller sees, and how long it takes (docs/reliability.md).
 
-    .venv/bin/python bench/bench_faults.py [--repeat 5] [--backend asyncio|trio]
+    .venv/bin/python bench/bench_faults.py [--repeat 5] [--backend asyncio|trio] [--only pool]
 
 Each scenario runs against a real sidecar with the fake engine; times are wall-clock
 seconds from the fault to what the caller sees, reported as median and maximum.
@@ -26,6 +26,7 @@ from indextts_client import (
     Client,
     CrashedError,
     InvalidRequestError,
+    Pool,
     ProgressEvent,
     RequestTimeoutError,
 )
@@ -260,6 +261,116 @@ async def stalled_stream(repeat: int, limit: int = 8 * 1024 * 1024) -> list[floa
     return growth
 
 
+# ------------------------------------------------------------------ Pool rows
+
+
+async def _until_member(pool: Pool, index: int, state: str) -> None:
+    while True:  # polled: the pool has no event for it
+        if (await pool.health())[index].state == state:
+            return
+        await anyio.sleep(0.01)
+
+
+async def pool_revive(repeat: int) -> list[float]:
+    """Seconds from a SIGKILL past the member's restart limit to the member ready again (revive_after=1)."""
+    times = []
+    for _ in range(repeat):
+        async with Pool("fake", size=2, max_restarts=0, revive_after=1.0, sidecar_args=QUIET) as pool:
+            pid = pool.members[0].pid
+            assert pid is not None
+            began = time.perf_counter()
+            os.kill(pid, signal.SIGKILL)
+            while not pool.members[0].dead:
+                await pool.synthesize("meanwhile")  # retried on member 1
+            await _until_member(pool, 0, "ready")
+            times.append(time.perf_counter() - began)
+    return times
+
+
+async def _listen(directory: str) -> subprocess.Popen[bytes]:
+    command = [*SIDECAR, "--listen", f"unix://{directory}/s.sock", "--token-file", f"{directory}/token"]
+    child = subprocess.Popen([*command, "--voice-dir", directory], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)  # noqa: ASYNC220
+    assert child.stdout is not None
+    line = await anyio.to_thread.run_sync(child.stdout.readline)
+    assert line.startswith(b"listening on "), line
+    return child
+
+
+async def pool_remote_back(repeat: int) -> list[float]:
+    """Seconds from a remote member's sidecar listening again to that member serving (revive_after=1)."""
+    import tempfile
+
+    times = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="itts-") as directory:
+            await anyio.Path(directory, "token").write_text("bench-token-0123456789abcdef\n")
+            first = await _listen(directory)
+            pool = Pool(
+                "fake",
+                size=1,
+                urls=[f"unix://{directory}/s.sock"],
+                token="bench-token-0123456789abcdef",
+                max_restarts=1,
+                restart_backoff=0.0,
+                revive_after=1.0,
+                sidecar_args=QUIET,
+            )
+            async with pool:
+                first.kill()
+                first.wait()
+                while not pool.members[1].dead:
+                    await pool.synthesize("meanwhile")
+                second = await _listen(directory)
+                try:
+                    began = time.perf_counter()
+                    await _until_member(pool, 1, "ready")
+                    times.append(time.perf_counter() - began)
+                    served = (await pool.health())[1].served
+                    for _ in range(4):
+                        await pool.synthesize("back")
+                    assert (await pool.health())[1].served > served
+                finally:
+                    second.kill()
+                    second.wait()
+    return times
+
+
+async def pool_sigkills(repeat: int) -> list[float]:
+    """Requests failed out of 100 concurrent ones while one member of 2 is SIGKILLed 6 times (retries=2)."""
+    failed = []
+    for _ in range(repeat):
+        async with Pool("fake", size=2, retries=2, max_restarts=100, restart_backoff=0.0, sidecar_args=QUIET) as pool:
+            errors = 0
+            finished = anyio.Event()
+
+            async def one(i: int) -> None:
+                nonlocal errors
+                try:
+                    await pool.synthesize(f"request {i}", seconds=1, chunk_seconds=0.1, delay=0.03)
+                except Exception:
+                    errors += 1
+
+            async def killer(finished: anyio.Event) -> None:
+                member, last, kills = pool.members[0], None, 0
+                while kills < 6 and not finished.is_set():
+                    pid = member.pid
+                    busy = (await pool.health(timeout=1.0))[0].outstanding
+                    if pid is not None and pid != last and busy and member.is_alive():
+                        os.kill(pid, signal.SIGKILL)
+                        kills, last = kills + 1, pid
+                    await anyio.sleep(0.01)
+                assert kills == 6, kills
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(killer, finished)
+                async with anyio.create_task_group() as requests:
+                    for i in range(100):
+                        requests.start_soon(one, i)
+                finished.set()
+            failed.append(float(errors))
+    return failed
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Awaitable[list[float]]], str]] = {
     "kill -9 during a request": (kill9, "s until CrashedError"),
     "SIGTERM, then a call": (sigterm_then_call, "s for the call (restart included)"),
@@ -276,6 +387,9 @@ SCENARIOS: dict[str, tuple[Callable[[int], Awaitable[list[float]]], str]] = {
     ),
     "stalled stream, max_buffered=8 MiB": (stalled_stream, "MB parent RSS held"),
     "  the same, max_buffered=1 GiB (no bound)": (lambda repeat: stalled_stream(repeat, 2**30), "MB parent RSS held"),
+    "pool member past its restart limit, revive_after=1": (pool_revive, "s from the kill to the member ready"),
+    "pool remote member's sidecar back, revive_after=1": (pool_remote_back, "s from listening to the member ready"),
+    "pool: 6 SIGKILLs of 1 of 2 members, 100 requests": (pool_sigkills, "requests failed (retries=2)"),
 }
 
 # The voice store's rows live in their own module (docs/reliability.md, "Voices").

@@ -2,7 +2,7 @@
 
 ::
 
-    pip install indextts-sidecar pytest anyio
+    pip install -e /path/to/indextts-sidecar pytest anyio   # a clone of this repository
     pytest -q examples/test_with_fake_engine.py
 
 The fake engine needs no model and no extra dependencies.  Its audio is a pure function

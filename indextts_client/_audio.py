@@ -171,7 +171,7 @@ def _soundfile() -> Any:
         import soundfile  # type: ignore[import-untyped]
     except (ImportError, OSError) as exc:  # OSError: the wheel's libsndfile failed to load
         raise RuntimeError(
-            f"FLAC and Ogg need soundfile: pip install 'indextts-sidecar[audio]' ({type(exc).__name__}: {exc})"
+            f"FLAC and Ogg need soundfile: pip install soundfile (the [audio] extra) ({type(exc).__name__}: {exc})"
         ) from exc
     return soundfile
 

@@ -15,14 +15,24 @@ An event loop runs in a daemon thread behind an anyio :class:`~anyio.from_thread
 each method hands its call to that loop and blocks until it returns.  Calls may come from
 any number of threads at once: they run concurrently on the loop, as tasks sharing one
 :class:`Client` do.  Progress callbacks run on the loop's thread.
+
+Ctrl-C (or any exception raised in the waiting thread, such as a signal handler's) while a
+method waits cancels that call on the loop, which cancels the request on the sidecar, and
+re-raises at once: the sidecar is free for the next call.  A client dropped without
+:meth:`~BlockingClient.close` emits :class:`ResourceWarning` and is closed then (or at
+interpreter exit).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import queue
+import sys
 import threading
-from collections.abc import Iterator
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Any, Union
 
@@ -36,6 +46,74 @@ from ._request import EmotionLike, Synthesis, TimeoutArg
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
 __all__ = ["BlockingClient", "BlockingStream"]
+
+#: How long an interrupted call waits for the loop to finish cancelling it (the cancel frame
+#: to be written, a starting sidecar to be stopped) before re-raising anyway.
+_CANCEL_GRACE = 5.0
+#: How long closing a client that was dropped without close() may take.
+_FINALIZE_GRACE = 30.0
+
+
+def _refuse_inside_trio(backend: str) -> None:
+    """A trio portal cannot be called from a thread that runs trio: say so instead of hanging."""
+    if backend != "trio" or "trio" not in sys.modules:
+        return
+    import trio
+
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "BlockingClient(backend='trio') cannot be used from inside a trio task: it would block "
+        "the event loop it runs in; use the async Client there"
+    )
+
+
+def _run(portal: BlockingPortal, fn: Callable[[], Union[Awaitable[Any], Any]]) -> Any:
+    """Run ``fn`` on the portal's loop and wait; if the wait is interrupted, cancel it there."""
+    finished = threading.Event()
+
+    async def call() -> Any:
+        try:
+            result = fn()
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            finished.set()
+
+    future = portal.start_task_soon(call)
+    try:
+        return future.result()
+    except BaseException:
+        # KeyboardInterrupt (Ctrl-C) or another exception raised in this thread while it
+        # waited: the call must not run on unseen.  Cancelling it on the loop cancels the
+        # request on the sidecar; wait (bounded) until that is done, then re-raise.
+        if not future.done():
+            future.cancel()
+            finished.wait(_CANCEL_GRACE)
+        raise
+
+
+def _finalize(portal: BlockingPortal, client: Client, thread: threading.Thread) -> None:
+    """Close a BlockingClient that was dropped (or still open at exit) without close()."""
+    warnings.warn(
+        "BlockingClient was never closed: call close() or use 'with BlockingClient(...)'; closing it now",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    if threading.get_ident() == thread.ident:
+        # Dropped on its own loop (in a callback): stopping would wait for itself.
+        portal.start_task_soon(client.aclose)
+        return
+    try:
+        portal.start_task_soon(client.aclose).result(_FINALIZE_GRACE)
+    except Exception:  # a finalizer must not raise; the loop is stopped below
+        pass
+    try:
+        portal.call(portal.stop, True)
+    except RuntimeError:  # the loop already ended
+        pass
+    thread.join(_FINALIZE_GRACE)
 
 
 class BlockingClient:
@@ -61,6 +139,7 @@ class BlockingClient:
         self._thread: Union[threading.Thread, None] = None
         self._client: Union[Client, None] = None
         self._closed = False
+        self._finalizer: Union[weakref.finalize[Any, Any], None] = None
 
     # -------------------------------------------------------------- lifecycle
 
@@ -70,7 +149,10 @@ class BlockingClient:
             raise ClosedError("the client is closed")
         if self._portal is not None:
             raise RuntimeError("start() on a client that is already started")
+        _refuse_inside_trio(self._backend)
         handoff: queue.Queue[Union[BlockingPortal, BaseException]] = queue.Queue()
+        # The thread holds no reference to self: a dropped client can be finalized.
+        backend, backend_options = self._backend, self._backend_options
 
         async def serve() -> None:
             async with BlockingPortal() as portal:
@@ -79,12 +161,12 @@ class BlockingClient:
 
         def run() -> None:
             try:
-                anyio.run(serve, backend=self._backend, backend_options=self._backend_options)
+                anyio.run(serve, backend=backend, backend_options=backend_options)
             except BaseException as exc:  # e.g. trio not installed: reported to start()
                 handoff.put(exc)
 
-        # A daemon thread: a script that forgets close() still exits; its sidecar then sees
-        # its stdin close and stops on its own.
+        # A daemon thread: a script that forgets close() still exits (the finalizer below
+        # stops the sidecar first).
         thread = threading.Thread(target=run, name="indextts_client BlockingClient", daemon=True)
         thread.start()
         got = handoff.get()
@@ -93,29 +175,34 @@ class BlockingClient:
             raise got
         self._portal, self._thread = got, thread
         try:
-            self._client = got.call(self._make)  # built on the loop: its events belong to it
-            got.call(self._client.start)
+            client: Client = got.call(self._make)  # built on the loop: its events belong to it
+            self._client = client
+            _run(got, client.start)
         except BaseException:
-            self._stop_loop()
+            self._stop_loop(cancel=True)
             raise
+        self._finalizer = weakref.finalize(self, _finalize, got, client, thread)
 
     def close(self) -> None:
         """Stop the sidecar (as :meth:`Client.aclose`) and the loop thread.  Idempotent."""
         self._closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if self._portal is None:
             return
+        _refuse_inside_trio(self._backend)
         try:
             if self._client is not None:
-                self._portal.call(self._client.aclose)
+                _run(self._portal, self._client.aclose)
         finally:
-            self._stop_loop()
+            self._stop_loop(cancel=True)
 
-    def _stop_loop(self) -> None:
+    def _stop_loop(self, *, cancel: bool = False) -> None:
         portal, thread = self._portal, self._thread
         self._portal = self._thread = None
         if portal is not None:
             try:
-                portal.call(portal.stop)
+                portal.call(portal.stop, cancel)
             except RuntimeError:  # the loop already ended
                 pass
         if thread is not None:
@@ -139,7 +226,8 @@ class BlockingClient:
             if self._closed:
                 raise ClosedError("the client is closed")
             raise RuntimeError("the client is not started: use 'with BlockingClient(...)' or client.start()")
-        return portal.call(functools.partial(getattr(client, method), *args, **kwargs))
+        _refuse_inside_trio(self._backend)
+        return _run(portal, functools.partial(getattr(client, method), *args, **kwargs))
 
     # ---------------------------------------------------------------- requests
 
@@ -271,7 +359,7 @@ class BlockingStream:
         self._entered = False
 
     def __enter__(self) -> BlockingStream:
-        self._portal.call(self._synthesis.__aenter__)
+        _run(self._portal, self._synthesis.__aenter__)
         self._entered = True
         return self
 
@@ -281,14 +369,14 @@ class BlockingStream:
         exc: Union[BaseException, None],
         tb: Union[TracebackType, None],
     ) -> None:
-        self._portal.call(self._synthesis.__aexit__, exc_type, exc, tb)
+        _run(self._portal, functools.partial(self._synthesis.__aexit__, exc_type, exc, tb))
 
     def __iter__(self) -> Iterator[AudioChunk]:
         if not self._entered:
             raise RuntimeError("iterate inside 'with client.stream(...) as chunks:', so that leaving early cancels it")
         while True:
             try:
-                chunk: AudioChunk = self._portal.call(self._synthesis.__anext__)
+                chunk: AudioChunk = _run(self._portal, self._synthesis.__anext__)
             except StopAsyncIteration:
                 return
             yield chunk

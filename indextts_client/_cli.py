@@ -54,9 +54,13 @@ def _emotion(args: argparse.Namespace) -> Any:
             if not sep or name.strip() not in EMOTION_NAMES:
                 raise UsageError(f"--emotion takes NAME=WEIGHT pairs with names from {', '.join(EMOTION_NAMES)}")
             try:
-                weights[name.strip()] = float(value)
+                weight = float(value)
             except ValueError:
                 raise UsageError(f"--emotion weight {value!r} is not a number") from None
+            # The same range as --emotion-alpha, and as the engines check.
+            if not 0.0 <= weight <= 1.0:
+                raise UsageError(f"--emotion weight {name.strip()}={value} is outside 0..1")
+            weights[name.strip()] = weight
         return EmotionVector(**weights, alpha=args.emotion_alpha)
     if args.emotion_audio is not None:
         return EmotionAudio(path=args.emotion_audio, alpha=args.emotion_alpha)
@@ -87,6 +91,16 @@ def _output_format(output: str, chosen: Union[str, None]) -> str:
     return fmt
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return value
+
+
 def _unit_interval(text: str) -> float:
     try:
         value = float(text)
@@ -97,55 +111,95 @@ def _unit_interval(text: str) -> float:
     return value
 
 
+class _PlainBars:
+    """Progress for ``say`` without rich (or with -q): nothing drawn."""
+
+    def __enter__(self) -> _PlainBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def on_progress(self, event: Any) -> None:
+        pass
+
+
+class _RichBars:
+    """Progress bars on stderr, one per stage (needs rich: the [cli] extra)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+        columns = (
+            TextColumn("{task.description:<12}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+        )
+        self._bars = Progress(*columns, console=Console(stderr=True), transient=False)
+        self._tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> _RichBars:
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bars.__exit__(*exc)
+
+    def stop(self) -> None:
+        self._bars.stop()
+
+    def on_progress(self, event: Any) -> None:
+        task = self._tasks.get(event.stage)
+        if task is None:
+            task = self._tasks[event.stage] = self._bars.add_task(event.stage, total=1.0)
+        if event.fraction is not None:
+            self._bars.update(task, completed=event.fraction)
+
+
+def _progress_bars(quiet: bool) -> Union[_PlainBars, _RichBars]:
+    if quiet:
+        return _PlainBars()
+    try:
+        return _RichBars()
+    except ImportError:  # rich is only for the bars: the [cli] extra
+        return _PlainBars()
+
+
 async def _say(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+    from . import Client, SidecarError
 
-    from . import Client, ProgressEvent, SidecarError
-
-    console = Console(stderr=True)
     fmt = _output_format(args.output, args.format)
     engine_options = _pairs(args.option, "--option", "engine option")
     request_options = _pairs(args.set, "--set", "request option")
     emotion = _emotion(args)
     text = sys.stdin.read() if args.text == "-" else args.text
-    columns = (
-        TextColumn("{task.description:<12}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False, disable=args.quiet) as bars:
-        tasks: dict[str, TaskID] = {}
-
-        def on_progress(event: ProgressEvent) -> None:
-            task = tasks.get(event.stage)
-            if task is None:
-                task = tasks[event.stage] = bars.add_task(event.stage, total=1.0)
-            if event.fraction is not None:
-                bars.update(task, completed=event.fraction)
-
+    sidecar_args = [] if args.max_text is None else ["--max-text", str(args.max_text)]
+    with _progress_bars(args.quiet) as bars:
         try:
             async with Client(
                 engine=args.engine,
                 python=args.python,
                 engine_options=engine_options,
                 ready_timeout=args.ready_timeout,
+                sidecar_args=sidecar_args,
             ) as client:
                 audio = await client.synthesize(
                     text,
                     voice=args.voice,
                     emotion=emotion,
                     sample_rate=args.sample_rate,
-                    on_progress=on_progress,
+                    on_progress=bars.on_progress,
                     timeout=args.timeout,
                     **request_options,
                 )
         except SidecarError as exc:
             bars.stop()
-            # The message may hold brackets (log lines in the stderr tail): never read it as markup.
-            console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            print(f"error: {exc}", file=sys.stderr)
             return EXIT_FAILED
     if args.output == "-":
         sys.stdout.buffer.write(audio.to_bytes(fmt))
@@ -155,23 +209,17 @@ async def _say(args: argparse.Namespace) -> int:
         try:
             audio.to_file(args.output, fmt)
         except OSError as exc:
-            console.print(f"{PROG}: cannot write {escape(args.output)}: {escape(exc.strerror or str(exc))}")
+            print(f"{PROG}: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_FAILED
         where = args.output
     if not args.quiet:
-        console.print(
-            f"wrote {escape(where)}: {audio.duration:.2f} s at {audio.sample_rate} Hz ({len(audio)} samples)",
-            highlight=False,
-            soft_wrap=True,
+        print(
+            f"wrote {where}: {audio.duration:.2f} s at {audio.sample_rate} Hz ({len(audio)} samples)", file=sys.stderr
         )
     return 0
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     from ._engines import list_engines
 
     python = args.python or sys.executable
@@ -183,6 +231,19 @@ def _engines(args: argparse.Namespace) -> int:
         import msgspec
 
         sys.stdout.buffer.write(msgspec.json.encode(engines) + b"\n")
+        return 0
+    try:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+    except ImportError:  # a plain table
+        print(f"engines in {python}")
+        for engine in engines:
+            available = "yes" if engine.available else f"no: {engine.problem or ''}"
+            rate = f"{engine.native_sample_rate} Hz" if engine.native_sample_rate else "-"
+            print(
+                f"  {engine.name:<10} {available:<5} {rate:<9} {', '.join(engine.capabilities)}  {engine.description}"
+            )
         return 0
     table = Table(title=f"engines in {escape(python)}")
     for column in ("engine", "available", "rate", "capabilities", "description"):
@@ -231,7 +292,14 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--sample-rate", type=int, default=None, help="resample to this rate (default: native)")
     say.add_argument("--timeout", type=float, default=None, help="overall seconds for the request")
     say.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the sidecar to start")
-    say.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    say.add_argument(
+        "--max-text",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="longest text in characters the sidecar accepts (its --max-text; default 100000)",
+    )
+    say.add_argument("-q", "--quiet", action="store_true", help="no progress bars (drawn only when rich is installed)")
 
     engines = commands.add_parser(
         "engines", help="list the engines a venv has: rate, capabilities, whether each can run", parents=[verbose]
@@ -276,11 +344,6 @@ def main(argv: Union[list[str], None] = None) -> int:
     # Without -v, failures speak through the error message (with the stderr tail), not through logs.
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(name)s: %(message)s")
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        print(f"{PROG}: the command line needs rich: pip install 'indextts-sidecar[cli]'", file=sys.stderr)
-        return EXIT_USAGE
     try:
         if args.command == "doctor":
             from ._doctor import doctor_command

@@ -10,8 +10,9 @@ indextts-sidecar missing from that venv, a crash, a hang) still yields a report,
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TextIO, Union
 
 import anyio
 import msgspec
@@ -31,6 +32,11 @@ EXIT_PROBLEMS = 1
 EXIT_NOT_RUN = 2
 
 _STDERR_TAIL = 2000
+
+
+def _install_hint(python: str) -> str:
+    """The install command for a venv: the package is not on the package index yet."""
+    return f"{python} -m pip install -e /path/to/indextts-sidecar (the folder of a clone of its repository)"
 
 
 def _not_run(what: str, fix: str) -> DoctorReport:
@@ -79,9 +85,9 @@ async def run_doctor(
     stderr = _tail(result.stderr)
     if result.returncode != 0:
         if "No module named indextts_sidecar" in stderr:
-            fix = f"install indextts-sidecar into that venv: {python} -m pip install indextts-sidecar"
+            fix = f"install indextts-sidecar into that venv: {_install_hint(python)}"
         elif "unrecognized arguments: --doctor" in stderr:
-            fix = f"upgrade indextts-sidecar in that venv: {python} -m pip install -U indextts-sidecar"
+            fix = f"upgrade indextts-sidecar in that venv from an up-to-date clone: {_install_hint(python)}"
         else:
             fix = "see the error above; run the command by hand for the full output"
         return _not_run(f"the doctor exited with code {result.returncode}: {stderr or '(no stderr)'}", fix)
@@ -103,75 +109,92 @@ def exit_code(report: DoctorReport) -> int:
     return EXIT_PROBLEMS if report.problems else EXIT_OK
 
 
+#: Rows of the report: (check, status, details); status is ok, warning, problem or unknown.
+Row = tuple[str, str, str]
+
+
+def _rows(report: DoctorReport) -> list[Row]:
+    """The report's table, as plain strings (rendered with rich or as plain text)."""
+    if not report.ran:
+        return []
+    py = report.python
+    rows: list[Row] = [
+        ("python", "ok", f"{py.implementation} {py.version} ({py.executable})"),
+        ("indextts-sidecar", "ok", str(report.packages.get("indextts_sidecar"))),
+    ]
+    engine = report.engine_info
+    if engine is not None and not is_indextts(report.engine):
+        detail = engine.description if engine.available else engine.problem or "not available"
+        rows.append((f"engine {engine.name}", "ok" if engine.available else "problem", detail))
+        return rows
+    torch = report.torch
+    if torch.importable:
+        rows.append(
+            ("torch", "ok", f"{torch.version}" + (f" (CUDA {torch.cuda_version})" if torch.cuda_version else ""))
+        )
+    else:
+        rows.append(("torch", "problem", torch.error or "not importable"))
+    devices = [*torch.cuda_devices]
+    if torch.mps_available:
+        devices.append("Apple MPS")
+    if torch.xpu_available:
+        devices.append("Intel XPU")
+    if devices:
+        rows.append(("accelerator", "ok", ", ".join(devices)))
+    elif torch.importable:
+        rows.append(("accelerator", "warning", "none: CPU only"))
+    else:
+        rows.append(("accelerator", "unknown", "needs torch"))
+    tf = report.transformers
+    tf_blocks = tf.status == "conflict" or (tf.status == "missing" and report.indextts.found)
+    tf_status = "problem" if tf_blocks else "ok" if tf.status == "ok" else "warning"
+    rows.append(("transformers", tf_status, f"{tf.version or 'not installed'} ({tf.status}; upstream pins {tf.pin})"))
+    tts = report.indextts
+    if tts.imports:
+        rows.append(
+            ("indextts", "ok", f"{tts.label} {tts.version or ''} at {tts.location}; run it with --engine {tts.engine}")
+        )
+    elif tts.found:
+        rows.append(("indextts", "problem", tts.error or "does not import"))
+    else:
+        rows.append(("indextts", "problem", "not installed"))
+    ck = report.checkpoints
+    if not ck.checked:
+        rows.append(("checkpoints", "warning", "not checked (pass --model-dir)"))
+    elif not ck.exists:
+        rows.append(("checkpoints", "problem", f"{ck.model_dir} does not exist"))
+    elif ck.missing:
+        rows.append(("checkpoints", "problem", f"{ck.model_dir}: missing {', '.join(ck.missing)}"))
+    else:
+        extra = f"; optional, absent: {', '.join(ck.optional_missing)}" if ck.optional_missing else ""
+        rows.append(("checkpoints", "ok", f"{ck.model_dir}: all {len(ck.present)} present{extra}"))
+    return rows
+
+
+def _verdict(report: DoctorReport) -> tuple[str, str]:
+    """The last line and its colour."""
+    if not report.ran:
+        return "the doctor could not run", "red"
+    if report.problems:
+        count = len(report.problems)
+        return f"{count} problem{'s' if count > 1 else ''} block{'' if count > 1 else 's'} synthesis", "red"
+    return "ready to synthesize", "green"
+
+
 def render(report: DoctorReport, console: Console) -> None:
-    """Print ``report`` as a table, then its problems and warnings with what to do."""
+    """Print ``report`` as a rich table, then its problems and warnings with what to do."""
     from rich.markup import escape
     from rich.table import Table
 
-    ok, warn, bad = "[green]ok[/]", "[yellow]warning[/]", "[red]problem[/]"
-
-    def new_table() -> Table:
+    styles = {"ok": "[green]ok[/]", "warning": "[yellow]warning[/]", "problem": "[red]problem[/]"}
+    rows = _rows(report)
+    if rows:
         table = Table(title=f"indextts-sidecar doctor: {escape(report.python.executable)}", show_lines=False)
         table.add_column("check", style="bold")
         table.add_column("status")
         table.add_column("details", overflow="fold")
-        py = report.python
-        table.add_row("python", ok, escape(f"{py.implementation} {py.version} ({py.executable})"))
-        table.add_row("indextts-sidecar", ok, escape(str(report.packages.get("indextts_sidecar"))))
-        return table
-
-    engine = report.engine_info
-    if report.ran and engine is not None and not is_indextts(report.engine):
-        table = new_table()
-        detail = engine.description if engine.available else engine.problem or "not available"
-        table.add_row(f"engine {escape(engine.name)}", ok if engine.available else bad, escape(detail))
-        console.print(table)
-    elif report.ran:
-        table = new_table()
-        torch = report.torch
-        if torch.importable:
-            table.add_row(
-                "torch",
-                ok,
-                escape(f"{torch.version}" + (f" (CUDA {torch.cuda_version})" if torch.cuda_version else "")),
-            )
-        else:
-            table.add_row("torch", bad, escape(torch.error or "not importable"))
-        devices = [*torch.cuda_devices]
-        if torch.mps_available:
-            devices.append("Apple MPS")
-        if torch.xpu_available:
-            devices.append("Intel XPU")
-        if devices:
-            table.add_row("accelerator", ok, escape(", ".join(devices)))
-        elif torch.importable:
-            table.add_row("accelerator", warn, "none: CPU only")
-        else:
-            table.add_row("accelerator", "[dim]unknown[/]", "needs torch")
-        tf = report.transformers
-        tf_blocks = tf.status == "conflict" or (tf.status == "missing" and report.indextts.found)
-        tf_status = bad if tf_blocks else ok if tf.status == "ok" else warn
-        table.add_row(
-            "transformers", tf_status, escape(f"{tf.version or 'not installed'} ({tf.status}; upstream pins {tf.pin})")
-        )
-        tts = report.indextts
-        if tts.imports:
-            detail = f"{tts.label} {tts.version or ''} at {tts.location}; run it with --engine {tts.engine}"
-            table.add_row("indextts", ok, escape(detail))
-        elif tts.found:
-            table.add_row("indextts", bad, escape(tts.error or "does not import"))
-        else:
-            table.add_row("indextts", bad, "not installed")
-        ck = report.checkpoints
-        if not ck.checked:
-            table.add_row("checkpoints", warn, "not checked (pass --model-dir)")
-        elif not ck.exists:
-            table.add_row("checkpoints", bad, escape(f"{ck.model_dir} does not exist"))
-        elif ck.missing:
-            table.add_row("checkpoints", bad, escape(f"{ck.model_dir}: missing {', '.join(ck.missing)}"))
-        else:
-            extra = f"; optional, absent: {', '.join(ck.optional_missing)}" if ck.optional_missing else ""
-            table.add_row("checkpoints", ok, escape(f"{ck.model_dir}: all {len(ck.present)} present{extra}"))
+        for check, status, detail in rows:
+            table.add_row(escape(check), styles.get(status, f"[dim]{status}[/]"), escape(detail))
         console.print(table)
     # soft_wrap: a fix is often a command to paste; rich must not break it across lines.
     for problem in report.problems:
@@ -182,19 +205,34 @@ def render(report: DoctorReport, console: Console) -> None:
         console.print(
             f"[yellow]warning:[/] {escape(warning.what)}\n    [bold]fix:[/] {escape(warning.fix)}", soft_wrap=True
         )
-    if not report.ran:
-        console.print("[red]the doctor could not run[/]")
-    elif report.problems:
-        count = len(report.problems)
-        console.print(f"[red]{count} problem{'s' if count > 1 else ''} block{'' if count > 1 else 's'} synthesis[/]")
-    else:
-        console.print("[green]ready to synthesize[/]")
+    verdict, colour = _verdict(report)
+    console.print(f"[{colour}]{verdict}[/]")
+
+
+def render_plain(report: DoctorReport, out: TextIO) -> None:
+    """As :func:`render`, as plain text (for a venv without rich, or output that is not a terminal)."""
+    rows = _rows(report)
+    if rows:
+        print(f"indextts-sidecar doctor: {report.python.executable}", file=out)
+        width = max(len(check) for check, _, _ in rows)
+        for check, status, detail in rows:
+            print(f"  {check:<{width}}  {status:<8} {detail}", file=out)
+    for kind, items in (("problem", report.problems), ("warning", report.warnings)):
+        for item in items:
+            print(f"{kind}: {item.what}\n    fix: {item.fix}", file=out)
+    print(_verdict(report)[0], file=out)
 
 
 def doctor_command(python: str, model_dir: Union[str, None], engine: Union[str, None] = None) -> int:
-    """``indextts-client doctor --python PATH [--model-dir DIR] [--engine NAME]``: run, print, return the exit code."""
-    from rich.console import Console
+    """``indextts-client doctor --python PATH [--model-dir DIR] [--engine NAME]``: run, print, return the exit code.
 
+    A rich table when rich is installed, plain text otherwise.
+    """
     report = anyio.run(lambda: run_doctor(python, model_dir, engine=engine))
-    render(report, Console())
+    try:
+        from rich.console import Console
+    except ImportError:
+        render_plain(report, sys.stdout)
+    else:
+        render(report, Console())
     return exit_code(report)

@@ -32,9 +32,9 @@ async def list_engines(python: Union[str, None] = None, *, time_limit: float = 6
     if result.returncode != 0:
         last = stderr.splitlines()[-1] if stderr else "(no stderr)"
         if "No module named indextts_sidecar" in stderr:
-            last = f"indextts-sidecar is not installed there: {python} -m pip install indextts-sidecar"
+            last = f"indextts-sidecar is not installed there: {python} -m pip install -e PATH_OF_A_CLONE"
         elif "unrecognized arguments: --describe-engines" in stderr:
-            last = f"indextts-sidecar there is too old: {python} -m pip install -U indextts-sidecar"
+            last = f"indextts-sidecar there is too old: {python} -m pip install -e PATH_OF_AN_UP_TO_DATE_CLONE"
         raise RuntimeError(f"{python} could not list its engines (exit {result.returncode}): {last}")
     try:
         return msgspec.json.decode(result.stdout.strip().splitlines()[-1], type=list[EngineDescription])

@@ -10,6 +10,11 @@
   (whose conditioning is warm) unless that member has more than ``affinity_slack``
   requests more than the least busy one.  Members that are closed or dead (past their
   restart limit) are skipped.
+* **Healing.**  A dead member is not lost for good: ``revive_after`` seconds after it went
+  dead (by default its ``restart_window``) the pool starts it again (a spawned member) or
+  reconnects (a remote one); each failed attempt doubles the wait, up to
+  ``max_revive_after``.  :meth:`Pool.health` gives the seconds until the next attempt
+  (``retry_in``).  A revived member has a fresh restart budget.
 * **Limits that wait.**  Each member takes at most ``max_outstanding`` requests at once.
   When all are full, a request waits for room up to ``pool_timeout`` seconds, then
   raises :class:`BusyError`; it never floods the sidecars' own queues.
@@ -22,6 +27,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,9 +40,12 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
 from ._request import EmotionLike, Synthesis
+from ._supervisor import _spawn_detached
 from ._types import Health, LoadInfo, ProgressCallback
 
 __all__ = ["MemberHealth", "Pool", "PoolStream"]
+
+log = logging.getLogger("indextts_client")
 
 #: Failures after which a request that delivered nothing may run on another member.
 #: StartError: a member could not (re)start, e.g. a remote sidecar that refuses connections.
@@ -65,6 +74,8 @@ class MemberHealth:
     error: Union[str, None] = None
     #: The address of a remote member (``urls``); None for a member the pool spawned.
     url: Union[str, None] = None
+    #: For a dead member: seconds until the pool next tries to revive it (0: now); else None.
+    retry_in: Union[float, None] = None
 
 
 @dataclass
@@ -75,6 +86,10 @@ class _Member:
     outstanding: int = 0
     served: int = 0
     url: Union[str, None] = None
+    #: Healing: when the next revival is due, failed revivals in a row, one under way.
+    revive_at: Union[float, None] = None
+    revive_failures: int = 0
+    reviving: bool = False
 
     @property
     def usable(self) -> bool:
@@ -112,6 +127,9 @@ class Pool:
     (``tcp://HOST:PORT``, ``unix:///PATH``; ``token`` and ``ssl_context`` apply to each),
     after the local ones.  With ``urls`` and neither ``size`` nor ``devices``, the pool
     spawns no sidecar of its own.
+
+    ``revive_after`` (seconds; default: the members' ``restart_window``) and
+    ``max_revive_after`` (default 600) pace the healing of dead members.
     """
 
     def __init__(
@@ -127,6 +145,8 @@ class Pool:
         urls: Sequence[str] = (),
         token: Union[str, bytes, None] = None,
         ssl_context: Any = None,
+        revive_after: Union[float, None] = None,
+        max_revive_after: float = 600.0,
         **client_kwargs: Any,
     ) -> None:
         if isinstance(urls, str):
@@ -142,6 +162,10 @@ class Pool:
             raise ValueError("max_outstanding must be >= 1")
         if retries < 0 or affinity_slack < 0:
             raise ValueError("retries and affinity_slack must be >= 0")
+        if revive_after is None:
+            revive_after = float(client_kwargs.get("restart_window", 60.0))
+        if not revive_after > 0 or not max_revive_after >= revive_after:
+            raise ValueError("revive_after must be > 0 and max_revive_after >= revive_after")
         members = []
         base_env = dict(client_kwargs.pop("env", None) or {})
         for index in range(count):
@@ -159,8 +183,13 @@ class Pool:
         self._pool_timeout = pool_timeout
         self._retries = retries
         self._affinity_slack = affinity_slack
+        self._revive_after = revive_after
+        self._max_revive_after = max_revive_after
         self._closed = False
         self._started = False
+        #: The healer: a task outside the caller's scopes, woken when a member may have died.
+        self._heal_wake = anyio.Event()
+        self._healer_done: Union[anyio.Event, None] = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -192,6 +221,8 @@ class Pool:
                 await self.aclose()
             raise _first_error(exc) from None
         self._started = True
+        self._healer_done = anyio.Event()
+        _spawn_detached(self._heal)
 
     async def aclose(self) -> None:
         """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""
@@ -199,9 +230,81 @@ class Pool:
         with anyio.CancelScope(shield=True):
             async with self._room:
                 self._room.notify_all()
+            self._heal_wake.set()
+            if self._healer_done is not None:
+                await self._healer_done.wait()
             async with anyio.create_task_group() as tg:
                 for member in self._routing.members:
                     tg.start_soon(member.client.aclose)
+
+    # ------------------------------------------------------------ healing
+
+    async def _heal(self) -> None:
+        """Revive dead members when they are due, until the pool closes (the healer task)."""
+        done = self._healer_done
+        assert done is not None
+        try:
+            async with anyio.create_task_group() as tg:
+                while not self._closed:
+                    self._heal_wake = anyio.Event()
+                    now = anyio.current_time()
+                    soonest = math.inf
+                    for member in self._routing.members:
+                        due = self._due(member)
+                        if due is None or member.reviving:
+                            continue
+                        if due <= now:
+                            member.reviving = True
+                            tg.start_soon(self._revive, member)
+                        else:
+                            soonest = min(soonest, due)
+                    with anyio.move_on_after(soonest - now):
+                        await self._heal_wake.wait()
+                tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is ending
+        except BaseException:  # a detached task must never raise into the event loop
+            log.exception("internal error in the pool's healer")
+        finally:
+            done.set()
+
+    def _due(self, member: _Member) -> Union[float, None]:
+        """When the dead ``member`` should next be revived; None when it is not dead."""
+        client = member.client
+        dead_at = client._supervisor.dead_at
+        if client.closed or not client.dead or dead_at is None:
+            member.revive_at = None
+            return None
+        if member.revive_at is None:
+            member.revive_at = dead_at + self._revive_wait(member)
+        return member.revive_at
+
+    def _revive_wait(self, member: _Member) -> float:
+        return float(min(self._max_revive_after, self._revive_after * 2**member.revive_failures))
+
+    async def _revive(self, member: _Member) -> None:
+        try:
+            await member.client._supervisor.revive()
+        except Exception as exc:  # a SidecarError; anything else must not stop the healer either
+            member.revive_failures += 1
+            log.warning("pool member %d could not be revived: %s: %s", member.index, type(exc).__name__, exc)
+        else:
+            if member.client.dead:  # nothing was tried (the client cannot restart)
+                member.revive_failures += 1
+            else:
+                member.revive_failures = 0
+                log.info("pool member %d revived", member.index)
+                async with self._room:
+                    self._room.notify_all()
+        finally:
+            # Still dead: the next attempt waits twice as long, counted from now.
+            member.revive_at = anyio.current_time() + self._revive_wait(member) if member.client.dead else None
+            member.reviving = False
+            self._heal_wake.set()
+
+    def _wake_healer(self, member: _Member) -> None:
+        if member.client.dead:
+            self._heal_wake.set()
 
     # ------------------------------------------------------------ routing
 
@@ -233,7 +336,7 @@ class Pool:
                 if not self._started:
                     raise RuntimeError("the pool is not started: use 'async with Pool(...)' or 'await pool.start()'")
                 if not any(m.usable for m in self._routing.members):
-                    raise RestartLimitError("every member of the pool is dead or closed")
+                    raise RestartLimitError(f"every member of the pool is dead or closed{self._revival_note()}")
                 member = self._pick(voice, exclude)
                 if member is not None:
                     member.outstanding += 1
@@ -252,11 +355,19 @@ class Pool:
         with anyio.CancelScope(shield=True):
             async with self._room:
                 member.outstanding -= 1
+                self._wake_healer(member)
                 if served:
                     member.served += 1
                     if voice is not None:
                         self._routing.affinity[voice] = member.index
                 self._room.notify_all()
+
+    def _revival_note(self) -> str:
+        now = anyio.current_time()
+        due = [d for d in (self._due(m) for m in self._routing.members) if d is not None]
+        if not due or self._closed:
+            return ""
+        return f"; the next revival is in {max(0.0, min(due) - now):.1f} s"
 
     # ------------------------------------------------------------ requests
 
@@ -318,6 +429,8 @@ class Pool:
 
     async def ping(self) -> list[Health]:
         """Every member's health, in member order."""
+        if self._closed:
+            raise ClosedError("the pool is closed")
         return await self._on_all(lambda client: client.ping())
 
     async def health(self, *, timeout: float = 5.0) -> list[MemberHealth]:  # noqa: ASYNC109
@@ -329,6 +442,11 @@ class Pool:
             state = "closed" if client.closed else "dead" if client.dead else "ready"
             health: Union[Health, None] = None
             error = None
+            due = self._due(member) if state == "dead" else None
+            retry_in = None if due is None else max(0.0, due - anyio.current_time())
+            if state == "dead" and client._supervisor.dead is not None:
+                error = _summary_of(client._supervisor.dead)
+                self._wake_healer(member)  # it may have died through its own client
             if state == "ready":
                 try:
                     with anyio.fail_after(timeout):
@@ -346,6 +464,7 @@ class Pool:
                 health=health,
                 error=error,
                 url=member.url,
+                retry_in=retry_in,
             )
 
         async with anyio.create_task_group() as tg:
@@ -447,6 +566,10 @@ class PoolStream:
         finally:
             if member is not None:
                 await self._pool._release(member, self._voice, served)
+
+
+def _summary_of(exc: SidecarError) -> str:
+    return f"{type(exc).__name__}: {exc.message}"
 
 
 def _first_error(exc: BaseException) -> BaseException:

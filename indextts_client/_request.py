@@ -28,6 +28,7 @@ from ._exceptions import (
     InvalidRequestError,
     ProtocolError,
     RequestTimeoutError,
+    SidecarError,
     UnreadError,
     error_for_frame,
 )
@@ -172,9 +173,12 @@ class _Tracked:
             self._registered(self._ex)
             try:
                 await conn._send_exchange(self._ex)
-            except UnreadError:
-                # The sidecar announced its end meanwhile: the next opener call starts another.
-                if self._resends >= _MAX_RESENDS:
+            except SidecarError as exc:
+                # The sidecar announced its end meanwhile (it read no request after those it
+                # ended: this one is unread), and the write may then fail on the closed pipe
+                # (CrashedError, exit code 0): the next opener call starts another sidecar.
+                unread = isinstance(exc, UnreadError) or isinstance(self._ex.error, UnreadError)
+                if not unread or self._resends >= _MAX_RESENDS:
                     raise
                 self._resends += 1
                 continue

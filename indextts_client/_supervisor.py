@@ -222,6 +222,8 @@ class Supervisor:
         self._restart_times: deque[float] = deque()
         #: The error every call raises once the restart budget is spent, else None.
         self.dead: Union[RestartLimitError, None] = None
+        #: When (``anyio.current_time()``) ``dead`` was last set, else None.
+        self.dead_at: Union[float, None] = None
         #: The latest ``ready`` frame's facts, and the latest child's pid.
         self.last_info: Union[SidecarInfo, None] = None
         self.last_pid: Union[int, None] = None
@@ -296,10 +298,49 @@ class Supervisor:
                 previous.stop_requested.set()
                 with anyio.CancelScope(shield=True):
                     await previous.finished.wait()
-            self.dead = None
+            self.dead = self.dead_at = None
             self._restart_times.clear()
             log.info("restarting the sidecar on request")
             await self._spawn()
+
+    async def revive(self) -> None:
+        """Try once to bring a dead client back (a :class:`Pool` healing a member).
+
+        A new session, counted in ``restarts``; on success the restart budget starts
+        afresh.  On failure the client stays dead (``dead_at`` is now) and the failure is
+        raised.  Nothing to do when the client is not dead.
+        """
+        if self.state in (_CLOSING, _CLOSED):
+            raise ClosedError("the client is closed")
+        if self.state != _RUNNING or self.streams is not None:
+            return
+        async with self._spawn_lock:
+            if self.dead is None:
+                return
+            previous = self._session
+            if previous is not None:
+                previous.stop_requested.set()
+                with anyio.CancelScope(shield=True):
+                    await previous.finished.wait()
+            self.restarts += 1
+            log.warning(
+                "%s (restart %d) after the restart limit",
+                "reviving the sidecar" if self.url is None else f"reconnecting to {self.url}",
+                self.restarts,
+            )
+            try:
+                await self._spawn()
+            except SidecarError as exc:
+                self.dead = RestartLimitError(
+                    f"the sidecar could not be revived after its restart limit: {_summary(exc)}",
+                    max_restarts=self._max_restarts,
+                    restart_window=self._restart_window,
+                    last_error=exc,
+                )
+                self.dead_at = anyio.current_time()
+                raise
+            self.dead = self.dead_at = None
+            self._restart_times.clear()
 
     def is_alive(self) -> bool:
         """Whether the current session is ready and its child running (:meth:`Client.is_alive`)."""
@@ -384,6 +425,7 @@ class Supervisor:
                 restart_window=self._restart_window,
                 last_error=reason,
             )
+            self.dead_at = anyio.current_time()
             log.error("%s", self.dead.message)
             raise fresh(self.dead) from reason
         delay = min(self._max_restart_backoff, self._restart_backoff * 2 ** len(self._restart_times))

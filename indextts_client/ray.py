@@ -37,9 +37,7 @@ from ._client import Client
 try:
     from ray import serve
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"indextts_client.ray needs the [ray] extra: pip install 'indextts-sidecar[ray]' ({exc})"
-    ) from exc
+    raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.40' ({exc})") from exc
 
 __all__ = ["RayClient", "SidecarReplica", "deployment", "http_ingress"]
 

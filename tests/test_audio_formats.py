@@ -72,7 +72,7 @@ def test_without_soundfile_flac_says_what_to_install_and_writes_nothing(
 ) -> None:
     monkeypatch.setitem(sys.modules, "soundfile", None)  # as in a venv without the audio extra
     a = audio()
-    with pytest.raises(RuntimeError, match=r"pip install 'indextts-sidecar\[audio\]'"):
+    with pytest.raises(RuntimeError, match=r"pip install soundfile \(the \[audio\] extra\)"):
         a.to_file(tmp_path / "x.flac")
     assert not (tmp_path / "x.flac").exists()
     assert a.to_bytes("wav")[:4] == b"RIFF"  # WAV needs nothing

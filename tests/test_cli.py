@@ -161,15 +161,59 @@ def test_verbose_works_after_the_subcommand(tmp_path: Path) -> None:
     assert quiet.returncode == 0 and "sidecar ready" not in quiet.stderr
 
 
-def test_without_rich_the_cli_says_what_to_install(tmp_path: Path) -> None:
-    # A None entry in sys.modules makes `import rich` fail, as in a venv without the cli extra.
+def _without_rich(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with `import rich` failing, as in a venv without the cli extra (a None in sys.modules)."""
     code = (
-        "import sys; sys.modules['rich'] = None\n"
-        "from indextts_client._cli import main\n"
-        f"sys.exit(main(['say', 'x', '-o', {str(tmp_path / 'x.wav')!r}, '--engine', 'fake']))"
+        f"import sys; sys.modules['rich'] = None\nfrom indextts_client._cli import main\nsys.exit(main({list(argv)!r}))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    _one_line_error(result, 2, "needs rich", "pip install 'indextts-sidecar[cli]'")
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
+    )
+
+
+def test_say_runs_without_rich_and_writes_the_same_audio(tmp_path: Path) -> None:
+    for quiet in ([], ["-q"]):
+        out = tmp_path / f"plain{len(quiet)}.wav"
+        result = _without_rich("say", "plain text", "-o", str(out), "--engine", "fake", *quiet)
+        assert result.returncode == 0, result.stderr
+        rate, samples = _samples(out)
+        assert samples.tobytes() == render_bytes("plain text", rate)
+        assert ("wrote " in result.stderr) == (not quiet), result.stderr
+    failed = _without_rich("say", "x", "-o", str(tmp_path / "f.wav"), "--engine", "fake", "--set", "fail_at=0")
+    _one_line_error(failed, 1, "error:")
+
+
+def test_engines_and_doctor_run_without_rich() -> None:
+    listed = _without_rich("engines", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {"fake", "espeak"} <= {e["name"] for e in json.loads(listed.stdout)}
+    table = _without_rich("engines")
+    assert table.returncode == 0, table.stderr
+    assert any(line.split()[:2] == ["fake", "yes"] for line in table.stdout.splitlines()), table.stdout
+    doctor = _without_rich("doctor", "--python", sys.executable, "--engine", "fake")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "engine fake" in doctor.stdout and doctor.stdout.strip().endswith("ready to synthesize"), doctor.stdout
+
+
+def test_emotion_weights_have_the_range_of_emotion_alpha(tmp_path: Path) -> None:
+    for weight in ("2", "-0.5"):
+        result = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "fake", "--emotion", f"happy={weight}")
+        _one_line_error(result, 2, f"--emotion weight happy={weight} is outside 0..1")
+    assert not (tmp_path / "x.wav").exists()
+    ok = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "fake", "--emotion", "happy=1", "-q")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_say_can_pass_the_max_text_that_its_error_names(tmp_path: Path) -> None:
+    text = "a" * 30
+    refused = _cli("say", text, "-o", str(tmp_path / "x.wav"), "--engine", "fake", "--max-text", "20", "-q")
+    _one_line_error(refused, 1, "longer than the limit of 20 (--max-text)")
+    out = tmp_path / "y.wav"
+    allowed = _cli("say", text, "-o", str(out), "--engine", "fake", "--max-text", "30", "-q")
+    assert allowed.returncode == 0, allowed.stderr
+    rate, samples = _samples(out)
+    assert samples.tobytes() == render_bytes(text, rate)
+    assert _cli("say", "x", "-o", str(out), "--max-text", "0").returncode == 2
 
 
 def test_engines_lists_each_engine_with_its_rate_and_availability() -> None:
@@ -198,5 +242,5 @@ def test_flac_without_soundfile_is_one_line_before_any_work(tmp_path: Path) -> N
         f"sys.exit(main(['say', 'x', '-o', {str(tmp_path / 'x.flac')!r}, '--engine', 'nope']))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    _one_line_error(result, 2, "FLAC and Ogg need soundfile", "indextts-sidecar[audio]")
+    _one_line_error(result, 2, "FLAC and Ogg need soundfile", "pip install soundfile")
     assert not (tmp_path / "x.flac").exists()

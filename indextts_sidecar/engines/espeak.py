@@ -200,7 +200,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         import importlib.util
 
         if importlib.util.find_spec("espeakng_loader") is None:
-            return "espeakng-loader is not installed: pip install 'indextts-sidecar[espeak]'"
+            return "espeakng-loader is not installed: pip install espeakng-loader (the [espeak] extra)"
         data_path = _data_path()
         if data_path is None or not os.path.isfile(os.path.join(data_path, "phontab")):
             return f"espeak-ng data is missing or incomplete at {data_path}"
