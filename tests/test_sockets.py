@@ -753,7 +753,7 @@ async def test_a_stalled_connection_is_cancelled_and_closed_and_holds_up_no_othe
 async def test_without_voice_dir_a_socket_serves_uploads_only_from_a_private_directory(sockdir: Path) -> None:
     tmp = sockdir / "tmp"
     tmp.mkdir()
-    clip = b"RIFF" + bytes(range(256))
+    clip = audio_clip()
     named = sockdir / "speaker.wav"
     named.write_bytes(clip)
     with anyio.fail_after(TIMEOUT):
