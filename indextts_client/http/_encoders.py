@@ -30,8 +30,8 @@ _AV = {
     "opus": ("ogg", "libopus", (48000,)),
     "flac": ("flac", "flac", ()),
 }
-#: An Ogg page per 100 ms of opus: the bytes of a segment leave with it, at little overhead.
-_OGG_PAGE_US = "100000"
+#: An Ogg page per 40 ms of opus: a segment's bytes leave with it (longer pages hold back its end).
+_OGG_PAGE_US = "40000"
 
 
 def wav_header(rate: int, samples: Union[int, None]) -> bytes:
