@@ -12,9 +12,9 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 TIMEOUT = 60
 KEY = "test-key-1234"
