@@ -21,7 +21,7 @@ from ._backends import Backend, PoolBackend, RayBackend
 from ._errors import HTTPError, exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
-from ._schema import decode_speech
+from ._schema import VoiceRef, decode_speech
 from ._speech import Job, SpeechRoute
 from ._voices import Voices
 
@@ -68,7 +68,8 @@ class _Service:
         speech = decode_speech(await request.body(), self.limits.max_input)
         options = dict(speech.options)
         options.update(self.speed_options(speech.speed, options))
-        return Job(speech, await self.voices.resolve(speech.voice), options)
+        voice = speech.voice.id if isinstance(speech.voice, VoiceRef) else speech.voice
+        return Job(speech, await self.voices.resolve(voice), options)
 
     def speed_options(self, speed: float, options: Mapping[str, Any]) -> dict[str, Any]:
         """``speed`` as the engine's declared option: 400 with the range when it is out of it."""
