@@ -173,8 +173,10 @@ async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{HTTP['port']}", timeout=TIMEOUT) as http:
         with anyio.fail_after(TIMEOUT):
             body = {"model": "indextts", "input": "over ray", "voice": "alloy", "response_format": "wav"}
-            while (await http.get("/health")).status_code == 503:  # "starting" while it asks the deployment
+            health = await http.get("/health")
+            while health.status_code == 503:  # "starting" while it asks the deployment
                 await anyio.sleep(0.05)
+                health = await http.get("/health")
             refused = await http.post("/v1/audio/speech", json=body)
             assert refused.status_code == 401
             headers = {"Authorization": "Bearer k3y-for-tests"}
