@@ -142,7 +142,7 @@ def _listen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         sock = socket.socket(fileno=args.fd)
     else:
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((args.host, args.port))
