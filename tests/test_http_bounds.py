@@ -189,3 +189,15 @@ def test_idle_connections_past_the_descriptor_limit_do_not_starve_requests() -> 
             for connection in idle:
                 connection.close()
         assert s.process.poll() is None
+
+
+@pytest.mark.parametrize("flag", ["--max-body", "--header-timeout", "--max-in-flight", "--grace", "--max-voices"])
+def test_a_bound_must_be_positive(flag: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "indextts_client.http", "--engine", "fake", flag, "0"],
+        capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2 and f"argument {flag}: 0 is not positive" in done.stderr
