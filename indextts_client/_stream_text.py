@@ -150,15 +150,27 @@ def _detector() -> Any:
     return SentenceBoundaryDetector()
 
 
-async def _fragments(texts: TextInput) -> AsyncIterator[Fragment]:
-    if isinstance(texts, str):
-        raise TypeError("stream_text takes an iterable of text fragments, not one str (wrap it: [text])")
-    if isinstance(texts, AsyncIterable):
-        async for piece in texts:
-            yield piece
-    else:
-        for piece in texts:
-            yield piece
+class _Fragments:
+    """One async iterator over either kind of iterable (no async generator: a consumer that
+    stops early would leave one for the garbage collector to finalize, which trio refuses)."""
+
+    def __init__(self, texts: TextInput) -> None:
+        if isinstance(texts, AsyncIterable):
+            self._async: Union[AsyncIterator[Fragment], None] = texts.__aiter__()
+            self._sync: Union[Iterator[Fragment], None] = None
+        else:
+            self._async, self._sync = None, iter(texts)
+
+    async def next(self) -> Union[Fragment, None]:
+        """The next fragment, None at the end."""
+        if self._async is not None:
+            try:
+                return await self._async.__anext__()
+            except StopAsyncIteration:
+                return None
+        assert self._sync is not None
+        await anyio.lowlevel.checkpoint()
+        return next(self._sync, None)
 
 
 class TextStream:
@@ -192,8 +204,6 @@ class TextStream:
         self._slots = anyio.Semaphore(lookahead + 1)
         self._send: MemoryObjectSendStream[Union[_Sentence, _End]]
         self._receive: MemoryObjectReceiveStream[Union[_Sentence, _End]]
-        # Unbounded in type only: the semaphore holds it to lookahead + 1 sentences and one end.
-        self._send, self._receive = anyio.create_memory_object_stream(math.inf)
         self._opened: list[_Sentence] = []
         self._current: Union[_Sentence, None] = None
         self._count = 0
@@ -216,6 +226,8 @@ class TextStream:
             raise RuntimeError("a stream_text() can be entered once")
         session = self._session()
         self._opener = await session.__aenter__()
+        # Unbounded in type only: the semaphore holds it to lookahead + 1 sentences and one end.
+        self._send, self._receive = anyio.create_memory_object_stream(math.inf)
         self._session_cm = session
         self._state = "open"
         task_group = anyio.create_task_group()
@@ -238,7 +250,9 @@ class TextStream:
                 task_group.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self._close_all()
-                await task_group.__aexit__(exc_type, exc, tb)
+                # Its only task (the producer) never raises: the body's own exception, if any,
+                # goes on unwrapped once this returns.
+                await task_group.__aexit__(None, None, None)
         finally:
             session, self._session_cm = self._session_cm, None
             if session is not None:
@@ -269,7 +283,8 @@ class TextStream:
         """Read the fragments, cut sentences, open a request per sentence; never raises."""
         try:
             detector = self._detector
-            async for piece in _fragments(self._texts):
+            fragments = _Fragments(self._texts)
+            while (piece := await fragments.next()) is not None:
                 if isinstance(piece, Flush):
                     await self._submit(detector.finish(), flushed=True)
                     continue
@@ -321,29 +336,14 @@ class TextStream:
 
     # ------------------------------------------------------------ delivering the audio
 
-    def __aiter__(self) -> AsyncIterator[SentenceChunk]:
+    def __aiter__(self) -> _Chunks:
         self._check_open()
-        return self._chunks()
+        return _Chunks(self)
 
-    async def _chunks(self) -> AsyncIterator[SentenceChunk]:
-        while True:
-            item = await self._next()
-            if item is None:
-                return
-            if isinstance(item, SentenceChunk):
-                yield item
-
-    def events(self) -> AsyncIterator[Union[SentenceChunk, SentenceEnd]]:
+    def events(self) -> _Events:
         """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
         self._check_open()
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Union[SentenceChunk, SentenceEnd]]:
-        while True:
-            item = await self._next()
-            if item is None:
-                return
-            yield item
+        return _Events(self)
 
     def _check_open(self) -> None:
         if self._state == "new":
@@ -404,6 +404,40 @@ class TextStream:
         return result
 
 
+class _Events:
+    """An async iterator over a :class:`TextStream`'s chunks and sentence ends."""
+
+    def __init__(self, stream: TextStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Union[SentenceChunk, SentenceEnd]:
+        item = await self._stream._next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+class _Chunks:
+    """An async iterator over a :class:`TextStream`'s chunks."""
+
+    def __init__(self, stream: TextStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> SentenceChunk:
+        while True:
+            item = await self._stream._next()
+            if item is None:
+                raise StopAsyncIteration
+            if isinstance(item, SentenceChunk):
+                return item
+
+
 class TextFeed:
     """Text pushed in from elsewhere (a socket's events), read by one ``stream_text``.
 
@@ -430,13 +464,15 @@ class TextFeed:
     def close(self) -> None:
         self._send.close()
 
-    def __aiter__(self) -> AsyncIterator[Fragment]:
-        return self._iterate()
+    def __aiter__(self) -> TextFeed:
+        return self
 
-    async def _iterate(self) -> AsyncIterator[Fragment]:
-        async with self._receive:
-            async for piece in self._receive:
-                yield piece
+    async def __anext__(self) -> Fragment:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            self._receive.close()
+            raise StopAsyncIteration from None
 
 
 def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[Opener]]:
@@ -468,22 +504,26 @@ def pool_session(
     return session
 
 
-def thread_fragments(texts: Iterable[Fragment]) -> AsyncIterator[Fragment]:
+class thread_fragments:
     """Fragments of a plain iterable read in a worker thread (it may block: a blocking LLM client)."""
-    iterator = iter(texts)
-    end = object()
 
-    def step() -> Any:
-        return next(iterator, end)
+    _END: Final = object()
 
-    async def read() -> AsyncIterator[Fragment]:
-        while True:
-            piece = await anyio.to_thread.run_sync(step, abandon_on_cancel=True)
-            if piece is end:
-                return
-            yield piece
+    def __init__(self, texts: Iterable[Fragment]) -> None:
+        self._iterator = iter(texts)
 
-    return read()
+    def _step(self) -> Any:
+        return next(self._iterator, self._END)
+
+    def __aiter__(self) -> thread_fragments:
+        return self
+
+    async def __anext__(self) -> Fragment:
+        piece = await anyio.to_thread.run_sync(self._step, abandon_on_cancel=True)
+        if piece is self._END:
+            raise StopAsyncIteration
+        result: Fragment = piece
+        return result
 
 
 class BlockingTextStream:
