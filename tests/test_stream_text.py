@@ -18,6 +18,7 @@ from indextts_client import (
     SentenceChunk,
     SentenceEnd,
     TextFeed,
+    TextStream,
 )
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -46,6 +47,12 @@ def by_sentence(chunks: list[SentenceChunk]) -> dict[int, bytes]:
     return {k: bytes(v) for k, v in out.items()}
 
 
+async def collect(stream: TextStream, into: list[SentenceChunk]) -> None:
+    async with stream:
+        async for chunk in stream:
+            into.append(chunk)
+
+
 def check_order(chunks: list[SentenceChunk]) -> None:
     """Sentences in order, each chunk's seq and offset following the one before."""
     seq, offset, sentence = 0, 0, 0
@@ -60,9 +67,11 @@ def check_order(chunks: list[SentenceChunk]) -> None:
 @pytest.mark.parametrize("size", [1, 4, 7])
 async def test_fragments_cut_anywhere_come_back_as_exact_sentences_in_order(size: int) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with Client("fake", ready_timeout=TIMEOUT) as client:
-            async with client.stream_text(trickle(split(TEXT, size)), chunk_seconds=0.2) as stream:
-                chunks = [chunk async for chunk in stream]
+        async with (
+            Client("fake", ready_timeout=TIMEOUT) as client,
+            client.stream_text(trickle(split(TEXT, size)), chunk_seconds=0.2) as stream,
+        ):
+            chunks = [chunk async for chunk in stream]
     check_order(chunks)
     assert [chunk.text for chunk in chunks if chunk.seq == 0] == SENTENCES
     assert by_sentence(chunks) == {i: render_bytes(s) for i, s in enumerate(SENTENCES)}
@@ -146,9 +155,11 @@ async def test_text_without_sentence_ends_is_cut_at_spaces_under_the_limit() -> 
     words = [f"word{i}" for i in range(40)]
     text = " ".join(words)
     with anyio.fail_after(TIMEOUT):
-        async with Client("fake", ready_timeout=TIMEOUT) as client:
-            async with client.stream_text(split(text, 5), max_sentence_chars=50) as stream:
-                ends = [e async for e in stream.events() if isinstance(e, SentenceEnd)]
+        async with (
+            Client("fake", ready_timeout=TIMEOUT) as client,
+            client.stream_text(split(text, 5), max_sentence_chars=50) as stream,
+        ):
+            ends = [e async for e in stream.events() if isinstance(e, SentenceEnd)]
     assert all(len(e.text) <= 50 for e in ends), ends
     assert " ".join(e.text for e in ends).split() == words
     assert sum(e.samples for e in ends) == 1440 * sum(len(e.text) for e in ends)
@@ -161,9 +172,7 @@ async def test_an_engine_error_arrives_after_the_audio_before_it() -> None:
         async with Client("fake", ready_timeout=TIMEOUT) as client:
             got: list[SentenceChunk] = []
             with pytest.raises(EngineError):
-                async with client.stream_text([text], fail_at=1, chunk_seconds=1.0) as stream:
-                    async for chunk in stream:
-                        got.append(chunk)
+                await collect(client.stream_text([text], fail_at=1, chunk_seconds=1.0), got)
             health = await client.ping()
     assert [(c.sentence, c.seq) for c in got] == [(0, 0), (1, 0), (2, 0)]
     assert by_sentence(got)[1] == render_bytes("Also ok.")
@@ -177,11 +186,9 @@ async def test_an_error_of_the_text_source_arrives_after_the_audio_before_it() -
 
     with anyio.fail_after(TIMEOUT):
         async with Client("fake", ready_timeout=TIMEOUT) as client:
-            got = []
+            got: list[SentenceChunk] = []
             with pytest.raises(ValueError, match="the LLM stream broke"):
-                async with client.stream_text(source()) as stream:
-                    async for chunk in stream:
-                        got.append(chunk)
+                await collect(client.stream_text(source()), got)
     assert by_sentence(got) == {0: render_bytes("One sentence.")}
 
 
@@ -196,9 +203,7 @@ async def test_bad_input_is_a_typed_error() -> None:
             with pytest.raises(RuntimeError, match="async with"):
                 stream.__aiter__()
             with pytest.raises(TypeError, match="str or FLUSH"):
-                async with client.stream_text(["Fine. ", 42]) as stream:  # type: ignore[list-item]
-                    async for _ in stream:
-                        pass
+                await collect(client.stream_text(["Fine. ", 42]), [])  # type: ignore[list-item]
 
 
 async def test_a_pool_keeps_one_stream_on_one_member(voice: str) -> None:
