@@ -462,6 +462,12 @@ class TextFeed:
         await self._send.send(FLUSH)
 
     def close(self) -> None:
+        """The end of the text: the stream speaks what is left, then ends."""
+        self._send.close()
+
+    def stop(self) -> None:
+        """The reader is gone: what is unread is dropped, and ``send`` raises ``ClosedResourceError``."""
+        self._receive.close()
         self._send.close()
 
     def __aiter__(self) -> TextFeed:
