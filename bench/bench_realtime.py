@@ -32,9 +32,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sentence_stream import SentenceBoundaryDetector  # noqa: E402
+from sentence_stream import SentenceBoundaryDetector
 
-from indextts_client import Client, SentenceChunk, TextFeed  # noqa: E402
+from indextts_client import Client, SentenceChunk, TextFeed
 
 TEXT = "The kettle is on. Tea will be ready soon. Shall I bring biscuits? The blue tin, I think. Enjoy it."
 FRAGMENT = 4
@@ -68,14 +68,16 @@ async def one_round(client: Client, lookahead: int, chunk: float) -> tuple[float
 
     firsts: dict[int, float] = {}
     lasts: dict[int, float] = {}
-    async with anyio.create_task_group() as tg:
-        async with client.stream_text(feed, lookahead=lookahead, delay=chunk) as stream:
-            tg.start_soon(write)
-            async for item in stream:
-                now = anyio.current_time()
-                assert isinstance(item, SentenceChunk)
-                firsts.setdefault(item.sentence, now)
-                lasts[item.sentence] = now
+    async with (
+        anyio.create_task_group() as tg,
+        client.stream_text(feed, lookahead=lookahead, delay=chunk) as stream,
+    ):
+        tg.start_soon(write)
+        async for item in stream:
+            now = anyio.current_time()
+            assert isinstance(item, SentenceChunk)
+            firsts.setdefault(item.sentence, now)
+            lasts[item.sentence] = now
     first_audio = firsts[0] - sent_at[cut] - chunk
     gaps = [firsts[n + 1] - lasts[n] - chunk for n in range(len(firsts) - 1)]
     return first_audio, gaps
