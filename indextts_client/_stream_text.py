@@ -30,7 +30,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Union
+from typing import Any, Final, Union
 
 import anyio
 from anyio.abc import TaskGroup
@@ -38,9 +38,6 @@ from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._audio import AudioChunk, Samples, _HasSamples
-
-if TYPE_CHECKING:
-    from ._pool import Pool
 
 __all__ = [
     "FLUSH",
@@ -492,10 +489,13 @@ def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[O
 
 
 def pool_session(
-    pool: Pool, voice: Union[str, None], open_on: Callable[[Any], Opener]
+    pool: Any, voice: Union[str, None], open_on: Callable[[Any], Opener]
 ) -> Callable[[], AbstractAsyncContextManager[Opener]]:
-    """One member of ``pool`` for the whole stream (the one routing picks for ``voice``,
-    whose conditioning is warm), counted as one request in flight there until the end."""
+    """One member of ``pool`` for the whole stream (the one routing picks for ``voice``, whose
+    conditioning is warm), counted as one request in flight there until the end.
+
+    ``pool`` is a :class:`Pool`, typed loosely: ``_pool`` imports this module.
+    """
 
     @asynccontextmanager
     async def session() -> AsyncIterator[Opener]:
