@@ -153,6 +153,12 @@ def _client_error(exc: BaseException) -> Error:
     return Error(f"the synthesis failed ({code or 'error'})", code=code if isinstance(code, str) else "error")
 
 
+def _reap(task: asyncio.Task[None]) -> None:
+    """Log what a finished speaker task raised beyond the errors it reports to its client."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("wyoming: a synthesis task failed", exc_info=exc)
+
+
 class WyomingService:
     """What every connection shares: the pool, the voices, the languages, the limits."""
 
@@ -290,10 +296,8 @@ class Handler(AsyncEventHandler):
             feed.stop()
         if speaker is not None:
             speaker.cancel()
-            try:
-                await speaker
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait([speaker])
+            _reap(speaker)
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
@@ -306,7 +310,7 @@ class Handler(AsyncEventHandler):
         if SynthesizeStop.is_type(event.type):
             return await self._stop()
         if Synthesize.is_type(event.type):
-            if self._feed is not None or self._speaker is not None:
+            if self._feed is not None:
                 return True  # the same text as the streamed request's, for servers that do not stream
             return await self._synthesize(event)
         log.debug("wyoming: ignoring a %r event", event.type)
@@ -331,6 +335,21 @@ class Handler(AsyncEventHandler):
         if isinstance(voice, Error):
             await self.write_event(voice.event())
             return True
+        await self._wait_speaker()
+        self._speaker = asyncio.create_task(self._speak_whole(text, voice), name="wyoming speaker")
+        return True
+
+    async def _wait_speaker(self) -> None:
+        """Let the request before this one end first (its audio goes out before this one's)."""
+        speaker = self._speaker
+        if speaker is not None:
+            await asyncio.wait([speaker])
+            self._speaker = None
+            _reap(speaker)
+
+    async def _speak_whole(self, text: str, voice: Union[str, None]) -> None:
+        """A ``synthesize``: one audio cycle, the chunks sent as they come.  Runs in a task of its
+        own, so that the connection's reader sees the client leave and cancels it."""
         try:
             async with self.service.pool.stream(text, voice=voice, **self.service.options) as chunks:
                 started = False
@@ -347,8 +366,10 @@ class Handler(AsyncEventHandler):
             await self.write_event(AudioStop().event())
         except SidecarError as exc:
             log.warning("wyoming: synthesis failed: %s", exc)
-            await self.write_event(_client_error(exc).event())
-        return True
+            await self._write_quietly(_client_error(exc).event())
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.info("wyoming: could not send the audio: %s", exc)
+            self.writer.close()
 
     def _rate(self) -> int:
         try:
@@ -368,13 +389,14 @@ class Handler(AsyncEventHandler):
     # ------------------------------------------------------------ streamed text
 
     async def _start(self, request: SynthesizeStart) -> bool:
-        if self._feed is not None or self._speaker is not None:
-            await self.write_event(Error("a streamed synthesis is already running", code="invalid_event").event())
+        if self._feed is not None:
+            await self.write_event(Error("a streamed synthesis is already open", code="invalid_event").event())
             return False
         voice = self._voice(request.voice.name if request.voice is not None else None)
         if isinstance(voice, Error):
             await self.write_event(voice.event())
             return True
+        await self._wait_speaker()
         feed = self._feed = TextFeed()
         self._streamed_chars = 0
         self._speaker = asyncio.create_task(self._speak(feed, voice), name="wyoming speaker")
@@ -401,16 +423,16 @@ class Handler(AsyncEventHandler):
         return True
 
     async def _stop(self) -> bool:
+        """The end of the text: the speaker says what is left, then ``synthesize-stopped``.
+
+        Not awaited here: the reader goes on reading, so a client that leaves now still
+        cancels what is queued.
+        """
         feed, self._feed = self._feed, None
-        speaker = self._speaker
-        if feed is None or speaker is None:
+        if feed is None:
             await self.write_event(Error("synthesize-stop before synthesize-start", code="invalid_event").event())
             return True
         feed.close()
-        try:
-            await speaker
-        finally:
-            self._speaker = None
         return True
 
     async def _speak(self, feed: TextFeed, voice: Union[str, None]) -> None:

@@ -169,18 +169,25 @@ async def test_the_first_sentence_speaks_before_the_text_ends(server: tuple[Wyom
 
 
 @pytest.mark.parametrize("server", [{"options": {"delay": 1.0}}], indirect=True)
+@pytest.mark.parametrize("how", ["streamed, left before stop", "streamed, left after stop", "whole"])
 async def test_a_client_that_leaves_mid_sentence_cancels_it_and_the_queued_ones(
-    server: tuple[WyomingService, str, int],
+    server: tuple[WyomingService, str, int], how: str
 ) -> None:
     service, host, port = server
     long = "A long first sentence that goes on. Then a second one as long as that. A third, just as long."
     async with asyncio.timeout(TIMEOUT):
         async with AsyncTcpClient(host, port) as client:
-            await client.write_event(SynthesizeStart().event())
-            await client.write_event(SynthesizeChunk(long).event())
+            if how == "whole":
+                await client.write_event(Synthesize(long).event())
+            else:
+                await client.write_event(SynthesizeStart().event())
+                await client.write_event(SynthesizeChunk(long).event())
+                if how.endswith("after stop"):
+                    await client.write_event(SynthesizeStop().event())
             while not AudioChunk.is_type((event := await client.read_event()).type):  # type: ignore[union-attr]
                 assert event is not None
-        # Gone after one chunk of sentence 0 (5+ chunks of 1 s each), sentences 1 and 2 queued.
+        # Gone after one chunk of 1 s compute, of sentence 0 (5+ chunks) with sentences 1 and 2
+        # queued, or of the whole text (20+ chunks).
         await service.wait_idle()
         audio = await service.pool.synthesize("next")
         (health,) = await service.pool.ping()
