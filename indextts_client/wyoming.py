@@ -587,11 +587,12 @@ def main(argv: Union[list[str], None] = None, prog: str = "indextts-client wyomi
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="request option")
     parser.add_argument("--zeroconf", nargs="?", const="", default=None, metavar="NAME", help="announce on mDNS")
     defaults = Limits()
-    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
-    parser.add_argument("--max-event-bytes", type=int, default=defaults.max_event_bytes)
-    parser.add_argument("--max-text-chars", type=int, default=defaults.max_text_chars)
-    parser.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout)
-    parser.add_argument("--write-timeout", type=float, default=defaults.write_timeout)
+    limit = parser.add_argument
+    limit("--max-connections", type=int, default=defaults.max_connections, help="connections at once (%(default)s)")
+    limit("--max-event-bytes", type=int, default=defaults.max_event_bytes, help="bytes per event part (%(default)s)")
+    limit("--max-text-chars", type=int, default=defaults.max_text_chars, help="characters a request (%(default)s)")
+    limit("--idle-timeout", type=float, default=defaults.idle_timeout, help="seconds between events (%(default)s)")
+    limit("--write-timeout", type=float, default=defaults.write_timeout, help="seconds an event's send (%(default)s)")
     args = parser.parse_args(argv)
     voices = _voices(args, parser)
     try:
