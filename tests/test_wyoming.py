@@ -222,6 +222,13 @@ async def test_limits_close_a_hostile_connection(server: tuple[WyomingService, s
             (error,) = await read_until(client, "audio-stop")
             assert Error.from_event(error).code == "invalid_event"
             assert await client.read_event() is None  # closed
+        for raw in (b'{"type": "describe", "pad": "' + b"x" * 1500 + b'"}\n', b"not json\n", b'{"data": {}}\n'):
+            async with AsyncTcpClient(host, port) as client:
+                assert client._writer is not None
+                client._writer.write(raw)
+                (error,) = await read_until(client, "audio-stop")
+                assert Error.from_event(error).code == "invalid_event"
+                assert await client.read_event() is None
         async with AsyncTcpClient(host, port) as client:
             await client.write_event(Synthesize("y" * 51).event())
             (error,) = await read_until(client, "audio-stop")
