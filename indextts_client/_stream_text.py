@@ -25,6 +25,7 @@ one stream per context of a connection.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
@@ -169,6 +170,14 @@ class _Fragments:
         await anyio.lowlevel.checkpoint()
         return next(self._sync, None)
 
+    async def aclose(self) -> None:
+        close = getattr(self._async, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # the source's own cleanup failing is not the stream's error: say so
+                logging.getLogger(__name__).warning("stream_text: closing the text source failed", exc_info=True)
+
 
 class TextStream:
     """What ``stream_text`` returns: ``async with`` it, then iterate its :class:`SentenceChunk`.
@@ -278,9 +287,9 @@ class TextStream:
 
     async def _produce(self) -> None:
         """Read the fragments, cut sentences, open a request per sentence; never raises."""
+        fragments = _Fragments(self._texts)
         try:
             detector = self._detector
-            fragments = _Fragments(self._texts)
             while (piece := await fragments.next()) is not None:
                 if isinstance(piece, Flush):
                     await self._submit(detector.finish(), flushed=True)
@@ -300,8 +309,11 @@ class TextStream:
                 self._send.send_nowait(_End(exc))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass
-        except anyio.ClosedResourceError:  # pragma: no cover - the stream closed under us
-            pass
+        finally:
+            # An async generator left unfinished is closed here, in the task that iterated it,
+            # not by the garbage collector.
+            with anyio.CancelScope(shield=True):
+                await fragments.aclose()
 
     async def _cut_long(self) -> None:
         """Speak the first ``max_sentence_chars`` of a sentence that has no end yet, at a space."""

@@ -122,6 +122,26 @@ async def test_leaving_mid_sentence_cancels_it_and_the_queued_ones_within_one_ch
     assert (health.queue_depth, health.active) == (0, None)
 
 
+async def test_an_async_generator_left_unfinished_is_closed_at_once() -> None:
+    closed: list[str] = []
+
+    async def source() -> AsyncIterator[str]:
+        try:
+            yield "First sentence. Second"
+            await anyio.sleep_forever()  # an LLM that would write on
+            yield "never"
+        finally:
+            closed.append("closed")
+
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake", ready_timeout=TIMEOUT) as client:
+            async with client.stream_text(source()) as stream:
+                async for chunk in stream:
+                    assert chunk.text == "First sentence."
+                    break
+            assert closed == ["closed"]
+
+
 async def test_flush_speaks_what_is_left_while_the_text_goes_on() -> None:
     feed = TextFeed()
     with anyio.fail_after(TIMEOUT):
