@@ -275,6 +275,11 @@ SCENARIOS: dict[str, tuple[Callable[[int], Awaitable[list[float]]], str]] = {
     "  the same, max_buffered=1 GiB (no bound)": (lambda repeat: stalled_stream(repeat, 2**30), "MB parent RSS held"),
 }
 
+# The voice store's rows live in their own module (docs/reliability.md, "Voices").
+from _faults_voices import VOICE_SCENARIOS  # noqa: E402
+
+SCENARIOS.update(VOICE_SCENARIOS)
+
 
 async def main(repeat: int) -> None:
     for name, (scenario, unit) in SCENARIOS.items():

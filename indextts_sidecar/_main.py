@@ -84,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-voice-bytes",
         type=int,
-        default=64 * 1024 * 1024,
-        help="largest voice or emotion reference file, in bytes (default 64 MiB)",
+        default=10 * 1024 * 1024,
+        help="largest voice or emotion reference file, named or registered, in bytes (default 10 MiB)",
     )
     parser.add_argument(
         "--parent-pid",
@@ -117,6 +117,24 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=256,
         help="reference clips register_voice may store under the first --voice-dir (default 256)",
+    )
+    sockets.add_argument(
+        "--max-voice-total-bytes",
+        type=int,
+        default=512 * 1024 * 1024,
+        help="bytes of all the clips register_voice stores together (default 512 MiB)",
+    )
+    sockets.add_argument(
+        "--max-voice-names",
+        type=int,
+        default=1024,
+        help="names register_voice keeps, each naming one clip (default 1024)",
+    )
+    sockets.add_argument(
+        "--max-voice-seconds",
+        type=float,
+        default=300.0,
+        help="longest clip register_voice takes, in seconds of audio (default 300)",
     )
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
@@ -205,9 +223,18 @@ def main(argv: Union[list[str], None] = None) -> int:
             )
     limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
     more = (("--max-voice-bytes", args.max_voice_bytes), ("--max-connections", args.max_connections))
-    for name, value in (*limits, *more, ("--max-voices", args.max_voices)):
+    voice_limits = (
+        ("--max-voices", args.max_voices),
+        ("--max-voice-total-bytes", args.max_voice_total_bytes),
+        ("--max-voice-names", args.max_voice_names),
+    )
+    for name, value in (*limits, *more, *voice_limits):
         if value < 1:
             return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
+    if not args.max_voice_seconds > 0:
+        return _startup_error(
+            frame_fd, "invalid_option", "--max-voice-seconds must be more than 0", "--max-voice-seconds"
+        )
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -269,11 +296,20 @@ def main(argv: Union[list[str], None] = None) -> int:
     paths = PathPolicy(args.voice_dir, args.max_voice_bytes)
     voices = None
     if args.voice_dir:
-        from ._voices import STORE_DIR, VoiceStore
+        from ._voices import RegisteredVoices
+        from .voicestore import VoiceLimits, VoiceStoreError
 
-        voices = VoiceStore(
-            os.path.join(args.voice_dir[0], STORE_DIR), max_bytes=args.max_voice_bytes, max_count=args.max_voices
+        store_limits = VoiceLimits(
+            max_clip_bytes=args.max_voice_bytes,
+            max_clips=args.max_voices,
+            max_total_bytes=args.max_voice_total_bytes,
+            max_names=args.max_voice_names,
+            max_clip_seconds=args.max_voice_seconds,
         )
+        try:
+            voices = RegisteredVoices(args.voice_dir[0], store_limits)
+        except (OSError, VoiceStoreError) as exc:
+            return _startup_error(frame_fd, "invalid_option", f"the voice store in --voice-dir: {exc}", "--voice-dir")
 
     def make_server(scheduler: Union[Scheduler, None] = None) -> Server:
         return Server(

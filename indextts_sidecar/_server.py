@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Union
 
 import anyio
+import anyio.to_thread
 import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
@@ -51,7 +52,7 @@ from .protocol import (
 from .protocol.framing import FrameReader, FramingError
 
 if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores voices
-    from ._voices import VoiceStore
+    from ._voices import RegisteredVoices
 
 __all__ = ["Scheduler", "Server"]
 
@@ -112,13 +113,15 @@ class Server:
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         paths: Union[PathPolicy, None] = None,
         scheduler: Union[Scheduler, None] = None,
-        voices: Union[VoiceStore, None] = None,
+        voices: Union[RegisteredVoices, None] = None,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
         self._owns_scheduler = scheduler is None
         self.scheduler = scheduler if scheduler is not None else Scheduler(engine)
         self.voices = voices
+        #: A ``register_voice`` read and not yet carried out: the read loop runs it in a thread.
+        self._pending_voice: Union[RegisterVoice, None] = None
         self.paths = paths if paths is not None else PathPolicy()
         self.max_text = max_text
         self.max_outgoing = max_outgoing
@@ -242,7 +245,7 @@ class Server:
             if isinstance(message, Shutdown):
                 shutdown.append(message)
                 return True
-            return len(outbox) >= self.max_outgoing
+            return len(outbox) >= self.max_outgoing or self._pending_voice is not None
 
         while True:
             while len(outbox) >= self.max_outgoing:
@@ -262,11 +265,30 @@ class Server:
             if not stopped:
                 log.info("end of input: the parent closed the request stream")
                 return EXIT_OK
+            if self._pending_voice is not None:
+                await self._register_voice(self._pending_voice)
+                self._pending_voice = None
             if shutdown:
                 self._shutdown_requested = True
                 await self._stop_jobs()
                 self.send(Ok(id=shutdown[0].id, info={"exit_code": EXIT_OK}))
                 return EXIT_OK
+
+    async def _register_voice(self, message: RegisterVoice) -> None:
+        assert self.voices is not None
+        # Shielded: its reply must go out, and the wait is bounded (one decode, one lock wait).
+        with anyio.CancelScope(shield=True):
+            try:
+                info = await anyio.to_thread.run_sync(self.voices.register, message.name, message.audio)
+            except EngineError as exc:
+                self.send(error_for(message.id, exc))
+                return
+            except Exception as exc:  # a bug costs this request only, as in _on_frame
+                log.exception("internal error registering voice %r", message.name)
+                self.send(Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}"))
+                return
+        log.info("voice %r registered (%d bytes, sha256 %s)", message.name, info["bytes"], info["sha256"])
+        self.send(Ok(id=message.id, info=info))
 
     def _on_frame(self, body: memoryview) -> Union[Shutdown, None]:
         """Decode and dispatch one request; a ``shutdown`` is returned for the read loop to carry out."""
@@ -340,13 +362,9 @@ class Server:
                     )
                 )
                 return
-            try:
-                info = self.voices.register(message.name, message.audio)
-            except EngineError as exc:
-                self.send(error_for(message.id, exc))
-                return
-            log.info("voice %r registered (%d bytes, sha256 %s)", message.name, info["bytes"], info["sha256"])
-            self.send(Ok(id=message.id, info=info))
+            # Decoding the clip takes up to a second: the read loop does it in a worker
+            # thread, and reads this connection's next frame once it is answered.
+            self._pending_voice = message
             return
         job: Job
         if isinstance(message, Synthesize):

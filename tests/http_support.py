@@ -82,7 +82,7 @@ def server(
     running = Server(process, f"http://127.0.0.1:{port}")
     try:
         if ready:
-            running.wait_for("ready: engine")
+            running.wait_for("serving: engine")
         yield running
     finally:
         if process.poll() is None:

@@ -500,7 +500,7 @@ async def test_the_path_policy(tmp_path: Path) -> None:
         (str(voices / "link.wav"), "outside the allowed directories"),
         (str(fifo), "not a regular file"),
         (str(voices), "is a directory"),
-        (str(big), "more than the limit of 67108864 (--max-voice-bytes)"),
+        (str(big), "more than the limit of 10485760 (--max-voice-bytes)"),
         (str(voices / "none.wav"), "does not exist"),
     ]
     with anyio.fail_after(30):

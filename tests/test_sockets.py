@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import pytest
 from anyio.abc import Process
+from voiceclips import clip as audio_clip
 
 from indextts_client import (
     AuthenticationError,
@@ -323,7 +324,7 @@ async def test_closing_a_connection_cancels_its_own_requests_only(sockdir: Path)
 
 @pytest.mark.anyio
 async def test_register_voice_uploads_a_clip_that_requests_can_name(sockdir: Path) -> None:
-    clip = b"RIFF" + bytes(range(256)) * 4
+    clip = audio_clip()
     with anyio.fail_after(TIMEOUT):
         async with listening(sockdir, "tcp") as sidecar, _client(sidecar.url) as client:
             assert "registered_voices" in client.info.capabilities
@@ -331,11 +332,11 @@ async def test_register_voice_uploads_a_clip_that_requests_can_name(sockdir: Pat
             assert voice == "registered:alice"
             audio = await client.synthesize("with a voice", voice=voice)
             assert audio.samples.tobytes() == render_bytes("with a voice")
-            stored = list((sockdir / "voices" / ".registered-voices").iterdir())
+            stored = list((sockdir / "voices" / ".registered-voices").glob("*.wav"))
             assert [p.read_bytes() for p in stored] == [clip] and stored[0].suffix == ".wav"
             # The same clip under a second name is stored once.
             await client.register_voice("alice2", clip)
-            assert len(list((sockdir / "voices" / ".registered-voices").iterdir())) == 1
+            assert len(list((sockdir / "voices" / ".registered-voices").glob("*.wav"))) == 1
             with pytest.raises(InvalidRequestError, match="no voice is registered"):
                 await client.synthesize("x", voice="registered:bob")
             with pytest.raises(InvalidRequestError, match="voice name"):
@@ -356,14 +357,15 @@ async def test_register_voice_is_bounded_in_size_and_count(sockdir: Path) -> Non
         ):
             with pytest.raises(InvalidRequestError, match="more than the limit of 1000"):
                 await client.register_voice("big", b"x" * 1001)
-            await client.register_voice("one", b"1" * 10)
-            await client.register_voice("two", b"2" * 10)
+            one, two, three, four = (audio_clip(0.01, seed=seed) for seed in range(4))
+            await client.register_voice("one", one)
+            await client.register_voice("two", two)
             with pytest.raises(InvalidRequestError, match="all of them named"):
-                await client.register_voice("three", b"3" * 10)
+                await client.register_voice("three", three)
             # A name given a new clip lets its old clip make room.
-            await client.register_voice("one", b"4" * 10)
-            names = sorted(p.read_bytes() for p in (sockdir / "voices" / ".registered-voices").iterdir())
-            assert names == [b"2" * 10, b"4" * 10]
+            await client.register_voice("one", four)
+            names = sorted(p.read_bytes() for p in (sockdir / "voices" / ".registered-voices").glob("*.wav"))
+            assert names == sorted([two, four])
             audio = await client.synthesize("still there", voice="registered:two")
             assert audio.samples.tobytes() == render_bytes("still there")
 
@@ -627,10 +629,10 @@ async def test_register_voice_works_over_pipes_too_and_needs_a_voice_dir(sockdir
     voices.mkdir()
     with anyio.fail_after(TIMEOUT):
         async with Client("fake", sidecar_args=["--voice-dir", str(voices)], ready_timeout=TIMEOUT) as client:
-            voice = await client.register_voice("carol", b"fLaC" + bytes(100))
+            voice = await client.register_voice("carol", audio_clip(fmt="FLAC"))
             audio = await client.synthesize("piped", voice=voice, emotion={"kind": "audio", "path": voice})
             assert audio.samples.tobytes() == render_bytes("piped")
-            assert [p.suffix for p in (voices / ".registered-voices").iterdir()] == [".flac"]
+            assert [p.suffix for p in (voices / ".registered-voices").glob("[0-9a-f]*")] == [".flac"]
         async with Client("fake", ready_timeout=TIMEOUT) as plain:
             assert "registered_voices" not in plain.info.capabilities
             with pytest.raises(InvalidRequestError, match="--voice-dir"):

@@ -134,7 +134,7 @@ class _Service:
                 on_failure(exc)
             return
         self.state.status = "ok"
-        log.info("ready: engine %s", self.backend.facts.name)
+        log.info("serving: engine %s is ready", self.backend.facts.name)
 
 
 def _backend(engine: Union[str, None], pool: Union[Pool, None], ray: Any, pool_kwargs: dict[str, Any]) -> Backend:

@@ -15,6 +15,8 @@ from ._errors import HTTPError
 
 __all__ = ["Limits", "LimitsMiddleware", "header_deadline_protocol"]
 
+_CLOSE = {"Connection": "close"}
+
 
 class Limits:
     """The app's bounds; each is a flag of ``serve`` and a row of docs/reliability.md."""
@@ -72,7 +74,10 @@ class LimitsMiddleware:
 
 
 def _too_large(limit: int) -> HTTPError:
-    return HTTPError(413, f"the body is over this route's limit of {limit} bytes", code="body_too_large")
+    # Connection: close, for the rest of the body is not read.
+    return HTTPError(
+        413, f"the body is over this route's limit of {limit} bytes", code="body_too_large", headers=_CLOSE
+    )
 
 
 def _content_length(scope: Scope) -> Union[int, None]:
@@ -99,7 +104,7 @@ def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
         with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as scope:
             message = await receive()
         if scope.cancelled_caught:
-            raise HTTPError(408, f"the body took over {timeout:g} s to arrive", code="body_timeout")
+            raise HTTPError(408, f"the body took over {timeout:g} s to arrive", code="body_timeout", headers=_CLOSE)
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > limit:
