@@ -80,7 +80,9 @@ def _finished(driver: Any) -> str:
     from selenium.webdriver.support.ui import WebDriverWait
 
     facts = driver.find_element("id", "facts")
-    WebDriverWait(driver, TIMEOUT).until(lambda _: facts.get_attribute("data-state") not in ("idle", "loading", "playing"))
+    WebDriverWait(driver, TIMEOUT).until(
+        lambda _: facts.get_attribute("data-state") not in ("idle", "loading", "playing")
+    )
     return str(facts.get_attribute("data-state"))
 
 
