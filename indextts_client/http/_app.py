@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from .._pool import Pool
 from ._backends import Backend, PoolBackend, RayBackend
+from ._emotion import emotion_for
 from ._errors import HTTPError, exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
@@ -69,7 +70,8 @@ class _Service:
         speech = decode_speech(await request.body(), self.limits.max_input)
         options = dict(speech.options)
         options.update(self.speed_options(speech.speed, options))
-        return Job(speech, await self.voices.resolve(speech.voice), options)
+        emotion = await emotion_for(speech, self.backend.facts, self.voices.resolve)
+        return Job(speech, await self.voices.resolve(speech.voice), options, emotion)
 
     def speed_options(self, speed: float, options: Mapping[str, Any]) -> dict[str, Any]:
         """``speed`` as the engine's declared option: 400 with the range when it is out of it."""

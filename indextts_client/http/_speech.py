@@ -51,11 +51,14 @@ class AudioStream(StreamingResponse):
 class Job:
     """One speech request, resolved: what to ask the sidecar and how to answer."""
 
-    def __init__(self, request: SpeechRequest, voice: Union[str, None], options: dict[str, Any]) -> None:
+    def __init__(
+        self, request: SpeechRequest, voice: Union[str, None], options: dict[str, Any], emotion: Any = None
+    ) -> None:
         self.request = request
         self.fmt = request.response_format
         self.voice = voice
         self.options = options
+        self.emotion = emotion
         self.rate = request.sample_rate or (PCM_RATE if self.fmt == "pcm" else None)
         if request.stream_format == "sse":
             self.mode = "sse"
@@ -115,7 +118,9 @@ class SpeechRoute:
 
     async def _open(self, job: Job) -> tuple[Any, Any, Any]:
         """The sidecar's stream, entered, and its first chunk: an error here still has a status."""
-        stream = self.backend.stream(job.request.input, voice=job.voice, sample_rate=job.rate, **job.options)
+        stream = self.backend.stream(
+            job.request.input, voice=job.voice, emotion=job.emotion, sample_rate=job.rate, **job.options
+        )
         try:
             chunks = await stream.__aenter__()
             return stream, chunks, await _next(chunks)

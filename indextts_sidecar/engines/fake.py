@@ -78,6 +78,9 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     print_lines: _Count = 0
     #: Bytes written to stderr per request (a flood).
     stderr_bytes: _Count = 0
+    #: Write what the engine received (text, voice, emotion, these options, sample rate) as
+    #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
+    record: Union[str, None] = None
 
 
 def _char_tone(char: str, sample_rate: int, length: int) -> npt.NDArray[Any]:
@@ -125,7 +128,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     """Deterministic tones from text, with fault injection: a test double for applications."""
 
     name = "fake"
-    capabilities = ("streaming", "fault_injection")
+    #: It takes every kind of emotion (and checks it as IndexTTS does), so that the layers
+    #: above can be tested against it.
+    capabilities = ("streaming", "fault_injection", "emotion_vector", "emotion_audio", "emotion_text")
     #: Speeds 0.25..4 at the default 0.06 s per character.
     speed = SpeedControl(option="seconds_per_char", normal=0.06, minimum=0.015, maximum=0.24, inverse=True)
     Options = FakeOptions
@@ -200,6 +205,8 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 print(f"fake engine: print() line {line} of request {request.id}", flush=True)
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
+        if opts.record is not None:
+            _record(opts.record, request)
         per_char = opts.seconds_per_char or self.options.seconds_per_char
         key = (request.text, opts.seconds, per_char)
         if self._cache is not None and self._cache[0] == key:
@@ -233,6 +240,18 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             progress("synthesize", (index + 1) / count)
             yield audio[index * chunk : (index + 1) * chunk]
+
+
+def _record(path: str, request: SynthesisRequest[FakeRequestOptions]) -> None:
+    received = {
+        "text": request.text,
+        "voice": request.voice,
+        "emotion": msgspec.to_builtins(request.emotion),
+        "options": msgspec.to_builtins(request.options),
+        "sample_rate": request.sample_rate,
+    }
+    with open(path, "wb") as file:
+        file.write(msgspec.json.encode(received))
 
 
 def _first_time(marker: str) -> bool:
