@@ -23,7 +23,7 @@ from ._errors import HTTPError, exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
 from ._playground import Playground
-from ._schema import decode_speech
+from ._schema import VoiceRef, decode_speech
 from ._speech import Job, SpeechRoute
 from ._voices import Voices
 
@@ -71,7 +71,8 @@ class _Service:
         options = dict(speech.options)
         options.update(self.speed_options(speech.speed, options))
         emotion = await emotion_for(speech, self.backend.facts, self.voices.resolve)
-        return Job(speech, await self.voices.resolve(speech.voice), options, emotion)
+        voice = speech.voice.id if isinstance(speech.voice, VoiceRef) else speech.voice
+        return Job(speech, await self.voices.resolve(voice), options, emotion)
 
     def speed_options(self, speed: float, options: Mapping[str, Any]) -> dict[str, Any]:
         """``speed`` as the engine's declared option: 400 with the range when it is out of it."""

@@ -4,6 +4,8 @@ and (for uvicorn's h11 protocol) the time to send a request's head."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any, Union
 
 import anyio
@@ -115,6 +117,16 @@ def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
     return bounded_receive
 
 
+def _no_delay(transport: Any) -> None:
+    """TCP_NODELAY: asyncio sets it only on sockets made with proto=IPPROTO_TCP, and a listening
+    socket handed over (``--fd``, or bound by a caller) may not be.  Without it a response's
+    head and body wait on the client's delayed ACK: 40 ms a request."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request head has not arrived
     within ``seconds`` of the connection (or of the previous response): uvicorn has a
@@ -135,6 +147,7 @@ def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            _no_delay(transport)
             self._arm()
 
         def on_response_complete(self) -> None:

@@ -9,7 +9,7 @@ import msgspec
 
 from ._errors import HTTPError
 
-__all__ = ["FORMATS", "SpeechRequest", "decode_speech"]
+__all__ = ["FORMATS", "SpeechRequest", "VoiceRef", "decode_speech"]
 
 #: OpenAI's response formats and their content types.
 FORMATS = {
@@ -24,12 +24,18 @@ FORMATS = {
 Format = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 
 
+class VoiceRef(msgspec.Struct, frozen=True):
+    """OpenAI's custom voice object: ``{"id": "voice_..."}``."""
+
+    id: str
+
+
 class SpeechRequest(msgspec.Struct, kw_only=True, frozen=True):
     """OpenAI's ``/v1/audio/speech`` body; unknown fields are ignored, as OpenAI's clients may add some."""
 
     input: str
     model: str = ""
-    voice: Union[str, None] = None
+    voice: Union[str, VoiceRef, None] = None
     response_format: Format = "mp3"
     #: OpenAI's range; the engine's own range (its speed declaration) is checked after.
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0

@@ -63,6 +63,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ("--max-voice-names", 1024, "voice names"),
     ):
         bounds.add_argument(flag, type=int, default=default, help=what)
+    bounds.add_argument("--max-voice-seconds", type=float, default=300.0, help="seconds of one uploaded clip")
     return parser
 
 
@@ -127,6 +128,7 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
             max_clips=args.max_voices,
             max_total_bytes=args.max_voice_total_bytes,
             max_names=args.max_voice_names,
+            max_clip_seconds=args.max_voice_seconds,
         )
     if args.devices:
         kwargs["devices"] = [d for d in args.devices.split(",") if d]
@@ -142,7 +144,7 @@ def _listen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         sock = socket.socket(fileno=args.fd)
     else:
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((args.host, args.port))

@@ -30,10 +30,19 @@ __all__ = ["OPENAI_VOICES", "Voices"]
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"}
 )
+#: Where in the voice directory the store lives: the sidecar's ``--voice-dir`` keeps its
+#: ``register_voice`` store in the same subdirectory, so that both share one store.
+STORE_SUBDIR = ".registered-voices"
 _CLIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_SUFFIXES = ("", ".wav", ".flac", ".mp3", ".ogg")
+_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".m4a", ".webm")
 #: Form fields a voice upload may carry (OpenAI's ``audio_sample``, or ``file``).
 _CLIP_FIELDS = ("audio_sample", "file")
+
+
+def _voice_json(info: Any) -> dict[str, Any]:
+    """OpenAI's voice object (``id``, ``name``, ``created_at``...) and the store's facts of the clip."""
+    facts = msgspec.to_builtins(info)
+    return {"object": "audio.voice", "type": "audio_sample", "created_at": int(info.created), **facts}
 
 
 def _unknown(name: str) -> HTTPError:
@@ -59,14 +68,17 @@ class Voices:
         if self.directory is not None:
             from indextts_sidecar.voicestore import VoiceLimits, VoiceStore
 
-            self.store = VoiceStore(self.directory, limits if limits is not None else VoiceLimits())
+            store_dir = os.path.join(self.directory, STORE_SUBDIR)
+            self.store = VoiceStore(store_dir, limits if limits is not None else VoiceLimits())
 
     def _clip(self, name: str) -> Union[str, None]:
         """The clip file ``name`` names directly inside the directory, never outside it."""
         if self.directory is None or not _CLIP_NAME.fullmatch(name) or ".." in name:
             return None
-        for suffix in _SUFFIXES:
-            path = os.path.join(self.directory, name + suffix)
+        # Only audio files: ``alice.wav``, or ``alice`` for it; never the store's index.
+        candidates = [name] if name.lower().endswith(_SUFFIXES) else [name + suffix for suffix in _SUFFIXES]
+        for candidate in candidates:
+            path = os.path.join(self.directory, candidate)
             try:
                 info = os.stat(path)
             except OSError:
@@ -111,7 +123,7 @@ class Voices:
         store = self._require_store()
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise HTTPError(415, "a voice upload is multipart/form-data (the clip and a name)", code="bad_content_type")
-        async with request.form(max_files=1, max_fields=4) as form:
+        async with request.form(max_files=1, max_fields=8) as form:
             name = form.get("name")
             clip = next((form[f] for f in _CLIP_FIELDS if f in form), None)
             if not isinstance(name, str) or not name:
@@ -121,18 +133,16 @@ class Voices:
             data = await clip.read()
             replace = str(form.get("replace", "")).lower() in ("1", "true", "yes")
         info = await self._store_call(store.add, name, data, replace=replace)
-        return JSONResponse({"object": "audio.voice", **msgspec.to_builtins(info)}, status_code=201)
+        return JSONResponse(_voice_json(info))
 
     async def list(self, request: Request) -> Response:
         voices = await self._store_call(self._require_store().list)
-        return JSONResponse(
-            {"object": "list", "data": [{"object": "audio.voice", **msgspec.to_builtins(v)} for v in voices]}
-        )
+        return JSONResponse({"object": "list", "data": [_voice_json(v) for v in voices]})
 
     async def delete(self, request: Request) -> Response:
         voice_id = request.path_params["voice_id"]
         await self._store_call(self._require_store().delete, voice_id)
-        return JSONResponse({"id": voice_id, "object": "audio.voice", "deleted": True})
+        return JSONResponse({"id": voice_id, "object": "audio.voice.deleted", "deleted": True})
 
     async def _store_call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         from indextts_sidecar.voicestore import VoiceStoreError
