@@ -32,6 +32,15 @@ class Limits:
         body_timeout: float = 30.0,
         max_in_flight: int = 64,
     ) -> None:
+        for name, value in (
+            ("max_body", max_body),
+            ("max_upload", max_upload),
+            ("max_input", max_input),
+            ("body_timeout", body_timeout),
+            ("max_in_flight", max_in_flight),
+        ):
+            if not value > 0:
+                raise ValueError(f"Limits.{name} must be positive, not {value!r}")
         self.max_body, self.max_upload, self.max_input = max_body, max_upload, max_input
         self.body_timeout, self.max_in_flight = body_timeout, max_in_flight
 

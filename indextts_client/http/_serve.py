@@ -24,6 +24,23 @@ __all__ = ["main"]
 KEY_ENV = "INDEXTTS_API_KEY"
 
 
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not positive")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_INT, _FLOAT = _positive(int), _positive(float)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible speech endpoint.")
     parser.add_argument("--engine", default="espeak")
@@ -46,24 +63,24 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
     bounds = parser.add_argument_group("bounds (docs/reliability.md)")
     limits = Limits()
-    bounds.add_argument("--max-body", type=int, default=limits.max_body, help="bytes of a speech request's body")
-    bounds.add_argument("--max-upload", type=int, default=limits.max_upload, help="bytes of a voice upload's body")
-    bounds.add_argument("--max-input", type=int, default=limits.max_input, help="characters of input")
-    bounds.add_argument("--body-timeout", type=float, default=limits.body_timeout, help="seconds to send a body")
-    bounds.add_argument("--max-in-flight", type=int, default=limits.max_in_flight, help="requests at once (503 past)")
-    bounds.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request's head")
-    bounds.add_argument("--keep-alive-timeout", type=int, default=5, help="seconds an idle connection is kept")
-    bounds.add_argument("--max-connections", type=int, default=512, help="connections and requests (uvicorn)")
-    bounds.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="bytes of a request's head")
-    bounds.add_argument("--grace", type=int, default=30, help="seconds in-flight responses get on SIGTERM")
+    bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
+    bounds.add_argument("--max-upload", type=_INT, default=limits.max_upload, help="bytes of a voice upload's body")
+    bounds.add_argument("--max-input", type=_INT, default=limits.max_input, help="characters of input")
+    bounds.add_argument("--body-timeout", type=_FLOAT, default=limits.body_timeout, help="seconds to send a body")
+    bounds.add_argument("--max-in-flight", type=_INT, default=limits.max_in_flight, help="requests at once (503 past)")
+    bounds.add_argument("--header-timeout", type=_FLOAT, default=10.0, help="seconds to send a request's head")
+    bounds.add_argument("--keep-alive-timeout", type=_INT, default=5, help="seconds an idle connection is kept")
+    bounds.add_argument("--max-connections", type=_INT, default=512, help="connections and requests (uvicorn)")
+    bounds.add_argument("--max-header-bytes", type=_INT, default=16 * 1024, help="bytes of a request's head")
+    bounds.add_argument("--grace", type=_INT, default=30, help="seconds in-flight responses get on SIGTERM")
     for flag, default, what in (
         ("--max-voice-bytes", 10 * 2**20, "bytes of one uploaded clip"),
         ("--max-voices", 256, "stored clips"),
         ("--max-voice-total-bytes", 512 * 2**20, "bytes of all stored clips"),
         ("--max-voice-names", 1024, "voice names"),
     ):
-        bounds.add_argument(flag, type=int, default=default, help=what)
-    bounds.add_argument("--max-voice-seconds", type=float, default=300.0, help="seconds of one uploaded clip")
+        bounds.add_argument(flag, type=_INT, default=default, help=what)
+    bounds.add_argument("--max-voice-seconds", type=_FLOAT, default=300.0, help="seconds of one uploaded clip")
     return parser
 
 
