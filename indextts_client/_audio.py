@@ -81,6 +81,8 @@ class Audio(_HasSamples):
     sample_rate: int
     timings: dict[str, float] = field(default_factory=dict)
     request_id: int = 0
+    #: The engine's facts about the request (``voice_cache``: ``hit``/``miss``...).
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def queue_wait(self) -> Union[float, None]:

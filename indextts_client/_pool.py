@@ -385,6 +385,8 @@ class PoolStream:
         self._done = False
         #: The sidecar's seconds per phase (``queued``, ``first_audio``...), once it finished.
         self.timings: dict[str, float] = {}
+        #: The engine's facts about it (``voice_cache``...), once it finished.
+        self.facts: dict[str, Any] = {}
         #: The index of the member serving it (the last one tried), None before one is chosen.
         self.member_index: Union[int, None] = None
 
@@ -449,7 +451,7 @@ class PoolStream:
             if synthesis is not None:
                 with anyio.CancelScope(shield=True):
                     await synthesis.__aexit__(None, None, None)
-                self.timings = synthesis.timings
+                self.timings, self.facts = synthesis.timings, synthesis.facts
         finally:
             if member is not None:
                 await self._pool._release(member, self._voice, served)

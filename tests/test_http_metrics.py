@@ -109,3 +109,29 @@ def test_buckets_are_cumulative_and_end_in_the_count(running: Server) -> None:
         for key, buckets in series.items():
             values = [value for _, value in sorted(buckets)]
             assert values == sorted(values) and values[-1] == counts[key], (name, key)
+
+
+def test_voice_cache_hits_and_misses_per_member(tmp_path: Any) -> None:
+    # The fake engine reports a miss for a voice its process has not spoken with, then hits.
+    clips = {}
+    for name in ("alice", "bob"):
+        clip = tmp_path / f"{name}.wav"
+        clip.write_bytes(b"RIFF stand-in clip")
+        clips[name] = clip
+    voices = [f"--voice={name}={path}" for name, path in clips.items()]
+    with (
+        server("--engine", "fake", "--size", "1", *voices) as s,
+        httpx.Client(base_url=s.base, timeout=TIMEOUT) as http,
+    ):
+        for voice in ("alice", "alice", "bob", "alice", "alloy"):
+            body = {**speech(input="ab", response_format="wav"), "voice": voice}
+            assert http.post("/v1/audio/speech", json=body).status_code == 200
+        family = _families(s)["indextts_voice_cache"]
+    counts = {
+        (sample.labels["member"], sample.labels["result"]): sample.value
+        for sample in family.samples
+        if sample.name == "indextts_voice_cache_total"
+    }
+    # alloy is the engine's default voice: no conditioning, counted in neither.
+    assert counts == {("0", "miss"): 2, ("0", "hit"): 2}
+    assert all(sample.labels["engine"] == "fake" for sample in family.samples)

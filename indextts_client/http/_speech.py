@@ -129,7 +129,7 @@ class SpeechRoute:
         return AudioStream(body, media_type=media_type, headers=clock.headers())
 
     def _served(self, stream: Any, clock: Clock) -> None:
-        clock.end(getattr(stream, "timings", {}))
+        clock.end(getattr(stream, "timings", {}), getattr(stream, "facts", {}))
         self.metrics.timing.served(self.backend.facts.name, member_of(stream), clock)
 
     async def _open(self, job: Job) -> tuple[Any, Any, Any]:

@@ -10,7 +10,8 @@ Times are the HTTP server's, from the request's arrival (its body read and check
 - **total**: until the last chunk; **real-time factor**: total over the audio's duration
   (below 1: faster than real time);
 - **segment**: between one chunk and the next (the first one's is the time to first audio);
-- the sidecar's **phases** (``done.timings``: ``queued``, ``load``, ``synthesis``).
+- the sidecar's **phases** (``done.timings``: ``queued``, ``load``, ``synthesis``);
+- the engine's **voice cache**: ``done.facts["voice_cache"]``, ``hit`` or ``miss``.
 
 A streamed response's headers leave with its first audio, before the sidecar reports its
 timings: they carry the time to first audio only; the whole set is in the headers of a
@@ -44,6 +45,7 @@ class Clock:
         self.rate = 0
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
+        self.engine_facts: dict[str, Any] = {}
 
     def chunk(self, samples: int, rate: int) -> float:
         """A chunk arrived: its arrival, in seconds since the request's."""
@@ -58,9 +60,10 @@ class Clock:
         self.rate = rate
         return now - self.started
 
-    def end(self, sidecar: dict[str, float]) -> None:
+    def end(self, sidecar: dict[str, float], facts: dict[str, Any]) -> None:
         self.ended = time.perf_counter()
         self.sidecar = dict(sidecar)
+        self.engine_facts = dict(facts)
 
     @property
     def first_audio(self) -> Union[float, None]:
@@ -131,6 +134,12 @@ class LatencyMetrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.voice_cache = prometheus_client.Counter(
+            "indextts_voice_cache",
+            "Requests whose voice conditioning the engine reused (hit) or computed (miss)",
+            [*labels, "result"],
+            registry=registry,
+        )
 
     def first(self, engine: str, member: str, clock: Clock) -> None:
         if clock.first_audio is not None:
@@ -150,6 +159,9 @@ class LatencyMetrics:
         for phase in PHASES:
             if phase in clock.sidecar:
                 self.phase.labels(engine, member, phase).observe(clock.sidecar[phase])
+        cache = clock.engine_facts.get("voice_cache")
+        if cache in ("hit", "miss"):  # nothing else: the label's values stay two
+            self.voice_cache.labels(engine, member, cache).inc()
 
 
 def member_of(stream: Any) -> str:

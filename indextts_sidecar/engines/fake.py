@@ -142,6 +142,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self._loaded = False
         self._loads = 0
         self._cache: Union[tuple[tuple[str, float | None, float], npt.NDArray[Any]], None] = None
+        #: The voices this process has spoken with: a stand-in for a conditioning cache.
+        self._voices_seen: set[str] = set()
+        self._request_facts: dict[str, Any] = {}
 
     @property
     def loaded(self) -> bool:
@@ -170,6 +173,10 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise RequestError(f"emotion weights sum to {total:g}; the sum must be at most 1", field="$.emotion")
         if emotion is not None and not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
             raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
+
+    def request_facts(self) -> dict[str, Any]:
+        facts, self._request_facts = self._request_facts, {}
+        return facts
 
     def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
         self._loads += 1
@@ -207,6 +214,12 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             _flood_stderr(opts.stderr_bytes)
         if opts.record is not None:
             _record(opts.record, request)
+        self._request_facts = {}
+        if request.voice is not None:
+            # Bounded by the voices a test uses; a real engine's cache has a size.
+            hit = request.voice in self._voices_seen
+            self._voices_seen.add(request.voice)
+            self._request_facts = {"voice_cache": "hit" if hit else "miss"}
         per_char = opts.seconds_per_char or self.options.seconds_per_char
         key = (request.text, opts.seconds, per_char)
         if self._cache is not None and self._cache[0] == key:

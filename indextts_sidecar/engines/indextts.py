@@ -542,6 +542,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         self._infer_params: frozenset[str] = frozenset()
         self._qwen_emo: Union[bool, None] = None
         self._voices = _VoiceCache(options.voice_cache)
+        self._request_facts: dict[str, Any] = {}
 
     @property
     def loaded(self) -> bool:
@@ -587,6 +588,10 @@ class _IndexTTSEngine(Engine[Any, Any]):
         elif isinstance(emotion, EmotionText) and not math.isfinite(emotion.alpha):
             raise RequestError(f"emotion alpha must be a finite number, got {emotion.alpha}", field="$.emotion.alpha")
         self._check_flavour(request)
+
+    def request_facts(self) -> dict[str, Any]:
+        facts, self._request_facts = self._request_facts, {}
+        return facts
 
     def _normalize_emotion(self, request: SynthesisRequest[Any]) -> bool:
         value = getattr(request.options, "normalize_emotion", None)
@@ -846,6 +851,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         voice = request.voice
         assert voice is not None
         restored = self._voices.restore(model, voice)
+        self._request_facts = {"voice_cache": "hit" if restored else "miss"}
         emotion_path = kwargs.get("emo_audio_prompt")
         with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL):
             call = model.infer_generator if flavour.streams_with_generator else model.infer
