@@ -139,3 +139,12 @@ async def test_espeak_speaks_through_the_endpoint_at_its_declared_speeds() -> No
             refused = await http.post("/v1/audio/speech", json={**body, "speed": 3.0})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == "speed"
             assert "[0.457, 2.57]" in refused.json()["error"]["message"]
+
+
+def test_serve_takes_engine_options_as_capital_o_not_say_s_output_flag() -> None:
+    # Issue 23: -o is say's output file; serve's engine option is -O/--option.
+    base = [sys.executable, "-m", "indextts_client", "serve", "--engine", "nope", "--port", "0"]
+    refused = subprocess.run([*base, "-o", "a=1"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unrecognized arguments: -o" in refused.stderr
+    bad = subprocess.run([*base, "-O", "novalue"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--option:" in bad.stderr
