@@ -109,7 +109,7 @@ def test_an_emotion_reference_is_an_uploaded_voice(
         files={"audio_sample": ("angry.wav", clip.read_bytes(), "audio/wav")},
         timeout=TIMEOUT,
     )
-    assert uploaded.status_code == 201, uploaded.text
+    assert uploaded.status_code == 200, uploaded.text
     voice_id = uploaded.json()["id"]
     for reference in (voice_id, "angry-ref"):
         record = tmp_path / f"received-{reference}.json"
@@ -134,6 +134,7 @@ BAD = [
     ({"emotion_reference": "alloy"}, "emotion_reference"),
     ({"emotion_reference": "/etc/passwd"}, "emotion_reference"),
     ({"instructions": "  "}, "instructions"),
+    ({"instructions": "x" * 4097}, "instructions"),  # past --max-input, like the input
     ({"options": {"temperature": 0.7}}, "temperature"),
     ({"options": {"seconds_per_char": 99}}, "seconds_per_char"),
 ]

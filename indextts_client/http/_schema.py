@@ -83,4 +83,12 @@ def decode_speech(body: bytes, max_input: int) -> SpeechRequest:
             param="input",
             code="input_too_long",
         )
+    if request.instructions is not None and len(request.instructions) > max_input:
+        # The engine runs a model over them (IndexTTS-2's Qwen): the same bound as the input.
+        raise HTTPError(
+            400,
+            f"instructions are {len(request.instructions)} characters; this server takes at most {max_input}",
+            param="instructions",
+            code="input_too_long",
+        )
     return request
