@@ -161,6 +161,30 @@ def test_a_voice_uploaded_from_the_page_is_chosen_and_spoken(
         assert browser.execute_script("return window.playground.samples") == len(render(text))
 
 
+def test_the_pages_emotion_reaches_the_server(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # espeak has no emotion: the server's 400 for each kind the page sends shows on the page.
+    pytest.importorskip("espeakng_loader")
+    from selenium.webdriver.support.ui import Select
+
+    with server("--engine", "espeak") as s:
+        browser.get(s.base + "/")
+        Select(browser.find_element("id", "emotion")).select_by_visible_text("happy")
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "error"
+        status = browser.find_element("id", "status")
+        assert status.text == "error: engine 'espeak' has no emotion weights (emotion)"
+        browser.find_element("id", "instructions").send_keys("cheerful")
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "error"
+        _screenshot(browser, _artefact(tmp_path, "playground-emotion.png"), capsys)
+        assert status.text == "error: engine 'espeak' has no emotion from a description (instructions)"
+        Select(browser.find_element("id", "emotion")).select_by_visible_text("none")
+        browser.find_element("id", "instructions").clear()
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "done"
+        assert browser.execute_script("return window.playground.samples") > 24000 // 2  # real speech
+
+
 def test_the_page_is_static_locked_down_and_off_with_a_flag() -> None:
     with server("--engine", "fake", "--api-key", KEY) as s:
         page = httpx.get(s.base + "/", timeout=TIMEOUT)
