@@ -119,6 +119,29 @@ def test_the_page_streams_pcm_and_reports_its_duration(
         assert _console_errors(browser) == []  # no CSP violation, no script error
 
 
+def test_the_page_plays_pieces_as_they_arrive(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 8 chunks of 0.2 s, each after 0.2 s of simulated compute: the first audio comes at least
+    # 7 x 0.2 s before the end, and the page schedules it then, piece by piece.
+    text = "abcdefghijklmnopqrstuvwxyz0"  # 27 x 0.06 s = 1.62 s: 8 chunks of 0.2 s and a short one
+    with server("--engine", "fake") as s:
+        browser.get(s.base + "/")
+        box = browser.find_element("id", "text")
+        box.clear()
+        box.send_keys(text)
+        browser.find_element("id", "options").send_keys('{"chunk_seconds": 0.2, "delay": 0.2}')
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "done", browser.find_element("id", "status").text
+        _screenshot(browser, _artefact(tmp_path, "playground-pieces.png"), capsys)
+        result = browser.execute_script("return window.playground")
+        assert result["samples"] == len(render(text))
+        assert result["pieces"] >= 2
+        assert result["doneMs"] - result["firstAudioMs"] >= 7 * 200
+        browser.find_element("id", "options").send_keys("not json")
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "error"
+        assert browser.find_element("id", "status").text == "error: engine options: not JSON"
+
+
 def test_a_wrong_key_shows_the_servers_reason(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with server("--engine", "fake", "--api-key", KEY) as s:
         browser.get(s.base + "/")
