@@ -21,6 +21,7 @@ HISTOGRAMS = (
     "indextts_real_time_factor",
     "indextts_segment_seconds",
     "indextts_sidecar_phase_seconds",
+    "indextts_engine_stage_seconds",
 )
 
 
@@ -79,6 +80,9 @@ def test_metrics_parse_and_count_each_request_per_engine_and_member(running: Ser
     # Each member loaded its model once, on its first request.
     members_used = {dict(labels)["member"] for labels in _counts(families["indextts_total_seconds"])}
     assert by_phase == {"queued": served, "synthesis": served, "load": len(members_used)}
+    # The engine's own stages: the fake reports one, render.
+    stages = _counts(families["indextts_engine_stage_seconds"])
+    assert {dict(labels)["stage"] for labels in stages} == {"render"} and sum(stages.values()) == served
     # Real-time factors are positive and the sums are consistent with the counts.
     rtf = {s.name: s.value for s in families["indextts_real_time_factor"].samples if not s.labels.get("le")}
     assert sum(v for k, v in rtf.items() if k.endswith("_sum")) > 0

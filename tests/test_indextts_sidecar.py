@@ -477,6 +477,8 @@ async def test_voices_are_cached_and_load_reports_it(tmp_path: Path, ckpt: Path)
                 assert isinstance(done, Done)
                 results.append(done.facts["voice_cache"])
             assert results == ["miss", "miss", "hit", "hit"]  # each request's done says which it was
+            # The stage times upstream printed, parsed by the adapter (the stand-in prints these).
+            assert done.facts["stages"] == {"gpt_gen": 0.25, "gpt_forward": 0.05, "s2mel": 0.12, "bigvgan": 0.03}
             ok = (await peer.request(Load(id=9)))[-1]
             assert isinstance(ok, Ok) and ok.info["loaded"] is True
             assert ok.info["voice_cache"] == {"size": 4, "entries": 2, "hits": 2, "misses": 2}

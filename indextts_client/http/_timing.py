@@ -11,6 +11,8 @@ Times are the HTTP server's, from the request's arrival (its body read and check
   (below 1: faster than real time);
 - **segment**: between one chunk and the next (the first one's is the time to first audio);
 - the sidecar's **phases** (``done.timings``: ``queued``, ``load``, ``synthesis``);
+- the engine's **stages**, where it reports them (``done.facts["stages"]``; IndexTTS: the GPT,
+  s2mel and vocoder times upstream prints, parsed by the adapter; the fake engine: ``render``);
 - the engine's **voice cache**: ``done.facts["voice_cache"]``, ``hit`` or ``miss``.
 
 A streamed response's headers leave with its first audio, before the sidecar reports its
@@ -20,6 +22,7 @@ whole response, in the ``speech.audio.done`` event of an SSE stream, and in the 
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Union
 
@@ -31,6 +34,10 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 _RATIO = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 #: The sidecar's phases that become ``indextts_sidecar_phase_seconds`` (``done.timings`` keys).
 PHASES = ("queued", "load", "synthesis")
+#: An engine's stage names (``done.facts["stages"]``: IndexTTS's ``gpt_gen``, ``gpt_forward``,
+#: ``s2mel``, ``bigvgan``); at most :data:`MAX_STAGES` distinct ones become label values.
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+MAX_STAGES = 16
 
 
 class Clock:
@@ -134,6 +141,14 @@ class LatencyMetrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.stage = prometheus_client.Histogram(
+            "indextts_engine_stage_seconds",
+            "Seconds per engine stage of a request, as the engine reports them (done.facts stages)",
+            [*labels, "stage"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self._stages: set[str] = set()
         self.voice_cache = prometheus_client.Counter(
             "indextts_voice_cache",
             "Requests whose voice conditioning the engine reused (hit) or computed (miss)",
@@ -159,9 +174,21 @@ class LatencyMetrics:
         for phase in PHASES:
             if phase in clock.sidecar:
                 self.phase.labels(engine, member, phase).observe(clock.sidecar[phase])
+        stages = clock.engine_facts.get("stages")
+        for stage, seconds in stages.items() if isinstance(stages, dict) else ():
+            if self._known_stage(stage) and isinstance(seconds, (int, float)) and seconds >= 0:
+                self.stage.labels(engine, member, stage).observe(seconds)
         cache = clock.engine_facts.get("voice_cache")
         if cache in ("hit", "miss"):  # nothing else: the label's values stay two
             self.voice_cache.labels(engine, member, cache).inc()
+
+    def _known_stage(self, stage: object) -> bool:
+        """A stage name fit for a label, and one of the first :data:`MAX_STAGES` seen."""
+        if not isinstance(stage, str) or not _STAGE_NAME.fullmatch(stage):
+            return False
+        if stage not in self._stages and len(self._stages) < MAX_STAGES:
+            self._stages.add(stage)
+        return stage in self._stages
 
 
 def member_of(stream: Any) -> str:

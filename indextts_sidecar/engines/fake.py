@@ -222,6 +222,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             self._request_facts = {"voice_cache": "hit" if hit else "miss"}
         per_char = opts.seconds_per_char or self.options.seconds_per_char
         key = (request.text, opts.seconds, per_char)
+        began = time.perf_counter()
         if self._cache is not None and self._cache[0] == key:
             audio = self._cache[1]
         else:
@@ -232,6 +233,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 seconds_per_char=per_char,
             )
             self._cache = (key, audio)
+        self._request_facts["stages"] = {"render": time.perf_counter() - began}
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
         count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
         for index in range(count):
