@@ -1205,12 +1205,16 @@ class _StageTimes:
 
     @contextmanager
     def capturing(self) -> Iterator[None]:
+        # The stream it replaced stays its target after: a writer that kept a reference to
+        # this object (a handler made meanwhile) still reaches the real stdout.
+        if sys.stdout is self:  # already in place
+            yield
+            return
         self._target, sys.stdout = sys.stdout, self
         try:
             yield
         finally:
             sys.stdout = self._target
-            self._target = None
 
 
 class _VoiceCache:

@@ -101,6 +101,10 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         assert "prepare" in stages[:first_audio], stages
         assert all(e.stage != "prepare" for e in events[first_audio:])
         native = len(audio.samples)
+        # The stage times upstream printed, read by the adapter from its stdout.
+        printed = {"gpt_gen", "s2mel", "bigvgan"} | ({"gpt_forward"} if name == "2" else set())
+        assert set(audio.facts["stages"]) == printed, audio.facts
+        assert all(seconds >= 0 for seconds in audio.facts["stages"].values())
 
         # A requested rate: a band-limited resampler (soxr, from upstream's pins), streamed.
         resampled = await c.synthesize("Hello.", voice=voice, sample_rate=16000, **FAST)
@@ -134,8 +138,8 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
 
         # Voices: a switch back hits the cache; an overwritten file is recomputed, not reused.
         before = (await c.load())["voice_cache"]
-        await c.synthesize("Hello.", voice=voice2, **FAST)
-        await c.synthesize("Hello.", voice=voice, **FAST)
+        assert (await c.synthesize("Hello.", voice=voice2, **FAST)).facts["voice_cache"] == "miss"
+        assert (await c.synthesize("Hello.", voice=voice, **FAST)).facts["voice_cache"] == "hit"
         after = (await c.load())["voice_cache"]
         assert after["misses"] == before["misses"] + 1  # voice2 was new
         assert after["hits"] == before["hits"] + 1  # voice was cached
