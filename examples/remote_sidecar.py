@@ -12,16 +12,33 @@ Each has its own requests; the sidecar serves them in turn on its one engine.
 
 from __future__ import annotations
 
+import io
+import math
 import secrets
+import struct
 import subprocess
 import sys
 import tempfile
+import wave
 from pathlib import Path
 from typing import Union
 
 import anyio
 
 from indextts_client import AuthenticationError, Client
+
+
+def _reference_clip() -> bytes:
+    """Half a second of a 220 Hz tone as WAV (the sidecar decodes every clip it is sent)."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(16000)
+        f.writeframes(
+            b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 220 * i / 16000))) for i in range(8000))
+        )
+    return out.getvalue()
 
 
 async def main() -> None:
@@ -49,7 +66,7 @@ async def main() -> None:
                 print(f"wrong token: {type(exc).__name__}: {exc.message}")
 
             async with Client(url=url, token=token) as alice, Client(url=url, token=token) as bob:
-                voice = await alice.register_voice("alice", b"RIFF" + bytes(1000))  # a clip's bytes
+                voice = await alice.register_voice("alice", _reference_clip())  # a clip's bytes
                 print(f"registered: {voice}")
                 results: dict[str, float] = {}
 

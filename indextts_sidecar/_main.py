@@ -231,9 +231,9 @@ def main(argv: Union[list[str], None] = None) -> int:
     for name, value in (*limits, *more, *voice_limits):
         if value < 1:
             return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
-    if not args.max_voice_seconds > 0:
+    if not 0 < args.max_voice_seconds < float("inf"):
         return _startup_error(
-            frame_fd, "invalid_option", "--max-voice-seconds must be more than 0", "--max-voice-seconds"
+            frame_fd, "invalid_option", "--max-voice-seconds must be more than 0 and finite", "--max-voice-seconds"
         )
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(

@@ -12,12 +12,12 @@ from typing import Any
 
 from .engines import EngineError, RequestError
 from .protocol import REGISTERED_PREFIX
-from .voicestore import VoiceLimits, VoiceNotFound, VoiceStore, VoiceStoreError
+from .voicestore import SIDECAR_SUBDIR, VoiceLimits, VoiceNotFound, VoiceStore, VoiceStoreError
 
 __all__ = ["STORE_DIR", "RegisteredVoices"]
 
 #: Subdirectory of the first ``--voice-dir`` the store lives in (so the path policy admits its clips).
-STORE_DIR = ".registered-voices"
+STORE_DIR = SIDECAR_SUBDIR
 
 
 class RegisteredVoices:

@@ -27,6 +27,7 @@ import builtins
 import errno
 import hashlib
 import io
+import math
 import os
 import re
 import secrets
@@ -40,6 +41,7 @@ import msgspec
 
 __all__ = [
     "INDEX_FILE",
+    "SIDECAR_SUBDIR",
     "VoiceConflict",
     "VoiceInfo",
     "VoiceInvalid",
@@ -52,6 +54,9 @@ __all__ = [
 ]
 
 INDEX_FILE = "index.json"
+#: Where a sidecar keeps its store: this subdirectory of its first ``--voice-dir``.  A server
+#: that shares the sidecars' store (``serve --voice-dir DIR``) opens ``DIR/SIDECAR_SUBDIR``.
+SIDECAR_SUBDIR = ".registered-voices"
 _LOCK_FILE = ".lock"
 _TEMP_PREFIX = ".upload-"
 #: A voice's name: what ``registered:NAME`` and the HTTP ``name`` field carry.
@@ -99,8 +104,12 @@ class _Entry(msgspec.Struct, frozen=True):
     file: str
 
 
+_INDEX_VERSION = 1
+
+
 class _Index(msgspec.Struct):
-    version: int = 1
+    #: Changed only with a layout an older reader must not take for its own.
+    version: int = _INDEX_VERSION
     voices: list[_Entry] = msgspec.field(default_factory=list)
 
 
@@ -155,7 +164,10 @@ _DEFAULT_LIMITS = VoiceLimits()
 
 
 class VoiceStore:
-    """Named reference clips in ``directory`` (created if needed), bounded by ``limits``.
+    """Named reference clips in ``directory`` (created, mode 0700, by the first change), bounded by ``limits``.
+
+    Until then a missing directory is an empty store: a sidecar whose ``--voice-dir`` is
+    read-only starts, serves the clips in it, and refuses ``register_voice`` with the reason.
 
     Safe to use from several threads and several processes at once.  ``lock_timeout`` bounds
     the wait for another process's change to end (:class:`VoiceStoreError`, 503, after it).
@@ -163,12 +175,11 @@ class VoiceStore:
 
     def __init__(self, directory: str, limits: VoiceLimits = _DEFAULT_LIMITS, *, lock_timeout: float = 10.0) -> None:
         for name in ("max_clip_bytes", "max_clips", "max_total_bytes", "max_names", "max_clip_seconds"):
-            if not getattr(limits, name) > 0:
-                raise ValueError(f"VoiceLimits.{name} must be positive")
+            if not 0 < getattr(limits, name) < math.inf:
+                raise ValueError(f"VoiceLimits.{name} must be positive and finite")
         self.directory = os.path.realpath(directory)
         self.limits = limits
         self.lock_timeout = lock_timeout
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self._cache_lock = threading.Lock()
         self._cache: tuple[tuple[int, int, int], _Index] | None = None
         self._read_index()  # an unreadable index fails now, at start, not at the first request
@@ -227,9 +238,13 @@ class VoiceStore:
                 created=time.time(),
             )
             others = [e for e in index.voices if e.info.name != name]
+            kept = {e.file for e in others}
+            # The name's old clip, if no other name has it, goes once the index no longer names it
+            # (below): counted as gone, but not removed before, so a failed write loses nothing.
+            leaving = old.file if old is not None and old.file != filename and old.file not in kept else None
             path = os.path.join(self.directory, filename)
             if not os.path.isfile(path):
-                self._make_room(len(data), keep={e.file for e in others})
+                self._make_room(len(data), keep=kept | {old.file} if old is not None else kept, leaving=leaving)
                 _write_file(path, data)
             index.voices = [*others, _Entry(info=info, file=filename)]
             self._write_index(index)
@@ -278,10 +293,13 @@ class VoiceStore:
                     continue
         return found
 
-    def _make_room(self, size: int, keep: set[str]) -> None:
-        """Remove clips no name refers to, oldest first, until one more of ``size`` bytes fits."""
+    def _make_room(self, size: int, keep: set[str], leaving: Union[str, None]) -> None:
+        """Remove clips no name refers to, oldest first, until one more of ``size`` bytes fits.
+
+        ``keep`` are never removed; ``leaving`` (one of them) is not counted: it goes after.
+        """
         limits = self.limits
-        clips = self._clips()
+        clips = [c for c in self._clips() if c[0] != leaving]
         total = sum(st.st_size for _, st in clips)
         spare = sorted((c for c in clips if c[0] not in keep), key=lambda c: c[1].st_mtime_ns)
         while len(clips) + 1 > limits.max_clips or total + size > limits.max_total_bytes:
@@ -319,6 +337,10 @@ class VoiceStore:
             index = msgspec.json.decode(raw, type=_Index)
         except msgspec.DecodeError:
             raise VoiceStoreError(f"the voice store's {INDEX_FILE} is unreadable; fix or remove it") from None
+        if index.version != _INDEX_VERSION:
+            raise VoiceStoreError(
+                f"the voice store's {INDEX_FILE} has version {index.version}; this version reads {_INDEX_VERSION}"
+            )
         with self._cache_lock:
             self._cache = (key, index)
         return _copy(index)
@@ -332,6 +354,7 @@ class VoiceStore:
         import fcntl
 
         try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
             fd = os.open(os.path.join(self.directory, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise _io_error(exc) from None
@@ -426,7 +449,7 @@ class Audio(msgspec.Struct, frozen=True):
 def _sniff(data: bytes) -> Union[tuple[str, str, str], None]:
     head = data[:12]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
-        return ".wav", "soundfile", "wav"
+        return ".wav", "wave", "wav"
     if head[:4] == b"fLaC":
         return ".flac", "soundfile", "flac"
     if head[:4] == b"OggS":
@@ -455,7 +478,11 @@ def probe(data: bytes, max_seconds: float = _DEFAULT_LIMITS.max_clip_seconds) ->
             field="audio",
         )
     ext, decoder, demuxer = kind
-    decoders = (_decode_soundfile, _decode_av) if decoder == "soundfile" else (_decode_av,)
+    decoders = {
+        "wave": (_decode_soundfile, _decode_wave),  # the standard library's, where soundfile is missing
+        "soundfile": (_decode_soundfile, _decode_av),
+        "av": (_decode_av,),
+    }[decoder]
     missing = []
     for decode in decoders:
         try:
@@ -495,6 +522,24 @@ def _check_format(rate: int, channels: int) -> None:
 def _check_frames(frames: int, rate: int, max_seconds: float) -> None:
     if frames > max_seconds * rate:
         raise _TooLong
+
+
+def _decode_wave(data: bytes, demuxer: str, max_seconds: float) -> tuple[int, int]:
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(data)) as f:
+            rate, channels, width = f.getframerate(), f.getnchannels(), f.getsampwidth()
+            _check_format(rate, channels)
+            frames = 0
+            while chunk := f.readframes(65536):
+                frames += len(chunk) // (width * channels)
+                _check_frames(frames, rate, max_seconds)
+    except (wave.Error, EOFError) as exc:
+        raise _NotAudio(_short(exc)) from None
+    if frames == 0:
+        raise _NotAudio("it holds no samples")
+    return rate, frames
 
 
 def _decode_soundfile(data: bytes, demuxer: str, max_seconds: float) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
 
 @pytest.fixture
 def voice_dir(tmp_path: Path) -> Path:
+    (tmp_path / "voices").mkdir()
     return tmp_path / "voices"
 
 
@@ -129,6 +130,18 @@ def test_uploads_survive_a_restart(voice_dir: Path) -> None:
         assert _speak(http, "kept").status_code == 200
 
 
+def test_the_voice_directory_must_exist(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    missing = tmp_path / "missing"
+    done = subprocess.run(
+        [sys.executable, "-m", "indextts_client.http", "--engine", "fake", "--voice-dir", str(missing)],
+        capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2 and "is not a directory" in done.stderr
+
+
 def test_without_a_voice_directory_there_are_no_uploads() -> None:
     with server("--engine", "fake") as s, httpx.Client(base_url=s.base) as http:
         answer = _upload(http, "x", clip())
@@ -137,15 +150,14 @@ def test_without_a_voice_directory_there_are_no_uploads() -> None:
 
 
 def test_the_http_store_is_where_the_sidecar_keeps_its_own() -> None:
-    from indextts_client.http._voices import STORE_SUBDIR
     from indextts_sidecar._voices import STORE_DIR
+    from indextts_sidecar.voicestore import SIDECAR_SUBDIR
 
-    assert STORE_SUBDIR == STORE_DIR
+    assert SIDECAR_SUBDIR == STORE_DIR
 
 
 @pytest.mark.anyio
 async def test_one_store_for_http_uploads_and_the_sidecars_register_voice(voice_dir: Path) -> None:
-    voice_dir.mkdir()
     async with Client("fake", sidecar_args=["--voice-dir", str(voice_dir)]) as client:
         with anyio.fail_after(TIMEOUT):
             await client.register_voice("from-socket", clip(seed=7))

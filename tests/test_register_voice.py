@@ -75,6 +75,22 @@ async def test_pool_members_registering_at_once_lose_no_name(tmp_path: Path) -> 
     assert sorted(i.name for i in VoiceStore(str(voices / ".registered-voices")).list()) == sorted(names)
 
 
+async def test_a_sidecar_writes_nothing_in_its_voice_dir_until_a_voice_is_registered(tmp_path: Path) -> None:
+    # So a read-only --voice-dir of reference clips still starts and serves them.
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    (voices / "a.wav").write_bytes(clip())
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake", sidecar_args=_args(voices), ready_timeout=TIMEOUT) as c:
+            audio = await c.synthesize("a path voice", voice=str(voices / "a.wav"))
+            assert audio.samples.tobytes() == render_bytes("a path voice")
+            with pytest.raises(InvalidRequestError, match="no voice is registered as 'x'"):
+                await c.synthesize("x", voice="registered:x")
+            assert [p.name for p in voices.iterdir()] == ["a.wav"]
+            await c.register_voice("x", clip(seed=1))
+            assert sorted(p.name for p in voices.iterdir()) == [".registered-voices", "a.wav"]
+
+
 async def test_names_are_bounded(tmp_path: Path) -> None:
     # Issue 23: 20,000 names were accepted from one client; now --max-voice-names holds.
     voices = tmp_path / "voices"
@@ -188,6 +204,17 @@ def test_each_bound_must_be_positive(flag: str) -> None:
         check=False,
     )
     assert result.returncode == 2 and f"{flag} must be " in result.stderr.decode()
+
+
+def test_the_length_bound_must_be_finite() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--max-voice-seconds", "inf"],
+        capture_output=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2 and "--max-voice-seconds must be more than 0 and finite" in result.stderr.decode()
 
 
 _HOLD_LOCK = """

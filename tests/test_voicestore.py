@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -17,6 +18,7 @@ import pytest
 from harness import REPO
 from voiceclips import clip
 
+from indextts_sidecar import voicestore
 from indextts_sidecar.voicestore import (
     INDEX_FILE,
     VoiceConflict,
@@ -168,6 +170,28 @@ def test_the_clips_bound_removes_only_clips_no_name_refers_to(tmp_path: Path) ->
     assert sorted(i.name for i in store.list()) == ["three", "two"]
 
 
+def test_a_full_store_takes_a_new_clip_for_a_name_and_a_failed_write_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = VoiceStore(str(tmp_path), VoiceLimits(max_clips=1))
+    first = store.add("a", clip(seed=1))
+    # The name's old clip is counted as gone: a full store lets the name take a new one.
+    assert store.add("a", clip(seed=2), replace=True).sha256 != first.sha256
+    assert clips_in(tmp_path) == [store.get("a").sha256 + ".wav"]
+
+    def disk_full(path: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(voicestore, "_write_file", disk_full)
+    with pytest.raises(VoiceStoreError) as caught:
+        store.add("a", clip(seed=3), replace=True)
+    assert (
+        caught.value.status == 507 and caught.value.message == "the voice store cannot write: No space left on device"
+    )
+    # The old clip was not removed to make room before the write failed.
+    assert Path(store.path("a")).read_bytes() == clip(seed=2)
+
+
 def test_the_total_bytes_bound(tmp_path: Path) -> None:
     a, b = clip(0.1, seed=1), clip(0.1, seed=2)
     store = VoiceStore(str(tmp_path), VoiceLimits(max_total_bytes=len(a) + len(b)))
@@ -276,11 +300,31 @@ def test_an_unreadable_index_fails_at_start_without_a_path(tmp_path: Path) -> No
     assert "index.json is unreadable" in caught.value.message and str(tmp_path) not in caught.value.message
 
 
+def test_an_index_of_another_version_is_not_taken_for_this_one(tmp_path: Path) -> None:
+    (tmp_path / INDEX_FILE).write_text('{"version": 2, "voices": []}')
+    with pytest.raises(VoiceStoreError, match="has version 2; this version reads 1"):
+        VoiceStore(str(tmp_path))
+
+
 def test_what_the_index_holds(tmp_path: Path) -> None:
     store = VoiceStore(str(tmp_path))
     info = store.add("a", clip())
     index = json.loads((tmp_path / INDEX_FILE).read_text())
     assert index == {"version": 1, "voices": [{"info": msgspec.to_builtins(info), "file": info.sha256 + ".wav"}]}
+
+
+def test_the_directory_is_made_by_the_first_change_and_a_blocked_one_is_a_clear_error(tmp_path: Path) -> None:
+    store = VoiceStore(str(tmp_path / "store"))
+    assert store.list() == [] and not (tmp_path / "store").exists()
+    with pytest.raises(VoiceNotFound):
+        store.path("a")
+    store.add("a", clip())
+    assert (tmp_path / "store").stat().st_mode & 0o777 == 0o700
+    # A store that cannot be read (a file in the way): a clear error, without the path, at once.
+    (tmp_path / "blocked").write_bytes(b"")
+    with pytest.raises(VoiceStoreError) as caught:
+        VoiceStore(str(tmp_path / "blocked" / "store"))
+    assert caught.value.status == 500 and caught.value.message == "the voice store cannot read: Not a directory"
 
 
 def test_a_dead_writers_temporary_file_is_swept(tmp_path: Path) -> None:
@@ -295,6 +339,8 @@ def test_limits_must_be_positive(tmp_path: Path) -> None:
     for field in ("max_clip_bytes", "max_clips", "max_total_bytes", "max_names", "max_clip_seconds"):
         with pytest.raises(ValueError, match=field):
             VoiceStore(str(tmp_path), VoiceLimits(**{field: 0}))
+    with pytest.raises(ValueError, match="max_clip_seconds must be positive and finite"):
+        VoiceStore(str(tmp_path), VoiceLimits(max_clip_seconds=float("inf")))
 
 
 # ------------------------------------------------------------------ several processes
@@ -421,3 +467,31 @@ def test_info_is_a_frozen_struct() -> None:
     )
     with pytest.raises(AttributeError):
         info.name = "m"  # type: ignore[misc]
+
+
+def test_without_soundfile_wav_still_decodes_and_other_formats_say_what_to_install(
+    tmp_path: Path, children: list[subprocess.Popen[str]]
+) -> None:
+    # The core install has no soundfile: WAV falls back to the standard library's wave.
+    (tmp_path / "a.wav").write_bytes(clip(0.5, rate=16000))
+    (tmp_path / "a.flac").write_bytes(clip(0.5, rate=16000, fmt="FLAC"))
+    code = """
+        import sys
+        sys.modules["soundfile"] = None  # as if not installed: importing it raises ImportError
+        sys.modules["av"] = None
+        from pathlib import Path
+        from indextts_sidecar.voicestore import VoiceStore, VoiceStoreError
+        root = Path(sys.argv[1])
+        store = VoiceStore(str(root / "store"))
+        info = store.add("w", (root / "a.wav").read_bytes())
+        print(info.sample_rate, info.duration_s)
+        try:
+            store.add("f", (root / "a.flac").read_bytes())
+        except VoiceStoreError as exc:
+            print(exc.status, exc.field, exc.message)
+    """
+    child = _python(code, str(tmp_path))
+    children.append(child)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.splitlines() == ["16000 0.5", "415 audio this server cannot decode FLAC clips: install soundfile or av"]

@@ -139,6 +139,9 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     if args.voice_dir:
         from indextts_sidecar.voicestore import VoiceLimits
 
+        if not os.path.isdir(args.voice_dir):
+            parser.error(f"--voice-dir {args.voice_dir!r} is not a directory")
+
         kwargs["voice_dir"] = args.voice_dir
         kwargs["voice_limits"] = VoiceLimits(
             max_clip_bytes=args.max_voice_bytes,

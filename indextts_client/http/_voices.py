@@ -30,9 +30,6 @@ __all__ = ["OPENAI_VOICES", "Voices"]
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"}
 )
-#: Where in the voice directory the store lives: the sidecar's ``--voice-dir`` keeps its
-#: ``register_voice`` store in the same subdirectory, so that both share one store.
-STORE_SUBDIR = ".registered-voices"
 _CLIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".m4a", ".webm")
 #: Form fields a voice upload may carry (OpenAI's ``audio_sample``, or ``file``).
@@ -66,9 +63,12 @@ class Voices:
         self.directory = os.path.realpath(directory) if directory else None
         self.store: Any = None
         if self.directory is not None:
-            from indextts_sidecar.voicestore import VoiceLimits, VoiceStore
+            if not os.path.isdir(self.directory):
+                raise ValueError(f"the voice directory {directory!r} is not a directory")
+            from indextts_sidecar.voicestore import SIDECAR_SUBDIR, VoiceLimits, VoiceStore
 
-            store_dir = os.path.join(self.directory, STORE_SUBDIR)
+            # Where a sidecar given the same --voice-dir keeps its register_voice store: one store.
+            store_dir = os.path.join(self.directory, SIDECAR_SUBDIR)
             self.store = VoiceStore(store_dir, limits if limits is not None else VoiceLimits())
 
     def _clip(self, name: str) -> Union[str, None]:
