@@ -57,6 +57,11 @@ class AudioChunk(_HasSamples):
     offset_samples: int
     request_id: int = 0
 
+    @property
+    def last_sample(self) -> int:
+        """The position of its last sample in the request's audio (``offset_samples - 1`` when empty)."""
+        return self.offset_samples + len(self.samples) - 1
+
     def __repr__(self) -> str:
         return (
             f"AudioChunk(request_id={self.request_id}, seq={self.seq}, samples={len(self.samples)}, "
@@ -76,6 +81,24 @@ class Audio(_HasSamples):
     sample_rate: int
     timings: dict[str, float] = field(default_factory=dict)
     request_id: int = 0
+    #: The engine's facts about the request (``voice_cache``: ``hit``/``miss``...).
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queue_wait(self) -> Union[float, None]:
+        """Seconds the request waited in the sidecar's queue (``timings["queued"]``), if known."""
+        return self.timings.get("queued")
+
+    @property
+    def time_to_first_audio(self) -> Union[float, None]:
+        """Seconds from the sidecar queueing the request to its first audio, if known."""
+        return self.timings.get("first_audio")
+
+    @property
+    def real_time_factor(self) -> Union[float, None]:
+        """The sidecar's total seconds over the audio's duration (below 1: faster than real time)."""
+        total = self.timings.get("total")
+        return None if total is None or not self.duration else total / self.duration
 
     def __repr__(self) -> str:
         return (

@@ -531,6 +531,12 @@ class PoolStream:
         self._attempt = 0
         self._delivered = False
         self._done = False
+        #: The sidecar's seconds per phase (``queued``, ``first_audio``...), once it finished.
+        self.timings: dict[str, float] = {}
+        #: The engine's facts about it (``voice_cache``...), once it finished.
+        self.facts: dict[str, Any] = {}
+        #: The index of the member serving it (the last one tried), None before one is chosen.
+        self.member_index: Union[int, None] = None
 
     async def __aenter__(self) -> PoolStream:
         await self._open()
@@ -576,6 +582,7 @@ class PoolStream:
     async def _open(self) -> None:
         member = await self._pool._acquire(self._voice, self._tried)
         self._member = member
+        self.member_index = member.index
         try:
             synthesis = member.client.stream(self._text, **self._kwargs)
             await synthesis.__aenter__()
@@ -592,6 +599,7 @@ class PoolStream:
             if synthesis is not None:
                 with anyio.CancelScope(shield=True):
                     await synthesis.__aexit__(None, None, None)
+                self.timings, self.facts = synthesis.timings, synthesis.facts
         finally:
             if member is not None:
                 await self._pool._release(member, self._voice, served)

@@ -450,6 +450,8 @@ class Synthesis(_Tracked):
         self._audio: Union[Audio, None] = None
         #: The sidecar's seconds per phase, from ``done`` (empty until then).
         self.timings: dict[str, float] = {}
+        #: The engine's facts about the request, from ``done`` (``voice_cache``...).
+        self.facts: dict[str, Any] = {}
         #: Whether ``async with`` or an explicit start() made someone responsible for closing it.
         self._owned = False
 
@@ -478,8 +480,11 @@ class Synthesis(_Tracked):
             self._state = "done"
             self._assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
             self.timings = dict(reply.timings)
+            self.facts = dict(reply.facts)
             if self._keep:
-                self._audio = Audio(self._assembler.assemble(), reply.sample_rate, self.timings, reply.id)
+                self._audio = Audio(
+                    self._assembler.assemble(), reply.sample_rate, self.timings, reply.id, facts=self.facts
+                )
             return None
         if isinstance(reply, protocol.Error):
             raise self._frame_error(reply)

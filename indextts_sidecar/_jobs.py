@@ -135,7 +135,8 @@ def _synthesize(
             close()
     timings["synthesis"] = time.monotonic() - began
     timings["total"] = time.monotonic() - job.enqueued
-    return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings)
+    facts = engine.request_facts()
+    return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts)
 
 
 class _LoadFailed(Exception):

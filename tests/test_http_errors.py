@@ -59,7 +59,7 @@ MALFORMED = [
     (b'{"input": 12}', "input"),
     (b'{"input": "   "}', "input"),
     (b'{"voice": "alloy"}', "input"),
-    (b'{"input": "hi", "instructions": "cheerful"}', "instructions"),
+    (b'{"input": "hi", "instructions": "  "}', "instructions"),
     (b'{"input": "hi", "options": {"nope": 1}}', "nope"),
     (b'{"input": "hi", "options": {"fail_at": "x"}}', "fail_at"),
     (b"[1, 2]", None),

@@ -1340,3 +1340,32 @@ def test_unload_frees_the_model_and_the_cuda_cache(
     engine.load(_progress, _never)
     assert len([c for c in calls() if c["event"] == "__init__"]) == 2
     assert _speak(engine, _request(IndexTTS2Engine, voice))
+
+
+def test_stage_times_are_read_from_upstreams_stdout_which_still_gets_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import sys
+
+    from indextts_sidecar.engines.indextts import _StageTimes
+
+    real = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", real)
+    times = _StageTimes()
+    with times.capturing():
+        print(">> gpt_gen_time: 1.25 seconds")
+        with times.capturing():  # nested: no loop of the stream onto itself
+            print(">> s2mel_", end="")  # a line in two writes
+            print("time: 0.50 seconds")
+        kept = sys.stdout
+        print(">> Total inference time: 9.00 seconds")
+    assert sys.stdout is real
+    kept.write(">> bigvgan_time: 2 seconds\nafter\n")  # a reference kept past the capture still writes through
+    assert times.stages == {"gpt_gen": 1.25, "s2mel": 0.5, "bigvgan": 2.0}
+    assert real.getvalue() == (
+        ">> gpt_gen_time: 1.25 seconds\n>> s2mel_time: 0.50 seconds\n>> Total inference time: 9.00 seconds\n"
+        ">> bigvgan_time: 2 seconds\nafter\n"
+    )
+    times.write("x" * 10_000)  # a line without its end is kept bounded
+    assert len(times._partial) <= 256

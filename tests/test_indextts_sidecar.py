@@ -471,8 +471,14 @@ async def test_voices_are_cached_and_load_reports_it(tmp_path: Path, ckpt: Path)
         voices.append(str(path))
     with anyio.fail_after(TIMEOUT):
         async with child(tmp_path, "indextts2", f"model_dir={ckpt}") as peer:
+            results = []
             for request_id, voice in enumerate([*voices, voices[0], voices[1]], start=1):
-                assert isinstance((await peer.request(Synthesize(id=request_id, text="hi", voice=voice)))[-1], Done)
+                done = (await peer.request(Synthesize(id=request_id, text="hi", voice=voice)))[-1]
+                assert isinstance(done, Done)
+                results.append(done.facts["voice_cache"])
+            assert results == ["miss", "miss", "hit", "hit"]  # each request's done says which it was
+            # The stage times upstream printed, parsed by the adapter (the stand-in prints these).
+            assert done.facts["stages"] == {"gpt_gen": 0.25, "gpt_forward": 0.05, "s2mel": 0.12, "bigvgan": 0.03}
             ok = (await peer.request(Load(id=9)))[-1]
             assert isinstance(ok, Ok) and ok.info["loaded"] is True
             assert ok.info["voice_cache"] == {"size": 4, "entries": 2, "hits": 2, "misses": 2}

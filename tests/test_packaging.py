@@ -65,6 +65,7 @@ def test_the_wheel_is_typed_mit_and_keeps_gpl_code_in_an_extra(dist: Path) -> No
         info = next(name for name in files if name.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(archive.read(info).decode())
     assert {"indextts_client/py.typed", "indextts_sidecar/py.typed"} <= files
+    assert "indextts_client/http/static/playground.html" in files  # the playground, served at /
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in files)
     assert meta["Version"] == indextts_sidecar.__version__ and meta["License-Expression"] == "MIT"
     core = [req for req in meta.get_all("Requires-Dist") or [] if "extra ==" not in req]

@@ -13,7 +13,9 @@ deletes voices; ``GET /v1/models``, ``/health``, ``/metrics``.  docs/serving.md 
 The parts, each usable alone: :mod:`._schema` (the request struct), :mod:`._encoders`,
 :mod:`._voices` (voice resolution and uploads), :mod:`._backends` (Pool, Ray),
 :mod:`._limits` (bounds), :mod:`._speech` (the speech route), :mod:`._errors`
-(OpenAI's error JSON), :mod:`._app` (them together), :mod:`._serve` (the command).
+(OpenAI's error JSON), :mod:`._app` (them together), :mod:`._serve` (the command),
+:mod:`._emotion` (``instructions`` and the emotion fields), :mod:`._timing` (timing headers
+and latency histograms), :mod:`._playground` (the page at ``/``).
 """
 
 from __future__ import annotations

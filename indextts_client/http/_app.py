@@ -18,9 +18,11 @@ from starlette.routing import Route
 
 from .._pool import Pool
 from ._backends import Backend, PoolBackend, RayBackend
+from ._emotion import emotion_for
 from ._errors import HTTPError, exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
+from ._playground import Playground
 from ._schema import VoiceRef, decode_speech
 from ._speech import Job, SpeechRoute
 from ._voices import Voices
@@ -68,8 +70,9 @@ class _Service:
         speech = decode_speech(await request.body(), self.limits.max_input)
         options = dict(speech.options)
         options.update(self.speed_options(speech.speed, options))
+        emotion = await emotion_for(speech, self.backend.facts, self.voices.resolve)
         voice = speech.voice.id if isinstance(speech.voice, VoiceRef) else speech.voice
-        return Job(speech, await self.voices.resolve(voice), options)
+        return Job(speech, await self.voices.resolve(voice), options, emotion)
 
     def speed_options(self, speed: float, options: Mapping[str, Any]) -> dict[str, Any]:
         """``speed`` as the engine's declared option: 400 with the range when it is out of it."""
@@ -161,6 +164,7 @@ def create_app(
     voice_limits: Any = None,
     limits: Union[Limits, None] = None,
     on_start_failure: Union[Callable[[BaseException], None], None] = None,
+    playground: bool = True,
     **pool_kwargs: Any,
 ) -> Starlette:
     """The ASGI app over ``pool`` (or a ``Pool(engine, **pool_kwargs)``), or over ``ray``, a
@@ -170,7 +174,8 @@ def create_app(
     the pool in the background, then ``ok``; ``on_start_failure(exc)`` hears of a pool that
     could not start (``serve`` exits non-zero on it).  ``voices`` maps request voice names to
     what the sidecar gets; ``voice_dir`` holds clips and uploads (:mod:`._voices`);
-    ``voice_limits`` is a :class:`indextts_sidecar.voicestore.VoiceLimits`.
+    ``voice_limits`` is a :class:`indextts_sidecar.voicestore.VoiceLimits`.  ``playground``
+    serves the page of :mod:`._playground` at ``/``.
     """
     service = _Service(
         _backend(engine, pool, ray, pool_kwargs),
@@ -201,5 +206,7 @@ def create_app(
         Route("/health", service.health, methods=["GET"]),
         Route("/metrics", service.metrics_route, methods=["GET"]),
     ]
+    if playground:
+        routes.append(Route("/", Playground().__call__, methods=["GET"]))
     middleware = [Middleware(LimitsMiddleware, limits=service.limits)]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=exception_handlers())

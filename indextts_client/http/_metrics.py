@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import prometheus_client
 
+from ._timing import LatencyMetrics
+
 __all__ = ["Metrics"]
 
 
@@ -25,3 +27,4 @@ class Metrics:
         self.restarts = prometheus_client.Gauge(
             "indextts_restarts", "Sidecar restarts per member", ["member"], registry=self.registry
         )
+        self.timing = LatencyMetrics(self.registry)

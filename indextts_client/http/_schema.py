@@ -42,12 +42,19 @@ class SpeechRequest(msgspec.Struct, kw_only=True, frozen=True):
     #: ``audio``: bytes as they are produced; ``sse``: OpenAI's events.  Unset: formats that
     #: stream as they are (mp3, opus, aac, pcm) stream, wav and flac come whole.
     stream_format: Union[Literal["audio", "sse"], None] = None
-    #: OpenAI's style prompt for gpt-4o-mini-tts; no engine here reads one.
+    #: OpenAI's style prompt for gpt-4o-mini-tts: emotion from this description, on engines
+    #: that have it (:mod:`._emotion`).
     instructions: Union[str, None] = None
     #: Ours: resample to this rate (pcm is 24 kHz unless this is given).
     sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], None] = None
     #: Ours: the engine's request options (``temperature``...).
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Ours (:mod:`._emotion`): emotion weights by name, ``{"happy": 0.6}``.
+    emotion: Union[dict[str, float], None] = None
+    #: Ours: a voice whose clip gives the emotion (an uploaded voice's id or name).
+    emotion_reference: Union[str, None] = None
+    #: Ours: how strongly the emotion applies (its ``alpha``).
+    emotion_strength: Union[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)], None] = None
 
 
 _AT = re.compile(r"at `\$\.([A-Za-z_]+)")
@@ -76,6 +83,12 @@ def decode_speech(body: bytes, max_input: int) -> SpeechRequest:
             param="input",
             code="input_too_long",
         )
-    if request.instructions:
-        raise HTTPError(400, "instructions are not supported by this server's engines", param="instructions")
+    if request.instructions is not None and len(request.instructions) > max_input:
+        # The engine runs a model over them (IndexTTS-2's Qwen): the same bound as the input.
+        raise HTTPError(
+            400,
+            f"instructions are {len(request.instructions)} characters; this server takes at most {max_input}",
+            param="instructions",
+            code="input_too_long",
+        )
     return request

@@ -58,6 +58,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
     parser.add_argument("--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name")
     parser.add_argument("--voice-dir", help="reference clips, and where uploaded voices are kept")
+    parser.add_argument("--no-playground", action="store_true", help="do not serve the playground page at /")
     parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
     parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
     bounds = parser.add_argument_group("bounds (docs/reliability.md)")
@@ -126,6 +127,7 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
         "max_outstanding": args.max_outstanding,
         "pool_timeout": args.pool_timeout,
         "voices": voices,
+        "playground": not args.no_playground,
         "limits": Limits(
             max_body=args.max_body,
             max_upload=args.max_upload,

@@ -25,6 +25,7 @@ from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._metrics import Metrics
 from ._schema import FORMATS, SpeechRequest
+from ._timing import Clock, member_of
 
 __all__ = ["PCM_RATE", "Job", "SpeechRoute"]
 
@@ -51,11 +52,14 @@ class AudioStream(StreamingResponse):
 class Job:
     """One speech request, resolved: what to ask the sidecar and how to answer."""
 
-    def __init__(self, request: SpeechRequest, voice: Union[str, None], options: dict[str, Any]) -> None:
+    def __init__(
+        self, request: SpeechRequest, voice: Union[str, None], options: dict[str, Any], emotion: Any = None
+    ) -> None:
         self.request = request
         self.fmt = request.response_format
         self.voice = voice
         self.options = options
+        self.emotion = emotion
         self.rate = request.sample_rate or (PCM_RATE if self.fmt == "pcm" else None)
         if request.stream_format == "sse":
             self.mode = "sse"
@@ -85,6 +89,13 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
+def _segment(seq: int, at: int, samples: int, rate: int, arrived: Union[float, None]) -> bytes:
+    """Marks one chunk as the sidecar sent it (an engine segment, unless one exceeds a frame)."""
+    event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
+    event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
+    return _sse(event)
+
+
 def _delta(data: bytes) -> bytes:
     return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
@@ -107,15 +118,25 @@ class SpeechRoute:
             self.metrics.requests.labels(outcome=str(exc.status)).inc()
             return exc.response()
         self.metrics.first_audio.observe(time.perf_counter() - job.started)
+        clock = Clock(job.started)
+        if first is not None:
+            clock.chunk(len(first.samples), first.sample_rate)
+        self.metrics.timing.first(self.backend.facts.name, member_of(stream), clock)
         if job.mode == "whole":
-            return await self._whole(job, stream, chunks, first)
-        body = self._produce(job, stream, chunks, first)
+            return await self._whole(job, stream, chunks, first, clock)
+        body = self._produce(job, stream, chunks, first, clock)
         media_type = "text/event-stream" if job.mode == "sse" else FORMATS[job.fmt]
-        return AudioStream(body, media_type=media_type)
+        return AudioStream(body, media_type=media_type, headers=clock.headers())
+
+    def _served(self, stream: Any, clock: Clock) -> None:
+        clock.end(getattr(stream, "timings", {}), getattr(stream, "facts", {}))
+        self.metrics.timing.served(self.backend.facts.name, member_of(stream), clock)
 
     async def _open(self, job: Job) -> tuple[Any, Any, Any]:
         """The sidecar's stream, entered, and its first chunk: an error here still has a status."""
-        stream = self.backend.stream(job.request.input, voice=job.voice, sample_rate=job.rate, **job.options)
+        stream = self.backend.stream(
+            job.request.input, voice=job.voice, emotion=job.emotion, sample_rate=job.rate, **job.options
+        )
         try:
             chunks = await stream.__aenter__()
             return stream, chunks, await _next(chunks)
@@ -126,7 +147,7 @@ class SpeechRoute:
                 raise error_for(exc) from None
             raise
 
-    async def _whole(self, job: Job, stream: Any, chunks: Any, first: Any) -> Response:
+    async def _whole(self, job: Job, stream: Any, chunks: Any, first: Any, clock: Clock) -> Response:
         outcome = "200"
         try:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=False)
@@ -134,6 +155,8 @@ class SpeechRoute:
             while chunk is not None:
                 parts.append(await _encode(encoder, encoder.feed, chunk.samples))
                 chunk = await _next(chunks)
+                if chunk is not None:
+                    clock.chunk(len(chunk.samples), chunk.sample_rate)
             parts.append(await _encode(encoder, encoder.finish))
         except SidecarError as exc:
             error = error_for(exc)
@@ -144,26 +167,40 @@ class SpeechRoute:
                 await stream.__aexit__(None, None, None)
             self.metrics.requests.labels(outcome=outcome).inc()
             self.metrics.latency.observe(time.perf_counter() - job.started)
-        return Response(b"".join(parts), media_type=FORMATS[job.fmt])
+        self._served(stream, clock)
+        return Response(b"".join(parts), media_type=FORMATS[job.fmt], headers=clock.headers())
 
-    async def _produce(self, job: Job, stream: Any, chunks: Any, first: Any) -> AsyncIterator[bytes]:
+    async def _produce(self, job: Job, stream: Any, chunks: Any, first: Any, clock: Clock) -> AsyncIterator[bytes]:
         sse = job.mode == "sse"
         outcome = "200"
         sent = 0
+        served = left = False
         try:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=True)
-            chunk = first
+            chunk, seq, at, arrived = first, 0, 0, clock.first_audio
             while chunk is not None:
+                if sse:
+                    yield _segment(seq, at, len(chunk.samples), chunk.sample_rate, arrived)
                 data = await _encode(encoder, encoder.feed, chunk.samples)
                 if data:
                     sent += len(data)
                     yield _delta(data) if sse else data
+                seq, at = seq + 1, at + len(chunk.samples)
                 chunk = await _next(chunks)
+                if chunk is not None:
+                    arrived = clock.chunk(len(chunk.samples), chunk.sample_rate)
             tail = await _encode(encoder, encoder.finish)
             if tail:
                 yield _delta(tail) if sse else tail
+            served = True
             if sse:
-                yield _sse({"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0}})
+                # The sidecar's timings come with its end: leave the stream to have them.
+                with anyio.CancelScope(shield=True):
+                    left = True
+                    await stream.__aexit__(None, None, None)
+                self._served(stream, clock)
+                done = {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0}}
+                yield _sse({**done, "timings": clock.facts()})
         except SidecarError as exc:
             error = error_for(exc)
             outcome = str(error.status)
@@ -181,7 +218,10 @@ class SpeechRoute:
             outcome = "cancelled"  # the client went away: leaving the stream cancels on the sidecar
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.__aexit__(None, None, None)
+            if not left:
+                with anyio.CancelScope(shield=True):
+                    await stream.__aexit__(None, None, None)
             self.metrics.requests.labels(outcome=outcome).inc()
             self.metrics.latency.observe(time.perf_counter() - job.started)
+            if served and not sse:
+                self._served(stream, clock)

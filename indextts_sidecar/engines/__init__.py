@@ -204,6 +204,12 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     def unload(self) -> None:
         """Drop the model and free its memory."""
 
+    def request_facts(self) -> dict[str, Any]:
+        """Facts about the request :meth:`synthesize` just finished, for its ``done.facts``
+        (``voice_cache``: ``hit`` when the voice's conditioning was reused, ``miss`` when it
+        was computed); called on the engine thread after the last chunk; msgpack-able."""
+        return {}
+
     def info(self) -> dict[str, Any]:
         """Facts about the loaded model for ``load``'s reply (which model, from where); msgpack-able."""
         return {}

@@ -78,6 +78,9 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     print_lines: _Count = 0
     #: Bytes written to stderr per request (a flood).
     stderr_bytes: _Count = 0
+    #: Write what the engine received (text, voice, emotion, these options, sample rate) as
+    #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
+    record: Union[str, None] = None
 
 
 def _char_tone(char: str, sample_rate: int, length: int) -> npt.NDArray[Any]:
@@ -125,7 +128,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     """Deterministic tones from text, with fault injection: a test double for applications."""
 
     name = "fake"
-    capabilities = ("streaming", "fault_injection")
+    #: It takes every kind of emotion (and checks it as IndexTTS does), so that the layers
+    #: above can be tested against it.
+    capabilities = ("streaming", "fault_injection", "emotion_vector", "emotion_audio", "emotion_text")
     #: Speeds 0.25..4 at the default 0.06 s per character.
     speed = SpeedControl(option="seconds_per_char", normal=0.06, minimum=0.015, maximum=0.24, inverse=True)
     Options = FakeOptions
@@ -137,6 +142,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self._loaded = False
         self._loads = 0
         self._cache: Union[tuple[tuple[str, float | None, float], npt.NDArray[Any]], None] = None
+        #: The voices this process has spoken with: a stand-in for a conditioning cache.
+        self._voices_seen: set[str] = set()
+        self._request_facts: dict[str, Any] = {}
 
     @property
     def loaded(self) -> bool:
@@ -165,6 +173,10 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise RequestError(f"emotion weights sum to {total:g}; the sum must be at most 1", field="$.emotion")
         if emotion is not None and not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
             raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
+
+    def request_facts(self) -> dict[str, Any]:
+        facts, self._request_facts = self._request_facts, {}
+        return facts
 
     def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
         self._loads += 1
@@ -200,8 +212,17 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 print(f"fake engine: print() line {line} of request {request.id}", flush=True)
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
+        if opts.record is not None:
+            _record(opts.record, request)
+        self._request_facts = {}
+        if request.voice is not None:
+            # Bounded by the voices a test uses; a real engine's cache has a size.
+            hit = request.voice in self._voices_seen
+            self._voices_seen.add(request.voice)
+            self._request_facts = {"voice_cache": "hit" if hit else "miss"}
         per_char = opts.seconds_per_char or self.options.seconds_per_char
         key = (request.text, opts.seconds, per_char)
+        began = time.perf_counter()
         if self._cache is not None and self._cache[0] == key:
             audio = self._cache[1]
         else:
@@ -212,6 +233,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 seconds_per_char=per_char,
             )
             self._cache = (key, audio)
+        self._request_facts["stages"] = {"render": time.perf_counter() - began}
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
         count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
         for index in range(count):
@@ -233,6 +255,18 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             progress("synthesize", (index + 1) / count)
             yield audio[index * chunk : (index + 1) * chunk]
+
+
+def _record(path: str, request: SynthesisRequest[FakeRequestOptions]) -> None:
+    received = {
+        "text": request.text,
+        "voice": request.voice,
+        "emotion": msgspec.to_builtins(request.emotion),
+        "options": msgspec.to_builtins(request.options),
+        "sample_rate": request.sample_rate,
+    }
+    with open(path, "wb") as file:
+        file.write(msgspec.json.encode(received))
 
 
 def _first_time(marker: str) -> bool:

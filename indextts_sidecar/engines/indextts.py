@@ -542,6 +542,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         self._infer_params: frozenset[str] = frozenset()
         self._qwen_emo: Union[bool, None] = None
         self._voices = _VoiceCache(options.voice_cache)
+        self._request_facts: dict[str, Any] = {}
 
     @property
     def loaded(self) -> bool:
@@ -587,6 +588,10 @@ class _IndexTTSEngine(Engine[Any, Any]):
         elif isinstance(emotion, EmotionText) and not math.isfinite(emotion.alpha):
             raise RequestError(f"emotion alpha must be a finite number, got {emotion.alpha}", field="$.emotion.alpha")
         self._check_flavour(request)
+
+    def request_facts(self) -> dict[str, Any]:
+        facts, self._request_facts = self._request_facts, {}
+        return facts
 
     def _normalize_emotion(self, request: SynthesisRequest[Any]) -> bool:
         value = getattr(request.options, "normalize_emotion", None)
@@ -846,8 +851,10 @@ class _IndexTTSEngine(Engine[Any, Any]):
         voice = request.voice
         assert voice is not None
         restored = self._voices.restore(model, voice)
+        times = _StageTimes()
+        self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
         emotion_path = kwargs.get("emo_audio_prompt")
-        with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL):
+        with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL), times.capturing():
             call = model.infer_generator if flavour.streams_with_generator else model.infer
             result = call(**kwargs)
         if isinstance(result, tuple):
@@ -863,7 +870,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
             if not restored:
                 self._voices.remember(model, voice, emotion_path)
 
-        yield from self._stream(iter(result), flavour, progress, cancelled, remember, (voice, emotion_path))
+        yield from self._stream(iter(result), flavour, progress, cancelled, remember, (voice, emotion_path), times)
 
     def _stream(
         self,
@@ -873,6 +880,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         cancelled: Callable[[], bool],
         prepared: Callable[[], None],
         references: tuple[str, Union[str, None]] = ("", None),
+        times: Union[_StageTimes, None] = None,
     ) -> Iterator[Any]:
         """Upstream's stream, segment by segment, with silence between segments only.
 
@@ -898,7 +906,8 @@ class _IndexTTSEngine(Engine[Any, Any]):
                 is_silence = flavour.silence_after_each and index % 2 == 1
                 if not is_silence:
                     progress(stage, None, message)
-                with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
+                capture = times.capturing() if times is not None else contextlib.nullcontext()
+                with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL), capture:
                     try:
                         chunk = next(chunks)
                     except StopIteration:
@@ -1159,6 +1168,53 @@ def _file_key(path: str) -> Union[tuple[str, int, int], None]:
     except OSError:
         return None
     return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+#: The stage times upstream prints after each inference (``>> gpt_gen_time: 1.23 seconds``).
+_STAGE_LINE = re.compile(r">> (gpt_gen|gpt_forward|s2mel|bigvgan)_time: ([0-9]+(?:\.[0-9]+)?) seconds")
+
+
+class _StageTimes:
+    """``sys.stdout`` while upstream runs a step: every write goes on to the stdout it replaced,
+    and the stage times upstream prints are kept (seconds, to upstream's two decimals).  How
+    the adapter reports upstream's GPT, s2mel and vocoder times without patching upstream."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._partial = ""
+        self._target: Any = None
+
+    def write(self, text: str) -> int:
+        target = self._target
+        if target is not None:
+            target.write(text)
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()[-256:]  # a line without its end yet, bounded
+        for line in lines:
+            found = _STAGE_LINE.search(line)
+            if found:
+                self.stages[found.group(1)] = float(found.group(2))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._target is not None:
+            self._target.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty...: those of the stream it replaced
+        return getattr(self._target, name)
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        # The stream it replaced stays its target after: a writer that kept a reference to
+        # this object (a handler made meanwhile) still reaches the real stdout.
+        if sys.stdout is self:  # already in place
+            yield
+            return
+        self._target, sys.stdout = sys.stdout, self
+        try:
+            yield
+        finally:
+            sys.stdout = self._target
 
 
 class _VoiceCache:

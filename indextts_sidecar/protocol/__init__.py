@@ -292,6 +292,9 @@ class Done(_Message, tag="done"):
     sample_rate: int
     #: Seconds spent per phase: queued, load, first_audio, synthesis, total.
     timings: dict[str, float] = msgspec.field(default_factory=dict)
+    #: What the engine reports about this request (``voice_cache``: ``hit`` or ``miss``);
+    #: engine-defined keys, msgpack-able values; older sidecars send none.
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Ok(_Message, tag="ok"):

@@ -118,6 +118,10 @@ class FakeTensor:
         return self._array
 
 
+#: The stage times the stand-in prints after each inference, as upstream does.
+STAGE_TIMES = {"gpt_gen": 0.25, "gpt_forward": 0.05, "s2mel": 0.12, "bigvgan": 0.03}
+
+
 def _stdout_noise(label, lines=10):
     """Upstream prints about ten lines per request, from Python and from C."""
     for i in range(lines):
@@ -352,6 +356,8 @@ def infer_generator(model, *, spk_audio_prompt, text, output_path, emo_audio_pro
     if not wavs:
         raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
     _stdout_noise("timings", 4)
+    for stage, seconds in STAGE_TIMES.items():  # upstream prints its stage times here, through print()
+        print(f">> {stage}_time: {seconds:.2f} seconds")
     if stream_return:
         return
     parts = []

@@ -158,6 +158,22 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         assert len(audio.samples) % SEGMENT == 0
 
 
+@pytest.mark.parametrize("name", GITHUB)
+async def test_each_request_reports_upstreams_stage_times_and_its_voice_cache(name: str, checkpoints: Any) -> None:
+    flavour = flavour_named(name)
+    ckpt = checkpoints(flavour)
+    voice, voice2 = str(ckpt / "voice.wav"), str(ckpt / "voice2.wav")
+    async with client(flavour, ckpt) as c:
+        first = await c.synthesize("Hello.", voice=voice, **FAST)
+        # The times upstream printed after the inference, read by the adapter from its stdout.
+        printed = {"gpt_gen", "s2mel", "bigvgan"} | ({"gpt_forward"} if name == "2" else set())
+        assert set(first.facts["stages"]) == printed, first.facts
+        assert all(seconds >= 0 for seconds in first.facts["stages"].values())
+        assert first.facts["voice_cache"] == "miss"
+        assert (await c.synthesize("Hello.", voice=voice2, **FAST)).facts["voice_cache"] == "miss"
+        assert (await c.synthesize("Hello.", voice=voice, **FAST)).facts["voice_cache"] == "hit"
+
+
 async def test_the_directory_decides_the_version(checkpoints: Any) -> None:
     two, two5 = flavour_named("2"), flavour_named("2.5")
     ckpt2, ckpt25 = checkpoints(two), checkpoints(two5)
