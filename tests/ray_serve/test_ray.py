@@ -106,6 +106,32 @@ async def test_two_replicas_share_requests_and_stream(cluster: None) -> None:
 
 
 @pytest.mark.anyio
+async def test_stream_text_speaks_fragments_as_ordered_sentences(cluster: None) -> None:
+    handle = run(deployment("fake", num_replicas=1, num_cpus=0.5), "text")
+    client = RayClient(handle)
+    sentences = ["Hello there.", "How are you?", "Fine, thanks."]
+    text = " ".join(sentences)
+    fragments = [text[i : i + 5] for i in range(0, len(text), 5)]  # cut mid-word and mid-sentence
+
+    async def trickle() -> Any:
+        for fragment in fragments:
+            await anyio.lowlevel.checkpoint()
+            yield fragment
+
+    with anyio.fail_after(TIMEOUT):
+        received: dict[int, bytes] = {}
+        firsts = []
+        async with client.stream_text(trickle(), chunk_seconds=0.2) as stream:
+            async for chunk in stream:
+                if chunk.seq == 0:
+                    firsts.append(chunk.text)
+                received[chunk.sentence] = received.get(chunk.sentence, b"") + chunk.samples.tobytes()
+    assert firsts == sentences
+    assert received == {i: render_bytes(s) for i, s in enumerate(sentences)}
+    serve.delete("text")
+
+
+@pytest.mark.anyio
 async def test_cancelling_the_caller_cancels_the_request_on_the_sidecar(cluster: None) -> None:
     # One replica, one request at a time: the second request can only run if the first,
     # which would hang forever, was cancelled on the sidecar.
