@@ -76,8 +76,9 @@ TEXTS = {
         "waits for the first word."
     ),
 }
-#: The long text in segments of at most this many text tokens, for the streaming cell.
-STREAM_SEGMENT_TOKENS = 24
+#: The long text in segments of at most this many text tokens, for the streaming cell: with the
+#: fixtures' tokenizers, about one sentence each (three with IndexTTS-2's, four with 2.5's).
+STREAM_SEGMENT_TOKENS = 60
 #: The precision upstream offers besides fp32, per model, and the engine option that turns it on.
 HALF = {"2": "fp16", "2.5": "bf16"}
 ENGINES = {"2": "indextts2", "2.5": "indextts2.5"}
@@ -101,8 +102,13 @@ def natural_seconds(text: str) -> float:
     return len(text) / CHARS_PER_SECOND
 
 
+#: The fraction of natural speech each budget asks for: 1 at full size; ``--small`` takes 0.1 (a
+#: tiny model on a CPU takes about 50 ms a token, and the test must finish in minutes).
+SCALE = [1.0]
+
+
 def budget(model: str, seconds: float) -> int:
-    return max(1, round(seconds * TOKENS_PER_SECOND[model]))
+    return max(1, round(seconds * SCALE[0] * TOKENS_PER_SECOND[model]))
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -261,7 +267,11 @@ async def start(stack: AsyncExitStack, setup: Setup, model: str, **engine_option
 
 
 async def warm_up(sidecar: Sidecar, voice: str) -> None:
-    """Upstream's first request is much slower than the rest (allocations, kernels, caches)."""
+    """Upstream's first request is much slower than the rest (allocations, kernels, caches).
+
+    Every cell but ``voice_cache`` then speaks with this voice, whose conditioning the adapter
+    keeps: they measure the steady state; the three other clips stay cold for ``voice_cache``.
+    """
     await sidecar.speak(TEXTS["short"], voice, budget(sidecar.model, natural_seconds(TEXTS["short"])))
 
 
@@ -275,6 +285,9 @@ class Run:
         self.out = out
         self.started = time.monotonic()
         self.result: dict[str, Any] = {"config": self._config(), "cells": []}
+        #: The current model's sidecars by (model, index, engine options), and the stack that closes them.
+        self.shared: dict[tuple[Any, ...], Sidecar] = {}
+        self.stack = AsyncExitStack()
 
     def _config(self) -> dict[str, Any]:
         args = self.args
@@ -290,6 +303,7 @@ class Run:
             "rounds": args.rounds,
             "sidecars": args.sidecars,
             "chars_per_second": CHARS_PER_SECOND,
+            "scale": SCALE[0],
             "tokens_per_second": TOKENS_PER_SECOND,
             "texts": {
                 name: {"chars": len(text), "natural_seconds": natural_seconds(text)} for name, text in TEXTS.items()
@@ -350,13 +364,27 @@ class Run:
     async def model(self, model: str) -> None:
         voices = [str(self.setup.ckpts[model] / name) for name in ("voice.wav", "voice2.wav", "voice3.wav")]
         warm = str(self.setup.ckpts[model] / "warmup.wav")
+        self.shared = {}
+        # Sidecars of the default variant serve every cell (one load, one warm-up each); the
+        # other throughput variants close once their cell is done.
         async with AsyncExitStack() as stack:
-            await self.throughput(stack, model, voices, warm)
-        for kind, cell in (("stream", self.stream), ("voice_cache", self.voice_cache), ("sidecars", self.sidecars)):
-            if kind not in self.args.cells:
-                continue
-            async with AsyncExitStack() as stack:
-                await cell(stack, model, voices, warm)
+            self.stack = stack
+            async with AsyncExitStack() as others:
+                await self.throughput(others, model, voices, warm)
+            for kind, cell in (("stream", self.stream), ("voice_cache", self.voice_cache), ("sidecars", self.sidecars)):
+                if kind in self.args.cells:
+                    await cell(stack, model, voices, warm)
+
+    async def sidecar(self, stack: AsyncExitStack, model: str, warm: str, index: int = 0, **options: Any) -> Sidecar:
+        """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once."""
+        key = (model, index, tuple(sorted(options.items())))
+        if key not in self.shared:
+            if options == self.default_variant(model):
+                stack = self.stack  # kept for the later cells
+            sidecar = await start(stack, self.setup, model, **options)
+            await warm_up(sidecar, warm)
+            self.shared[key] = sidecar
+        return self.shared[key]
 
     async def throughput(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
         if "throughput" not in self.args.cells:
@@ -376,8 +404,7 @@ class Run:
             if precision != "fp32":
                 options[precision] = True
             try:
-                sidecar = await start(stack, self.setup, model, **options)
-                await warm_up(sidecar, warm)
+                sidecar = await self.sidecar(stack, model, warm, **options)
             except (SidecarError, TimeoutError, RuntimeError) as exc:
                 for text in self.args.texts:
                     self.skip({**cell, "text": text}, f"did not load: {first_line(exc)}", status="failed")
@@ -394,7 +421,7 @@ class Run:
                 for index, (_cell, sidecar) in enumerate(order):
                     position = live.index(order[index])
                     runs[(position, text)].append(
-                        await sidecar.speak(TEXTS[text], voices[0], tokens, max_text_tokens_per_segment=600)
+                        await sidecar.speak(TEXTS[text], warm, tokens, max_text_tokens_per_segment=600)
                     )
         for position, (cell, sidecar) in enumerate(live):
             memory = await sidecar.memory()
@@ -425,12 +452,11 @@ class Run:
         cell: dict[str, Any] = {"kind": "stream", "model": model, "text": "long", **self.variant_label(model)}
         if self.over_budget():
             return self.skip(cell, "time budget spent")
-        sidecar = await start(stack, self.setup, model, **self.default_variant(model))
-        await warm_up(sidecar, warm)
+        sidecar = await self.sidecar(stack, model, warm, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
         # The budget is per segment: count the segments with a one-token probe first.
-        probe = await sidecar.stream(text, voices[0], 1, **options)
+        probe = await sidecar.stream(text, warm, 1, **options)
         segments = probe["segments"]
         tokens = max(1, math.ceil(budget(model, natural_seconds(text)) / segments))
         streamed: list[dict[str, Any]] = []
@@ -439,9 +465,9 @@ class Run:
             pair = ("stream", "whole") if number % 2 == 0 else ("whole", "stream")
             for way in pair:
                 if way == "stream":
-                    streamed.append(await sidecar.stream(text, voices[0], tokens, **options))
+                    streamed.append(await sidecar.stream(text, warm, tokens, **options))
                 else:
-                    whole.append(await sidecar.speak(text, voices[0], tokens, **options))
+                    whole.append(await sidecar.speak(text, warm, tokens, **options))
         first = [s["first"] for s in streamed]
         self.add(
             {
@@ -465,9 +491,9 @@ class Run:
             return
         pair = []
         for size in (4, 0):
-            sidecar = await start(stack, self.setup, model, voice_cache=size, **self.default_variant(model))
-            await warm_up(sidecar, warm)
-            pair.append(sidecar)
+            # 4 is the adapter's default (VOICE_CACHE_DEFAULT): the default variant's sidecar as it is.
+            extra = {"voice_cache": 0} if size == 0 else {}
+            pair.append(await self.sidecar(stack, model, warm, **self.default_variant(model), **extra))
         tokens = budget(model, natural_seconds(TEXTS["short"]))
         times: dict[int, list[float]] = {0: [], 1: []}
         for number in range(self.args.rounds):
@@ -500,18 +526,15 @@ class Run:
                 continue
             try:
                 while len(live) < count:
-                    sidecar = await start(stack, self.setup, model, **self.default_variant(model))
-                    await warm_up(sidecar, warm)
-                    live.append(sidecar)
+                    live.append(await self.sidecar(stack, model, warm, len(live), **self.default_variant(model)))
             except (SidecarError, TimeoutError, RuntimeError) as exc:
                 self.skip(cell, f"sidecar {len(live) + 1} did not start: {first_line(exc)}", status="failed")
                 break
             audio: list[float] = []
 
             async def busy(sidecar: Sidecar, audio: list[float] = audio) -> None:
-                for number in range(self.args.rounds):
-                    voice = voices[number % len(voices)]
-                    audio.append((await sidecar.speak(TEXTS["medium"], voice, tokens))["audio"])
+                for _round in range(self.args.rounds):
+                    audio.append((await sidecar.speak(TEXTS["medium"], warm, tokens))["audio"])
 
             started = time.perf_counter()
             async with anyio.create_task_group() as group:
@@ -681,12 +704,14 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     parser.add_argument("--sidecars", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, help="rounds per cell; default 3, or 1 with --small")
+    parser.add_argument("--scale", type=float, help="fraction of natural speech per budget; 1, or 0.1 with --small")
     parser.add_argument("--budget", type=float, help="seconds after which cells not yet begun are skipped")
     parser.add_argument("--ckpt-root", help="where checkpoints are built and kept (default: a temporary folder)")
     parser.add_argument("--out", default="bench_gpu.json", help="the JSON file (default bench_gpu.json)")
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.small else "cuda:0")
     args.rounds = args.rounds or (1 if args.small else 3)
+    SCALE[0] = args.scale or (0.1 if args.small else 1.0)
     for name in args.models:
         if name not in ENGINES:
             parser.error(f"unknown model {name!r}: 2 or 2.5")

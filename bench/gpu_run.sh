@@ -31,7 +31,7 @@ LIMIT_MIB=60
 WANTED="transformers tokenizers huggingface_hub accelerate omegaconf modelscope
 librosa soundfile soxr audioread pooch platformdirs decorator cffi pycparser munch openai-whisper
 more-itertools descript-audiotools argbind docstring_parser ffmpy flatten-dict julius randomname
-fire termcolor importlib_resources msgspec wetext kaldifst contractions textsearch anyascii pyahocorasick"
+fire termcolor importlib_resources anyio msgspec wetext kaldifst contractions textsearch anyascii pyahocorasick"
 
 pin() {  # the version pins-github.txt gives NAME, or nothing
     { grep -i -E "^$(echo "$1" | sed 's/[-_.]/[-_.]/g')==" tests/upstream/pins-github.txt || true; } | head -1 | cut -d= -f3
