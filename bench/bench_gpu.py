@@ -285,8 +285,10 @@ class Run:
         self.out = out
         self.started = time.monotonic()
         self.result: dict[str, Any] = {"config": self._config(), "cells": []}
-        #: The current model's sidecars by (model, index, engine options), and the stack that closes them.
+        #: The current model's sidecars by (model, index, engine options), those that did not start,
+        #: and the stack that closes them.
         self.shared: dict[tuple[Any, ...], Sidecar] = {}
+        self.failed: dict[tuple[Any, ...], BaseException] = {}
         self.stack = AsyncExitStack()
 
     def _config(self) -> dict[str, Any]:
@@ -365,23 +367,67 @@ class Run:
         voices = [str(self.setup.ckpts[model] / name) for name in ("voice.wav", "voice2.wav", "voice3.wav")]
         warm = str(self.setup.ckpts[model] / "warmup.wav")
         self.shared = {}
-        # Sidecars of the default variant serve every cell (one load, one warm-up each); the
-        # other throughput variants close once their cell is done.
+        self.failed = {}
+        # Every sidecar the cells will use starts first, --parallel-loads at a time (a full-size
+        # load is tens of seconds of CPU); the default variant's serve every cell, warmed up once.
         async with AsyncExitStack() as stack:
             self.stack = stack
-            async with AsyncExitStack() as others:
-                await self.throughput(others, model, voices, warm)
-            for kind, cell in (("stream", self.stream), ("voice_cache", self.voice_cache), ("sidecars", self.sidecars)):
-                if kind in self.args.cells:
+            if not self.over_budget():
+                await self.prestart(model, warm)
+            for kind, cell in (
+                ("throughput", self.throughput),
+                ("stream", self.stream),
+                ("voice_cache", self.voice_cache),
+                ("sidecars", self.sidecars),
+            ):
+                if kind not in self.args.cells:
+                    continue
+                try:
                     await cell(stack, model, voices, warm)
+                except (SidecarError, TimeoutError, RuntimeError) as exc:
+                    # One broken cell must not cost the rest of a one-shot GPU run.
+                    self.skip({"kind": kind, "model": model}, f"the cell broke off: {first_line(exc)}", status="failed")
 
-    async def sidecar(self, stack: AsyncExitStack, model: str, warm: str, index: int = 0, **options: Any) -> Sidecar:
+    def wanted(self, model: str) -> list[tuple[int, dict[str, Any]]]:
+        """Every sidecar the cells asked for will use: (index, engine options)."""
+        cells = self.args.cells
+        keys: list[tuple[int, dict[str, Any]]] = []
+        if "throughput" in cells:
+            keys += [(0, engine_options(p, a)) for p, a, reason in self.variants(model) if reason is None]
+        default = self.default_variant(model)
+        if {"stream", "voice_cache", "sidecars"} & set(cells):
+            keys.append((0, default))
+        if "voice_cache" in cells:
+            keys.append((0, {**default, "voice_cache": 0}))
+        if "sidecars" in cells:
+            keys += [(index, default) for index in range(1, max(self.args.sidecars))]
+        unique: list[tuple[int, dict[str, Any]]] = []
+        for key in keys:
+            if key not in unique:
+                unique.append(key)
+        return unique
+
+    async def prestart(self, model: str, warm: str) -> None:
+        limiter = anyio.CapacityLimiter(self.args.parallel_loads)
+
+        async def one(index: int, options: dict[str, Any]) -> None:
+            async with limiter:
+                try:
+                    await self.sidecar(model, warm, index, **options)
+                except (SidecarError, TimeoutError, RuntimeError) as exc:
+                    self.failed[(model, index, tuple(sorted(options.items())))] = exc
+
+        async with anyio.create_task_group() as group:
+            for index, options in self.wanted(model):
+                group.start_soon(one, index, options)
+
+    async def sidecar(self, model: str, warm: str, index: int = 0, **options: Any) -> Sidecar:
         """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once."""
         key = (model, index, tuple(sorted(options.items())))
+        if key in self.failed:
+            raise self.failed[key]
         if key not in self.shared:
-            if options == self.default_variant(model):
-                stack = self.stack  # kept for the later cells
-            sidecar = await start(stack, self.setup, model, **options)
+            sidecar = await start(self.stack, self.setup, model, **options)
             await warm_up(sidecar, warm)
             self.shared[key] = sidecar
         return self.shared[key]
@@ -400,11 +446,8 @@ class Run:
                 for text in self.args.texts:
                     self.skip({**cell, "text": text}, "time budget spent")
                 continue
-            options: dict[str, Any] = {"use_accel": True} if accel else {}
-            if precision != "fp32":
-                options[precision] = True
             try:
-                sidecar = await self.sidecar(stack, model, warm, **options)
+                sidecar = await self.sidecar(model, warm, **engine_options(precision, accel))
             except (SidecarError, TimeoutError, RuntimeError) as exc:
                 for text in self.args.texts:
                     self.skip({**cell, "text": text}, f"did not load: {first_line(exc)}", status="failed")
@@ -452,7 +495,7 @@ class Run:
         cell: dict[str, Any] = {"kind": "stream", "model": model, "text": "long", **self.variant_label(model)}
         if self.over_budget():
             return self.skip(cell, "time budget spent")
-        sidecar = await self.sidecar(stack, model, warm, **self.default_variant(model))
+        sidecar = await self.sidecar(model, warm, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
         # The budget is per segment: count the segments with a one-token probe first.
@@ -493,7 +536,7 @@ class Run:
         for size in (4, 0):
             # 4 is the adapter's default (VOICE_CACHE_DEFAULT): the default variant's sidecar as it is.
             extra = {"voice_cache": 0} if size == 0 else {}
-            pair.append(await self.sidecar(stack, model, warm, **self.default_variant(model), **extra))
+            pair.append(await self.sidecar(model, warm, **self.default_variant(model), **extra))
         tokens = budget(model, natural_seconds(TEXTS["short"]))
         times: dict[int, list[float]] = {0: [], 1: []}
         for number in range(self.args.rounds):
@@ -526,7 +569,7 @@ class Run:
                 continue
             try:
                 while len(live) < count:
-                    live.append(await self.sidecar(stack, model, warm, len(live), **self.default_variant(model)))
+                    live.append(await self.sidecar(model, warm, len(live), **self.default_variant(model)))
             except (SidecarError, TimeoutError, RuntimeError) as exc:
                 self.skip(cell, f"sidecar {len(live) + 1} did not start: {first_line(exc)}", status="failed")
                 break
@@ -558,6 +601,13 @@ class Run:
 
     def variant_label(self, model: str) -> dict[str, Any]:
         return {"precision": "fp32" if self.args.device == "cpu" else HALF[model], "accel": False}
+
+
+def engine_options(precision: str, accel: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"use_accel": True} if accel else {}
+    if precision != "fp32":
+        options[precision] = True
+    return options
 
 
 # ------------------------------------------------------------------ facts about the machine
@@ -703,6 +753,9 @@ def main(argv: Union[list[str], None] = None) -> int:
         help="off,on: use_accel values",
     )
     parser.add_argument("--sidecars", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4])
+    parser.add_argument(
+        "--parallel-loads", type=int, help="sidecars loading at once; default 8 on a GPU, 1 on the CPU (memory)"
+    )
     parser.add_argument("--rounds", type=int, help="rounds per cell; default 3, or 1 with --small")
     parser.add_argument("--scale", type=float, help="fraction of natural speech per budget; 1, or 0.1 with --small")
     parser.add_argument("--budget", type=float, help="seconds after which cells not yet begun are skipped")
@@ -711,6 +764,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.small else "cuda:0")
     args.rounds = args.rounds or (1 if args.small else 3)
+    args.parallel_loads = args.parallel_loads or (1 if args.device == "cpu" else 8)
     SCALE[0] = args.scale or (0.1 if args.small else 1.0)
     for name in args.models:
         if name not in ENGINES:
