@@ -69,11 +69,11 @@ TOKENS_PER_SECOND = {"2": 22050 / 256 / 1.72, "2.5": 22050 / 256 / 1.72 / 2}
 #: Lengths after upstream's README speed table (7, 16, 28, 80, 200 characters): 16, 80, 200.
 TEXTS = {
     "short": "Hello, everyone.",
-    "medium": "The quick brown fox jumps over the lazy dog, and then it runs back into the woods.",
+    "medium": "The quick brown fox jumps over the lazy dog, and then it runs back to the woods.",
     "long": (
         "Speech synthesis has come a long way. Modern systems clone a voice from a few seconds of "
-        "audio, and they can speak with feeling. Still, the time they take matters to anyone who "
-        "waits for the first word."
+        "audio, and they can speak with feeling. Still, the time they take matters to those who "
+        "wait for the first word."
     ),
 }
 #: The long text in segments of at most this many text tokens, for the streaming cell: with the
