@@ -40,7 +40,10 @@ pin() {  # the version pins-github.txt gives NAME, or nothing
 pack() {
     local src=${INDEXTTS_UPSTREAM_SRC:-$(cd .. && pwd)/shared/upstream/index-tts}
     [ -f "$src/indextts/infer_v2.py" ] || { echo "no upstream checkout at $src (set INDEXTTS_UPSTREAM_SRC)" >&2; exit 2; }
-    grep -qx "/$DEVICE_DIR/" .git/info/exclude 2>/dev/null || echo "/$DEVICE_DIR/" >> "$(git rev-parse --git-path info/exclude)"
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx "/$DEVICE_DIR/" "$exclude" 2>/dev/null || echo "/$DEVICE_DIR/" >> "$exclude"
     # Wheels already there are kept (pip takes a downloaded file as it is); the rest is made afresh.
     rm -rf "$DEVICE_DIR/index-tts" "$DEVICE_DIR/stubs" && mkdir -p "$DEVICE_DIR/wheels" "$DEVICE_DIR/index-tts"
     local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
