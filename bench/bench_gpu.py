@@ -545,8 +545,8 @@ class Run:
                 for index in order:
                     times[index].append((await pair[index].speak(TEXTS["short"], voice, tokens))["wall"])
         for index, size in enumerate((4, 0)):
-            # The first round is cold for both: every voice is new.
-            later = times[index][len(voices) :] or times[index]
+            # The first round is cold for both: every voice is new.  One round: no later rounds.
+            later = times[index][len(voices) :]
             self.add(
                 {
                     **base,
@@ -554,7 +554,7 @@ class Run:
                     "status": "ok",
                     "voices": len(voices),
                     "first_round": summary(times[index][: len(voices)]),
-                    "later_rounds": summary(later),
+                    "later_rounds": summary(later) if later else None,
                 }
             )
 

@@ -99,7 +99,8 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert stream["whole"]["median"] > 0
         caches = {c["voice_cache"]: c for c in by_kind["voice_cache"] if c["model"] == model}
         assert set(caches) == {4, 0} and all(c["status"] == "ok" for c in caches.values())
-        assert all(c["later_rounds"]["median"] > 0 for c in caches.values())
+        assert all(c["first_round"]["n"] == 3 and c["first_round"]["median"] > 0 for c in caches.values())
+        assert all(c["later_rounds"] is None for c in caches.values())  # one round: nothing later
         fleet = {c["sidecars"]: c for c in by_kind["sidecars"] if c["model"] == model}
         assert set(fleet) == {1, 2}
         for count, cell in fleet.items():
