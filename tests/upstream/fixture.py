@@ -10,6 +10,8 @@ Runs inside an upstream venv (see build_venv.py), never in the project's own::
 ``2.5``    IndexTTS-2.5 for the GitHub checkout (``indextts.infer_v2_5``), about 29 MB
 ``pypi2``  IndexTTS-2 for PyPI's ``indextts2-inference`` 2.1.1, about 200 MB
 ``pypi2.5`` IndexTTS-2.5 for PyPI's ``indextts25-inference`` 0.2.0, about 430 MB
+``2-full``  IndexTTS-2 at its published size (``bench/bench_gpu.py``), about 500 MB
+``2.5-full`` IndexTTS-2.5 at its published size, about 500 MB
 
 The models speak noise, not words, and nothing is downloaded.  ``OUT`` also gets three
 reference clips (``voice.wav``, ``voice2.wav``, ``voice3.wav``: 3 s, 22050 Hz, 16-bit).
@@ -183,6 +185,44 @@ def config_25(*, small_gpt: bool) -> dict[str, Any]:
     return config
 
 
+#: IndexTTS-2 at its published size: the numbers of ``config.yaml`` in the IndexTeam/IndexTTS-2
+#: checkpoint on Hugging Face (the file ``checkpoints_2/config.yaml`` of upstream's README); the
+#: keys not set here are equal in both.  The GitHub flavours load ``gpt.pth`` and ``s2mel.pth``
+#: non-strictly, so the weights stay random and the files empty: same compute, no download.
+CONFIG_2_FULL: dict[str, Any] = copy.deepcopy(CONFIG_2)
+CONFIG_2_FULL["gpt"].update(
+    heads=20,
+    layers=24,
+    number_text_tokens=12000,
+    condition_module={**_CONFORMER, "output_size": 512, "linear_units": 2048, "attention_heads": 8, "num_blocks": 6},
+    emo_condition_module={
+        **_CONFORMER,
+        "output_size": 512,
+        "linear_units": 1024,
+        "attention_heads": 4,
+        "num_blocks": 4,
+    },
+)
+CONFIG_2_FULL["semantic_codec"].update(vocos_dim=384, vocos_intermediate_dim=2048, vocos_num_layers=12)
+CONFIG_2_FULL["s2mel"]["length_regulator"]["channels"] = 512
+CONFIG_2_FULL["s2mel"]["DiT"].update(hidden_dim=512, num_heads=8, depth=13, content_dim=512)
+CONFIG_2_FULL["s2mel"]["wavenet"].update(hidden_dim=512, num_layers=8)
+
+
+def config_25_full() -> dict[str, Any]:
+    """IndexTTS-2.5 at its published size: upstream's ``configs/config_v2_5.yaml`` (GitHub, commit aa01d63).
+
+    Its GPT, conditioning, codec and s2mel numbers are IndexTTS-2's; the text vocabulary is
+    60509 tokens; the codec takes ``EnhancedCodec``'s defaults (one quantizer, downsampling 2).
+    """
+    config = copy.deepcopy(CONFIG_2_FULL)
+    del config["dataset"]
+    config["gpt"]["number_text_tokens"] = 60509
+    config["semantic_codec"].update(num_quantizers=1, downsample_scale=2)
+    config["version"] = 2.5
+    return config
+
+
 # ------------------------------------------------------------------ pieces
 
 
@@ -262,15 +302,22 @@ def _statistics(out: str, cfg: Any) -> None:
     torch.save(torch.randn(rows, cfg.gpt.model_dim) * 0.02, os.path.join(out, "feat2.pt"))
 
 
-def _w2v_bert(folder: str, *, full: bool) -> None:
-    """w2v-bert-2.0 with 17 narrow layers; ``full`` ships every tensor (strict loaders)."""
+def _w2v_bert(folder: str, *, full: bool, published: bool = False) -> None:
+    """w2v-bert-2.0 with 17 narrow layers; ``full`` ships every tensor (strict loaders).
+
+    ``published``: its real size instead, transformers' ``Wav2Vec2BertConfig`` defaults, which
+    are facebook/w2v-bert-2.0's (24 layers of 1024, 16 heads, 4096 wide).
+    """
     import torch
     from safetensors.torch import save_file
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig
 
     os.makedirs(folder, exist_ok=True)
     SeamlessM4TFeatureExtractor(padding_value=1.0).save_pretrained(folder)
-    config = Wav2Vec2BertConfig(num_hidden_layers=17, intermediate_size=64, num_attention_heads=16)
+    if published:
+        config = Wav2Vec2BertConfig()
+    else:
+        config = Wav2Vec2BertConfig(num_hidden_layers=17, intermediate_size=64, num_attention_heads=16)
     config.save_pretrained(folder)
     tensors: dict[str, Any]
     if full:
@@ -307,8 +354,11 @@ def _campplus(path: str, package: str) -> None:
     torch.save(dtdnn.CAMPPlus(feat_dim=80, embedding_size=192).state_dict(), path)
 
 
-def _bigvgan(folder: str, package: str) -> None:
-    """A narrow BigVGAN (22 kHz, 80 bands, 256x) from the package's own config."""
+def _bigvgan(folder: str, package: str, *, published: bool = False) -> None:
+    """A narrow BigVGAN (22 kHz, 80 bands, 256x) from the package's own config.
+
+    ``published``: that config unchanged (nvidia/bigvgan_v2_22khz_80band_256x, 1536 channels).
+    """
     import importlib
 
     import torch
@@ -322,7 +372,8 @@ def _bigvgan(folder: str, package: str) -> None:
         config_path = os.path.join(os.path.dirname(other.__file__), "config.json")
     with open(config_path) as f:
         hparams = json.load(f)
-    hparams["upsample_initial_channel"] = 64
+    if not published:
+        hparams["upsample_initial_channel"] = 64
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(hparams, f)
@@ -411,28 +462,28 @@ def _upstream_src() -> str:
 # ------------------------------------------------------------------ flavours
 
 
-def build_2(out: str) -> None:
+def build_2(out: str, *, published: bool = False) -> None:
     import torch
     from indextts.codec.maskgct_codec import build_semantic_codec
     from safetensors.torch import save_model
 
-    cfg = _save_config(out, CONFIG_2)
+    cfg = _save_config(out, CONFIG_2_FULL if published else CONFIG_2)
     _bpe_model(out)
     torch.save({}, os.path.join(out, "gpt.pth"))
     torch.save({"net": {}}, os.path.join(out, "s2mel.pth"))
     _statistics(out, cfg)
     cache = os.path.join(out, "hf_cache")
-    _w2v_bert(os.path.join(cache, "w2v-bert-2.0"), full=False)
+    _w2v_bert(os.path.join(cache, "w2v-bert-2.0"), full=False, published=published)
     save_model(build_semantic_codec(cfg.semantic_codec), os.path.join(cache, "semantic_codec_model.safetensors"))
     _campplus(os.path.join(cache, "campplus_cn_common.bin"), "indextts")
-    _bigvgan(os.path.join(cache, "bigvgan"), "indextts")
+    _bigvgan(os.path.join(cache, "bigvgan"), "indextts", published=published)
 
 
-def build_25(out: str) -> None:
+def build_25(out: str, *, published: bool = False) -> None:
     import torch
     from indextts.utils.tokenizer import get_encoding
 
-    cfg = _save_config(out, config_25(small_gpt=True))
+    cfg = _save_config(out, config_25_full() if published else config_25(small_gpt=True))
     _tiktoken(out, ("th", "he", "in", "er", "an", "re", "on", "st", " t", " a", " s", " th"))
     vocabulary = get_encoding(name="multilingual_zh_ja_yue_char_del", model_dir=out).n_vocab
     if vocabulary > cfg.gpt.number_text_tokens:
@@ -442,9 +493,9 @@ def build_25(out: str) -> None:
     torch.save({"net": {}}, os.path.join(out, "s2mel.pth"))
     _statistics(out, cfg)
     cache = os.path.join(out, "hf_cache")
-    _w2v_bert(os.path.join(cache, "w2v-bert-2.0"), full=False)
+    _w2v_bert(os.path.join(cache, "w2v-bert-2.0"), full=False, published=published)
     _campplus(os.path.join(cache, "campplus_cn_common.bin"), "indextts")
-    _bigvgan(os.path.join(cache, "bigvgan"), "indextts")
+    _bigvgan(os.path.join(cache, "bigvgan"), "indextts", published=published)
 
 
 def build_pypi2(out: str) -> None:
@@ -488,7 +539,14 @@ def build_pypi25(out: str) -> None:
     _bigvgan(os.path.join(cache, "bigvgan"), "indextts25")
 
 
-BUILDERS = {"2": build_2, "2.5": build_25, "pypi2": build_pypi2, "pypi2.5": build_pypi25}
+BUILDERS = {
+    "2": build_2,
+    "2.5": build_25,
+    "pypi2": build_pypi2,
+    "pypi2.5": build_pypi25,
+    "2-full": lambda out: build_2(out, published=True),
+    "2.5-full": lambda out: build_25(out, published=True),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,801 @@
+"""IndexTTS-2 and 2.5 at their published sizes, through the public client, on the real upstream code.
+
+The checkpoints are random weights at the published dimensions, built by the conformance
+suite's builder (``tests/upstream/fixture.py`` kinds ``2-full`` and ``2.5-full``; ``--small``
+takes its tiny kinds ``2`` and ``2.5``): the same compute per token as the real models, but
+they never choose the stop token, so every request is given a fixed token budget
+(``max_mel_tokens``) equal to natural speech for its text, and runs to it.  Nothing is
+downloaded; upstream is the GitHub checkout on ``PYTHONPATH``, never a copy::
+
+    INDEXTTS_UPSTREAM_PYTHON=$(python3 tests/upstream/build_venv.py github) \\
+        .venv/bin/python bench/bench_gpu.py --small --device cpu --out bench_gpu.json
+    # on a GPU machine (bench/gpu_run.sh sets it up): python3 bench/bench_gpu.py --device cuda:0
+
+Cells (each one ends up in the JSON file, measured or skipped with the reason):
+
+* ``throughput``: seconds of audio per second of wall time for a short, a medium and a long
+  text, per model, precision (fp32, and upstream's fp16 for 2 / bf16 for 2.5) and
+  ``use_accel``; with upstream's own printed stage times (GPT, s2mel, BigVGAN), read from
+  the sidecar's stderr.  The variants of one model run side by side, interleaved round
+  after round.
+* ``stream``: the long text in several segments: when the first chunk arrives, streamed,
+  against when the whole audio is there (``synthesize``).
+* ``voice_cache``: three voices in turn, the adapter's cache (``voice_cache=4``) against
+  none (``voice_cache=0``).
+* ``sidecars``: 1, 2 and 4 sidecars of one model on one device, all busy at once: aggregate
+  audio seconds per second and the memory of each sidecar (torch's allocator as the
+  sidecar's health answer reports it, and ``nvidia-smi``'s per-process figure on a GPU).
+
+Writes the JSON file after every cell (a run stopped half-way keeps what it measured) and
+prints a table at the end.  ``--budget`` seconds after the start, cells not yet begun are
+recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import anyio
+
+from indextts_client import Client, ProgressEvent, SidecarError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Natural English read speech: about 150 words a minute, which is about 14 characters a second
+#: counting spaces and punctuation.  The token budget of a text is its length at this rate.
+CHARS_PER_SECOND = 14.0
+#: GPT tokens per second of audio.  IndexTTS-2: s2mel stretches each token to 1.72 mel frames of
+#: 256 samples at 22050 Hz (infer_v2.py), 50.1 tokens a second; IndexTTS-2.5's codec decodes each
+#: token to two such steps (EnhancedCodec's downsample_scale=2, infer_v2_5.py), 25.0 a second.
+TOKENS_PER_SECOND = {"2": 22050 / 256 / 1.72, "2.5": 22050 / 256 / 1.72 / 2}
+#: Lengths after upstream's README speed table (7, 16, 28, 80, 200 characters): 16, 80, 200.
+TEXTS = {
+    "short": "Hello, everyone.",
+    "medium": "The quick brown fox jumps over the lazy dog, and then it runs back to the woods.",
+    "long": (
+        "Speech synthesis has come a long way. Modern systems clone a voice from a few seconds of "
+        "audio, and they can speak with feeling. Still, the time they take matters to those who "
+        "wait for the first word."
+    ),
+}
+#: The long text in segments of at most this many text tokens, for the streaming cell: with the
+#: fixtures' tokenizers, about one sentence each (three with IndexTTS-2's, four with 2.5's).
+STREAM_SEGMENT_TOKENS = 60
+#: The precision upstream offers besides fp32, per model, and the engine option that turns it on.
+HALF = {"2": "fp16", "2.5": "bf16"}
+ENGINES = {"2": "indextts2", "2.5": "indextts2.5"}
+STAGE_RE = re.compile(r">> (gpt_gen_time|gpt_forward_time|s2mel_time|bigvgan_time|Total inference time): ([0-9.]+)")
+STAGE_NAMES = {
+    "gpt_gen_time": "gpt",
+    "gpt_forward_time": "gpt_forward",
+    "s2mel_time": "s2mel",
+    "bigvgan_time": "vocoder",
+    "Total inference time": "total",
+}
+SEGMENTS_RE = re.compile(r"^(\d+) segments?, ")
+#: Bounds: a request (full size, fp32, on a GPU: seconds; tiny on a busy CPU: a minute), a load,
+#: and the wait for upstream's timing lines after a request's last frame.
+REQUEST_TIMEOUT = 600.0
+LOAD_TIMEOUT = 900.0
+STAGE_LINES_TIMEOUT = 60.0
+
+
+def natural_seconds(text: str) -> float:
+    return len(text) / CHARS_PER_SECOND
+
+
+#: The fraction of natural speech each budget asks for: 1 at full size; ``--small`` takes 0.1 (a
+#: tiny model on a CPU takes about 50 ms a token, and the test must finish in minutes).
+SCALE = [1.0]
+
+
+def budget(model: str, seconds: float) -> int:
+    return max(1, round(seconds * SCALE[0] * TOKENS_PER_SECOND[model]))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+# ------------------------------------------------------------------ stage times from stderr
+
+
+class StageLog(logging.Handler):
+    """Upstream's printed timings per sidecar pid, from the ``indextts_client.sidecar`` logger.
+
+    The client forwards each stderr line of a sidecar (upstream prints to stdout, which the
+    sidecar moves to stderr) from its event loop; a request's block ends with "Total
+    inference time", so ``wait(pid, n)`` returns once ``n`` blocks of that sidecar are in.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.blocks: dict[int, list[dict[str, float]]] = defaultdict(list)
+        self._current: dict[int, dict[str, float]] = defaultdict(dict)
+        self._waiters: dict[int, list[anyio.Event]] = defaultdict(list)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        pid = getattr(record, "sidecar_pid", None)
+        match = STAGE_RE.search(record.getMessage())
+        if pid is None or match is None:
+            return
+        name = STAGE_NAMES[match.group(1)]
+        self._current[pid][name] = float(match.group(2))
+        if name == "total":
+            self.blocks[pid].append(self._current.pop(pid))
+            for event in self._waiters.pop(pid, []):
+                event.set()
+
+    async def wait(self, pid: int, count: int) -> list[dict[str, float]]:
+        with anyio.fail_after(STAGE_LINES_TIMEOUT):
+            while len(self.blocks[pid]) < count:
+                event = anyio.Event()
+                self._waiters[pid].append(event)
+                await event.wait()
+        return self.blocks[pid]
+
+
+@contextmanager
+def stage_log() -> Iterator[StageLog]:
+    handler = StageLog()
+    logger = logging.getLogger("indextts_client.sidecar")
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # upstream's chatter stays out of this script's output
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+
+
+# ------------------------------------------------------------------ sidecars
+
+
+@dataclass
+class Setup:
+    python: str
+    src: str
+    device: str
+    ckpts: dict[str, Path]
+    stages: StageLog
+
+
+@dataclass
+class Sidecar:
+    """One started sidecar and what was asked of it."""
+
+    client: Client
+    model: str
+    stages: StageLog
+    requests: int = 0
+    load_seconds: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        pid = self.client.pid
+        assert pid is not None
+        return pid
+
+    async def speak(self, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
+        """One whole request: wall seconds, audio seconds, and upstream's stage times."""
+        started = time.perf_counter()
+        audio = await self.client.synthesize(
+            text, voice=voice, max_mel_tokens=tokens, timeout=REQUEST_TIMEOUT, **options
+        )
+        wall = time.perf_counter() - started
+        return {"wall": wall, "audio": audio.duration, **await self.stage_times()}
+
+    async def stream(self, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
+        """One streamed request: first chunk and end, in wall seconds, and the segment count."""
+        segments: list[int] = []
+
+        def progress(event: ProgressEvent) -> None:
+            match = SEGMENTS_RE.match(event.message)
+            if match:
+                segments.append(int(match.group(1)))
+
+        started = time.perf_counter()
+        first = None
+        audio = 0.0
+        async with self.client.stream(
+            text, voice=voice, max_mel_tokens=tokens, on_progress=progress, timeout=REQUEST_TIMEOUT, **options
+        ) as chunks:
+            async for chunk in chunks:
+                if first is None:
+                    first = time.perf_counter() - started
+                audio += len(chunk.samples) / chunk.sample_rate
+        wall = time.perf_counter() - started
+        if first is None or not segments:
+            raise RuntimeError("the stream ended without audio or without its segment count")
+        result = {"wall": wall, "first": first, "audio": audio, "segments": segments[-1]}
+        return {**result, **await self.stage_times()}
+
+    async def stage_times(self) -> dict[str, float]:
+        self.requests += 1
+        blocks = await self.stages.wait(self.pid, self.requests)
+        return blocks[self.requests - 1]
+
+    async def memory(self) -> dict[str, int]:
+        health = await self.client.ping(timeout=30)
+        return {key: int(value) for key, value in health.memory.items()}
+
+
+async def start(stack: AsyncExitStack, setup: Setup, model: str, **engine_options: Any) -> Sidecar:
+    options: dict[str, Any] = {"model_dir": str(setup.ckpts[model]), "device": setup.device, "use_qwen_emo": False}
+    options.update(engine_options)
+    client = Client(
+        ENGINES[model],
+        python=setup.python,
+        engine_options=options,
+        env={
+            "PYTHONPATH": os.pathsep.join([str(ROOT), setup.src, *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",  # upstream's timing lines arrive as they are printed
+        },
+        ready_timeout=120,
+        idle_timeout=LOAD_TIMEOUT,
+        max_restarts=0,
+    )
+    sidecar = Sidecar(await stack.enter_async_context(client), model, setup.stages)
+    started = time.perf_counter()
+    with anyio.fail_after(LOAD_TIMEOUT):
+        await client.load()
+    sidecar.load_seconds = time.perf_counter() - started
+    return sidecar
+
+
+async def warm_up(sidecar: Sidecar, voice: str) -> None:
+    """Upstream's first request is much slower than the rest (allocations, kernels, caches).
+
+    Every cell but ``voice_cache`` then speaks with this voice, whose conditioning the adapter
+    keeps: they measure the steady state; the three other clips stay cold for ``voice_cache``.
+    """
+    await sidecar.speak(TEXTS["short"], voice, budget(sidecar.model, natural_seconds(TEXTS["short"])))
+
+
+# ------------------------------------------------------------------ the run
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, setup: Setup, out: Path) -> None:
+        self.args = args
+        self.setup = setup
+        self.out = out
+        self.started = time.monotonic()
+        self.result: dict[str, Any] = {"config": self._config(), "cells": []}
+        #: The current model's sidecars by (model, index, engine options), those that did not start,
+        #: and the stack that closes them.
+        self.shared: dict[tuple[Any, ...], Sidecar] = {}
+        self.failed: dict[tuple[Any, ...], BaseException] = {}
+        self.stack = AsyncExitStack()
+
+    def _config(self) -> dict[str, Any]:
+        args = self.args
+        return {
+            "size": "small" if args.small else "full",
+            "device": args.device,
+            "gpu": gpu_name() if args.device.startswith("cuda") else None,
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "upstream": upstream_commit(self.setup.src),
+            "models": args.models,
+            "rounds": args.rounds,
+            "sidecars": args.sidecars,
+            "chars_per_second": CHARS_PER_SECOND,
+            "scale": SCALE[0],
+            "tokens_per_second": TOKENS_PER_SECOND,
+            "texts": {
+                name: {"chars": len(text), "natural_seconds": natural_seconds(text)} for name, text in TEXTS.items()
+            },
+            "weights": "random (same compute per token, different stop behaviour)",
+            "command": " ".join(sys.argv),
+        }
+
+    def over_budget(self) -> bool:
+        return self.args.budget is not None and time.monotonic() - self.started > self.args.budget
+
+    def add(self, cell: dict[str, Any]) -> None:
+        self.result["cells"].append(cell)
+        self.save()
+        status = cell["status"] if cell["status"] == "ok" else f"{cell['status']}: {cell.get('reason', '')}"
+        keys = ("kind", "model", "precision", "accel", "text", "sidecars", "voice_cache")
+        label = " ".join(f"{key}={cell[key]}" for key in keys if key in cell)
+        print(f"[{time.monotonic() - self.started:6.0f} s] {label}: {status}", file=sys.stderr, flush=True)
+
+    def skip(self, cell: dict[str, Any], reason: str, status: str = "skipped") -> None:
+        self.add({**cell, "status": status, "reason": reason})
+
+    def save(self) -> None:
+        partial = self.out.with_name(self.out.name + ".partial")
+        partial.write_text(json.dumps(self.result, indent=1, sort_keys=True) + "\n")
+        os.replace(partial, self.out)
+
+    # ---------------------------------------------------------- cells
+
+    def variants(self, model: str) -> list[tuple[str, bool, Union[str, None]]]:
+        """(precision, use_accel, reason to skip or None) for each variant asked for."""
+        cpu = self.args.device == "cpu"
+        out: list[tuple[str, bool, Union[str, None]]] = []
+        for precision in ("fp32", HALF[model]):
+            if precision not in self.args.precisions and not (precision != "fp32" and "half" in self.args.precisions):
+                continue
+            for accel in self.args.accel:
+                reason = None
+                if cpu and precision != "fp32":
+                    reason = (
+                        f"upstream turns {precision} off on the CPU (infer_v2{'_5' if model == '2.5' else ''}.py: "
+                        f"use_{precision} = False if device == 'cpu'): the cell would measure fp32 again"
+                    )
+                elif cpu and accel:
+                    reason = (
+                        "upstream's accel engine needs CUDA: UnifiedVoice builds it only when "
+                        "torch.cuda.is_available(), with flash_attn (gpt/model_v2.py)"
+                    )
+                out.append((precision, accel, reason))
+        return out
+
+    def default_variant(self, model: str) -> dict[str, Any]:
+        """What the stream, cache and sidecar cells use: upstream's README headline precision on a GPU."""
+        if self.args.device == "cpu":
+            return {}
+        return {HALF[model]: True}
+
+    async def model(self, model: str) -> None:
+        voices = [str(self.setup.ckpts[model] / name) for name in ("voice.wav", "voice2.wav", "voice3.wav")]
+        warm = str(self.setup.ckpts[model] / "warmup.wav")
+        self.shared = {}
+        self.failed = {}
+        # Every sidecar the cells will use starts first, --parallel-loads at a time (a full-size
+        # load is tens of seconds of CPU); the default variant's serve every cell, warmed up once.
+        async with AsyncExitStack() as stack:
+            self.stack = stack
+            if not self.over_budget():
+                await self.prestart(model, warm)
+            for kind, cell in (
+                ("throughput", self.throughput),
+                ("stream", self.stream),
+                ("voice_cache", self.voice_cache),
+                ("sidecars", self.sidecars),
+            ):
+                if kind not in self.args.cells:
+                    continue
+                try:
+                    await cell(stack, model, voices, warm)
+                except (SidecarError, TimeoutError, RuntimeError) as exc:
+                    # One broken cell must not cost the rest of a one-shot GPU run.
+                    self.skip({"kind": kind, "model": model}, f"the cell broke off: {first_line(exc)}", status="failed")
+
+    def wanted(self, model: str) -> list[tuple[int, dict[str, Any]]]:
+        """Every sidecar the cells asked for will use: (index, engine options)."""
+        cells = self.args.cells
+        keys: list[tuple[int, dict[str, Any]]] = []
+        if "throughput" in cells:
+            keys += [(0, engine_options(p, a)) for p, a, reason in self.variants(model) if reason is None]
+        default = self.default_variant(model)
+        if {"stream", "voice_cache", "sidecars"} & set(cells):
+            keys.append((0, default))
+        if "voice_cache" in cells:
+            keys.append((0, {**default, "voice_cache": 0}))
+        if "sidecars" in cells:
+            keys += [(index, default) for index in range(1, max(self.args.sidecars))]
+        unique: list[tuple[int, dict[str, Any]]] = []
+        for key in keys:
+            if key not in unique:
+                unique.append(key)
+        return unique
+
+    async def prestart(self, model: str, warm: str) -> None:
+        limiter = anyio.CapacityLimiter(self.args.parallel_loads)
+
+        async def one(index: int, options: dict[str, Any]) -> None:
+            async with limiter:
+                try:
+                    await self.sidecar(model, warm, index, **options)
+                except (SidecarError, TimeoutError, RuntimeError) as exc:
+                    self.failed[(model, index, tuple(sorted(options.items())))] = exc
+
+        async with anyio.create_task_group() as group:
+            for index, options in self.wanted(model):
+                group.start_soon(one, index, options)
+
+    async def sidecar(self, model: str, warm: str, index: int = 0, **options: Any) -> Sidecar:
+        """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once."""
+        key = (model, index, tuple(sorted(options.items())))
+        if key in self.failed:
+            raise self.failed[key]
+        if key not in self.shared:
+            sidecar = await start(self.stack, self.setup, model, **options)
+            await warm_up(sidecar, warm)
+            self.shared[key] = sidecar
+        return self.shared[key]
+
+    async def throughput(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        if "throughput" not in self.args.cells:
+            return
+        live: list[tuple[dict[str, Any], Sidecar]] = []
+        for precision, accel, reason in self.variants(model):
+            cell = {"kind": "throughput", "model": model, "precision": precision, "accel": accel}
+            if reason is not None:
+                for text in self.args.texts:
+                    self.skip({**cell, "text": text}, reason)
+                continue
+            if self.over_budget():
+                for text in self.args.texts:
+                    self.skip({**cell, "text": text}, "time budget spent")
+                continue
+            try:
+                sidecar = await self.sidecar(model, warm, **engine_options(precision, accel))
+            except (SidecarError, TimeoutError, RuntimeError) as exc:
+                for text in self.args.texts:
+                    self.skip({**cell, "text": text}, f"did not load: {first_line(exc)}", status="failed")
+                continue
+            cell["load_seconds"] = sidecar.load_seconds
+            live.append((cell, sidecar))
+        if not live:
+            return
+        runs: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+        for number in range(self.args.rounds):
+            order = live if number % 2 == 0 else live[::-1]
+            for text in self.args.texts:
+                tokens = budget(model, natural_seconds(TEXTS[text]))
+                for index, (_cell, sidecar) in enumerate(order):
+                    position = live.index(order[index])
+                    runs[(position, text)].append(
+                        await sidecar.speak(TEXTS[text], warm, tokens, max_text_tokens_per_segment=600)
+                    )
+        for position, (cell, sidecar) in enumerate(live):
+            memory = await sidecar.memory()
+            for text in self.args.texts:
+                samples = runs[(position, text)]
+                speed = [s["audio"] / s["wall"] for s in samples]
+                stages = {
+                    name: summary([s[name] for s in samples])
+                    for name in ("gpt", "gpt_forward", "s2mel", "vocoder", "total")
+                    if all(name in s for s in samples)
+                }
+                self.add(
+                    {
+                        **cell,
+                        "text": text,
+                        "status": "ok",
+                        "max_mel_tokens": budget(model, natural_seconds(TEXTS[text])),
+                        "audio_seconds": summary([s["audio"] for s in samples]),
+                        "wall_seconds": summary([s["wall"] for s in samples]),
+                        "audio_per_second": summary(speed),
+                        "rtf": summary([1 / v for v in speed]),
+                        "stages": stages,
+                        "memory": memory,
+                    }
+                )
+
+    async def stream(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        cell: dict[str, Any] = {"kind": "stream", "model": model, "text": "long", **self.variant_label(model)}
+        if self.over_budget():
+            return self.skip(cell, "time budget spent")
+        sidecar = await self.sidecar(model, warm, **self.default_variant(model))
+        text = TEXTS["long"]
+        options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
+        # The budget is per segment: count the segments with a one-token probe first.
+        probe = await sidecar.stream(text, warm, 1, **options)
+        segments = probe["segments"]
+        tokens = max(1, math.ceil(budget(model, natural_seconds(text)) / segments))
+        streamed: list[dict[str, Any]] = []
+        whole: list[dict[str, Any]] = []
+        for number in range(self.args.rounds):
+            pair = ("stream", "whole") if number % 2 == 0 else ("whole", "stream")
+            for way in pair:
+                if way == "stream":
+                    streamed.append(await sidecar.stream(text, warm, tokens, **options))
+                else:
+                    whole.append(await sidecar.speak(text, warm, tokens, **options))
+        first = [s["first"] for s in streamed]
+        self.add(
+            {
+                **cell,
+                "status": "ok",
+                "segments": segments,
+                "max_mel_tokens_per_segment": tokens,
+                "audio_seconds": summary([s["audio"] for s in streamed]),
+                "first_audio_streamed": summary(first),
+                "end_streamed": summary([s["wall"] for s in streamed]),
+                "whole": summary([s["wall"] for s in whole]),
+                "first_over_whole": summary([f / w["wall"] for f, w in zip(first, whole, strict=True)]),
+            }
+        )
+
+    async def voice_cache(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        base = {"kind": "voice_cache", "model": model, "text": "short", **self.variant_label(model)}
+        if self.over_budget():
+            for size in (4, 0):
+                self.skip({**base, "voice_cache": size}, "time budget spent")
+            return
+        pair = []
+        for size in (4, 0):
+            # 4 is the adapter's default (VOICE_CACHE_DEFAULT): the default variant's sidecar as it is.
+            extra = {"voice_cache": 0} if size == 0 else {}
+            pair.append(await self.sidecar(model, warm, **self.default_variant(model), **extra))
+        tokens = budget(model, natural_seconds(TEXTS["short"]))
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for number in range(self.args.rounds):
+            for voice in voices:
+                order = (0, 1) if number % 2 == 0 else (1, 0)
+                for index in order:
+                    times[index].append((await pair[index].speak(TEXTS["short"], voice, tokens))["wall"])
+        for index, size in enumerate((4, 0)):
+            # The first round is cold for both: every voice is new.  One round: no later rounds.
+            later = times[index][len(voices) :]
+            self.add(
+                {
+                    **base,
+                    "voice_cache": size,
+                    "status": "ok",
+                    "voices": len(voices),
+                    "first_round": summary(times[index][: len(voices)]),
+                    "later_rounds": summary(later) if later else None,
+                }
+            )
+
+    async def sidecars(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        tokens = budget(model, natural_seconds(TEXTS["medium"]))
+        live: list[Sidecar] = []
+        for count in sorted(self.args.sidecars):
+            cell: dict[str, Any] = {"kind": "sidecars", "model": model, "sidecars": count, "text": "medium"}
+            cell.update(self.variant_label(model))
+            if self.over_budget():
+                self.skip(cell, "time budget spent")
+                continue
+            try:
+                while len(live) < count:
+                    live.append(await self.sidecar(model, warm, len(live), **self.default_variant(model)))
+            except (SidecarError, TimeoutError, RuntimeError) as exc:
+                self.skip(cell, f"sidecar {len(live) + 1} did not start: {first_line(exc)}", status="failed")
+                break
+            audio: list[float] = []
+
+            async def busy(sidecar: Sidecar, audio: list[float] = audio) -> None:
+                for _round in range(self.args.rounds):
+                    audio.append((await sidecar.speak(TEXTS["medium"], warm, tokens))["audio"])
+
+            started = time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for sidecar in live[:count]:
+                    group.start_soon(busy, sidecar)
+            wall = time.perf_counter() - started
+            memory = [await s.memory() for s in live[:count]]
+            smi = nvidia_smi_memory([s.pid for s in live[:count]]) if self.args.device.startswith("cuda") else None
+            self.add(
+                {
+                    **cell,
+                    "status": "ok",
+                    "requests": len(audio),
+                    "wall_seconds": wall,
+                    "audio_seconds": sum(audio),
+                    "aggregate_audio_per_second": sum(audio) / wall,
+                    "memory": memory,
+                    "nvidia_smi_mib": smi,
+                }
+            )
+
+    def variant_label(self, model: str) -> dict[str, Any]:
+        return {"precision": "fp32" if self.args.device == "cpu" else HALF[model], "accel": False}
+
+
+def engine_options(precision: str, accel: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"use_accel": True} if accel else {}
+    if precision != "fp32":
+        options[precision] = True
+    return options
+
+
+# ------------------------------------------------------------------ facts about the machine
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def gpu_name() -> Union[str, None]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run(
+        [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout.strip() or None
+
+
+def nvidia_smi_memory(pids: list[int]) -> Union[dict[str, int], None]:
+    """Used GPU memory per process (MiB) as ``nvidia-smi`` sees it; None without it."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    command = [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    seen: dict[str, int] = {}
+    for line in done.stdout.splitlines():
+        pid, _, used = line.partition(",")
+        if pid.strip().isdigit() and int(pid) in pids and used.strip().isdigit():
+            seen[pid.strip()] = int(used)
+    return seen
+
+
+def upstream_commit(src: str) -> Union[str, None]:
+    snapshot = Path(src, "SNAPSHOT.txt")
+    if snapshot.is_file():
+        match = re.search(r"commit ([0-9a-f]{7,40})", snapshot.read_text())
+        if match:
+            return match.group(1)
+    done = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def build_checkpoints(python: str, src: str, root: Path, models: list[str], small: bool) -> dict[str, Path]:
+    """Each model's checkpoint directory, built by the conformance suite's builder unless present."""
+    ckpts: dict[str, Path] = {}
+    for model in models:
+        kind = model if small else f"{model}-full"
+        out = root / kind
+        if not (out / "voice3.wav").is_file():
+            started = time.monotonic()
+            command = [python, str(ROOT / "tests" / "upstream" / "fixture.py"), kind, str(out), "--src", src]
+            env = {
+                **os.environ,
+                "HF_HUB_OFFLINE": "1",
+                "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+            }
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode:
+                raise SystemExit(f"building the {kind} checkpoint failed:\n{done.stderr[-3000:]}")
+            print(f"built {kind} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        warm = out / "warmup.wav"
+        if not warm.exists():
+            shutil.copyfile(out / "voice3.wav", warm)  # another path: another cache key
+        ckpts[model] = out
+    return ckpts
+
+
+# ------------------------------------------------------------------ the table
+
+
+def fmt(value: Union[dict[str, float], None], scale: float = 1.0, digits: int = 2) -> str:
+    if not value:
+        return "-"
+    return f"{value['median'] * scale:.{digits}f} ({value['min'] * scale:.{digits}f}-{value['max'] * scale:.{digits}f})"
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = []
+    cells = result["cells"]
+    lines.append("throughput: audio seconds per second, median (min-max); upstream's stage times, s")
+    lines.append(
+        f"{'model':5} {'precision':9} {'accel':5} {'text':6} {'audio/s':20} {'audio s':6} "
+        f"{'gpt':6} {'s2mel':6} {'vocoder':7}"
+    )
+    for cell in cells:
+        if cell["kind"] != "throughput":
+            continue
+        head = f"{cell['model']:5} {cell['precision']:9} {cell['accel']!s:5} {cell['text']:6} "
+        if cell["status"] != "ok":
+            lines.append(head + f"{cell['status']}: {cell['reason']}")
+            continue
+        stages = cell["stages"]
+        parts = [fmt(stages.get(name), digits=2).split(" ")[0] for name in ("gpt", "s2mel", "vocoder")]
+        lines.append(
+            head + f"{fmt(cell['audio_per_second']):20} {cell['audio_seconds']['median']:6.2f} "
+            f"{parts[0]:6} {parts[1]:6} {parts[2]:7}"
+        )
+    for cell in cells:
+        label = f"{cell['kind']} model={cell['model']} {cell.get('precision', '')}"
+        if cell["status"] != "ok" and cell["kind"] != "throughput":
+            lines.append(f"{label}: {cell['status']}: {cell['reason']}")
+        elif cell["kind"] == "stream":
+            lines.append(
+                f"{label}: {cell['segments']} segments; first chunk {fmt(cell['first_audio_streamed'])} s, "
+                f"whole {fmt(cell['whole'])} s, first/whole {fmt(cell['first_over_whole'])}"
+            )
+        elif cell["kind"] == "voice_cache":
+            lines.append(
+                f"{label} voice_cache={cell['voice_cache']}: first round {fmt(cell['first_round'])} s, "
+                f"later rounds {fmt(cell['later_rounds'])} s"
+            )
+        elif cell["kind"] == "sidecars":
+            memory = ", ".join(str(m.get("cuda_reserved", m.get("rss", 0)) // 2**20) for m in cell["memory"])
+            lines.append(
+                f"{label} sidecars={cell['sidecars']}: {cell['aggregate_audio_per_second']:.2f} audio s/s over "
+                f"{cell['requests']} requests; memory per sidecar (MiB, reserved by torch or RSS): {memory}"
+            )
+    return "\n".join(lines)
+
+
+def parse_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def main(argv: Union[list[str], None] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="the tiny fixtures (CPU, minutes) instead of full size")
+    parser.add_argument("--device", help="cpu, cuda:0...; default cuda:0, or cpu with --small")
+    parser.add_argument("--models", type=parse_list, default=["2", "2.5"])
+    parser.add_argument("--texts", type=parse_list, default=list(TEXTS))
+    parser.add_argument("--cells", type=parse_list, default=["throughput", "stream", "voice_cache", "sidecars"])
+    parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")
+    parser.add_argument(
+        "--accel",
+        type=lambda v: [item == "on" for item in parse_list(v)],
+        default=[False, True],
+        help="off,on: use_accel values",
+    )
+    parser.add_argument("--sidecars", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4])
+    parser.add_argument(
+        "--parallel-loads", type=int, help="sidecars loading at once; default 8 on a GPU, 1 on the CPU (memory)"
+    )
+    parser.add_argument("--rounds", type=int, help="rounds per cell; default 3, or 1 with --small")
+    parser.add_argument("--scale", type=float, help="fraction of natural speech per budget; 1, or 0.1 with --small")
+    parser.add_argument("--budget", type=float, help="seconds after which cells not yet begun are skipped")
+    parser.add_argument("--ckpt-root", help="where checkpoints are built and kept (default: a temporary folder)")
+    parser.add_argument("--out", default="bench_gpu.json", help="the JSON file (default bench_gpu.json)")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cpu" if args.small else "cuda:0")
+    args.rounds = args.rounds or (1 if args.small else 3)
+    args.parallel_loads = args.parallel_loads or (1 if args.device == "cpu" else 8)
+    SCALE[0] = args.scale or (0.1 if args.small else 1.0)
+    for name in args.models:
+        if name not in ENGINES:
+            parser.error(f"unknown model {name!r}: 2 or 2.5")
+    for name in args.texts:
+        if name not in TEXTS:
+            parser.error(f"unknown text {name!r}: {', '.join(TEXTS)}")
+    python = os.environ.get("INDEXTTS_UPSTREAM_PYTHON")
+    if not python:
+        print("set INDEXTTS_UPSTREAM_PYTHON (python3 tests/upstream/build_venv.py github prints it)", file=sys.stderr)
+        return 2
+    src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
+    out = Path(args.out).resolve()
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        root = Path(args.ckpt_root) if args.ckpt_root else Path(tmp)
+        ckpts = build_checkpoints(python, src, root, args.models, args.small)
+        with stage_log() as stages:
+            run = Run(args, Setup(python, src, args.device, ckpts, stages), out)
+
+            async def body() -> None:
+                for model in args.models:
+                    await run.model(model)
+
+            run.save()
+            anyio.run(body)
+    run.result["config"]["seconds"] = time.monotonic() - run.started
+    run.save()
+    print(table(run.result))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""bench/bench_gpu.py --small on the CPU: a real process, the real upstream code, its JSON checked.
+
+The GPU benchmark is run on GPU machines only by hand (bench/gpu_run.sh); this keeps the script
+itself working: every requested cell is there, measured or skipped with its reason, the
+measured ones carry upstream's stage times and audio of the length the token budget asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, cached_checkpoint, flavour_named
+
+#: A --small run of both models is 5-10 minutes on 2 idle cores; a busy machine makes it slower.
+pytestmark = pytest.mark.timeout(2400)
+
+BENCH = ROOT / "bench" / "bench_gpu.py"
+
+
+def run_bench(tmp_path: Path, models: list[str], ckpt_root: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "bench_gpu.json"
+    flavour = flavour_named(models[0])
+    command = [sys.executable, str(BENCH), "--small", "--device", "cpu", "--models", ",".join(models)]
+    command += ["--ckpt-root", str(ckpt_root), "--out", str(out), *extra]
+    env = {**os.environ, "INDEXTTS_UPSTREAM_PYTHON": flavour.python, "INDEXTTS_UPSTREAM_SRC": str(flavour.checkout)}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=2300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "throughput: audio seconds per second" in done.stdout  # the printed table
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.fixture(scope="module")
+def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The suite's cached tiny fixtures, linked where bench_gpu.py looks for them (kind = model)."""
+    root = tmp_path_factory.mktemp("bench-ckpts")
+    for model in ("2", "2.5"):
+        flavour = flavour_named(model)
+        source = cached_checkpoint(flavour, tmp_path_factory.mktemp(f"ckpt-{model}"))
+        # bench_gpu.py writes warmup.wav beside the clips: a copy, so the cached fixture stays as built.
+        target = root / model
+        target.mkdir()
+        for entry in source.iterdir():
+            (target / entry.name).symlink_to(entry)
+    return root
+
+
+def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
+    result = run_bench(tmp_path, ["2", "2.5"], ckpt_root, "--sidecars", "1,2")
+    config = result["config"]
+    assert config["size"] == "small" and config["device"] == "cpu"
+    assert config["weights"].startswith("random")
+    cells = result["cells"]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        assert cell["status"] in ("ok", "skipped"), cell
+        if cell["status"] == "skipped":
+            assert cell["reason"], cell
+        by_kind.setdefault(cell["kind"], []).append(cell)
+
+    # throughput: 2 models x 2 precisions x 2 accel settings x 3 texts, each present exactly once.
+    keys = {(c["model"], c["precision"], c["accel"], c["text"]) for c in by_kind["throughput"]}
+    expected = {
+        (model, precision, accel, text)
+        for model, half in (("2", "fp16"), ("2.5", "bf16"))
+        for precision in ("fp32", half)
+        for accel in (False, True)
+        for text in ("short", "medium", "long")
+    }
+    assert keys == expected and len(by_kind["throughput"]) == len(expected)
+    for cell in by_kind["throughput"]:
+        if cell["precision"] != "fp32":
+            assert cell["status"] == "skipped" and "off on the CPU" in cell["reason"]
+        elif cell["accel"]:
+            assert cell["status"] == "skipped" and "CUDA" in cell["reason"]
+        else:
+            assert cell["status"] == "ok", cell
+            # Random weights run to the budget: the audio is the text's natural length (one segment).
+            # (--small asks for a tenth of it: config["scale"]).
+            natural = config["texts"][cell["text"]]["natural_seconds"] * config["scale"]
+            assert config["scale"] == 0.1
+            assert cell["audio_seconds"]["min"] == pytest.approx(natural, rel=0.15, abs=0.05), cell
+            assert cell["audio_per_second"]["median"] > 0
+            assert {"gpt", "s2mel", "vocoder", "total"} <= set(cell["stages"]), cell["stages"]
+            assert cell["stages"]["total"]["median"] > 0
+            assert cell["memory"]["rss"] > 0
+
+    for model in ("2", "2.5"):
+        (stream,) = [c for c in by_kind["stream"] if c["model"] == model]
+        assert stream["status"] == "ok" and stream["segments"] >= 2
+        assert 0 < stream["first_audio_streamed"]["median"] < stream["end_streamed"]["median"]
+        assert stream["whole"]["median"] > 0
+        caches = {c["voice_cache"]: c for c in by_kind["voice_cache"] if c["model"] == model}
+        assert set(caches) == {4, 0} and all(c["status"] == "ok" for c in caches.values())
+        assert all(c["first_round"]["n"] == 3 and c["first_round"]["median"] > 0 for c in caches.values())
+        assert all(c["later_rounds"] is None for c in caches.values())  # one round: nothing later
+        fleet = {c["sidecars"]: c for c in by_kind["sidecars"] if c["model"] == model}
+        assert set(fleet) == {1, 2}
+        for count, cell in fleet.items():
+            assert cell["status"] == "ok"
+            assert cell["requests"] == count * config["rounds"]
+            assert cell["aggregate_audio_per_second"] > 0
+            assert len(cell["memory"]) == count and all(m["rss"] > 0 for m in cell["memory"])
+
+
+def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> None:
+    """A spent time budget still leaves every requested cell in the file, skipped with the reason."""
+    result = run_bench(tmp_path, ["2"], ckpt_root, "--budget", "0", "--texts", "short", "--sidecars", "1,4")
+    cells = result["cells"]
+    kinds = sorted({c["kind"] for c in cells})
+    assert kinds == ["sidecars", "stream", "throughput", "voice_cache"]
+    spent = [c for c in cells if c.get("reason") == "time budget spent"]
+    assert {c["kind"] for c in spent} == {"sidecars", "stream", "throughput", "voice_cache"}
+    assert {c["sidecars"] for c in cells if c["kind"] == "sidecars"} == {1, 4}
+    assert all(c["status"] == "skipped" for c in cells)
