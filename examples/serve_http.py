@@ -28,9 +28,14 @@ async def main(engine: str) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [listener])
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            with anyio.fail_after(60):
+                health = await http.get("/health")
+                while health.status_code == 503:  # "starting" until the sidecar is up
+                    await anyio.sleep(0.05)
+                    health = await http.get("/health")
             answer = await http.post(
                 "/v1/audio/speech", json={"model": "indextts", "input": "Hello over HTTP.", "voice": "alloy"}
-            )
+            )  # mp3, OpenAI's default format
             answer.raise_for_status()
             print(f"got {len(answer.content)} bytes of {answer.headers['content-type']}")
         server.should_exit = True

@@ -116,7 +116,7 @@ def test_serve_http(tmp_path: Path) -> None:
     pytest.importorskip("uvicorn")
     pytest.importorskip("httpx")
     out = run_example("serve_http.py", "fake", cwd=tmp_path)
-    assert re.search(r"^got \d+ bytes of audio/wav$", out, re.M)
+    assert re.search(r"^got \d+ bytes of audio/mpeg$", out, re.M)
 
 
 @pytest.mark.parametrize("name", ["out.wav", "out.flac"])

@@ -37,6 +37,7 @@ __all__ = [
     "NoOptions",
     "ProgressFn",
     "RequestError",
+    "SpeedControl",
     "SynthesisRequest",
     "describe_engine",
     "engine_class",
@@ -97,6 +98,37 @@ class NoOptions(msgspec.Struct, forbid_unknown_fields=True):
     """Options struct for an engine that takes none."""
 
 
+class SpeedControl(msgspec.Struct, frozen=True, kw_only=True):
+    """How an engine speaks faster or slower: the request option that does it and its range.
+
+    Speed 1 is the option at ``normal``; speed ``s`` sets it to ``normal * s`` (a rate), or
+    ``normal / s`` with ``inverse`` (a duration).  Servers map OpenAI's ``speed`` through
+    this and refuse a speed whose value falls outside ``[minimum, maximum]``.
+    """
+
+    option: str
+    normal: float
+    minimum: float
+    maximum: float
+    inverse: bool = False
+    integer: bool = False
+
+    def speed_range(self) -> tuple[float, float]:
+        """The speeds whose option value lies in range."""
+        low, high = self.minimum / self.normal, self.maximum / self.normal
+        return (1 / high, 1 / low) if self.inverse else (low, high)
+
+    def value(self, speed: float) -> Union[int, float, None]:
+        """The option's value for ``speed``; None when out of range."""
+        value = self.normal / speed if self.inverse else self.normal * speed
+        if self.integer:
+            value = round(value)
+        slack = 1e-9 * max(abs(self.minimum), abs(self.maximum))  # 0.06 / 0.25 is 0.24000000000000002
+        if not self.minimum - slack <= value <= self.maximum + slack:
+            return None
+        return min(max(value, self.minimum), self.maximum)
+
+
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 RequestOptionsT = TypeVar("RequestOptionsT", bound=msgspec.Struct)
 
@@ -123,6 +155,8 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     native_sample_rate: ClassVar[Union[int, None]] = None
     #: Free-form feature names advertised in ``ready`` (``streaming``, ``voice_clone``...).
     capabilities: ClassVar[tuple[str, ...]] = ()
+    #: The request option that changes the speaking speed, and its range; None: no speed control.
+    speed: ClassVar[Union[SpeedControl, None]] = None
     #: Engine (command-line) options; unknown fields are rejected.
     Options: ClassVar[type[msgspec.Struct]] = NoOptions
     #: Per-request ``options``; unknown fields are rejected, naming the field.
@@ -206,6 +240,8 @@ class EngineDescription(msgspec.Struct, kw_only=True):
     available: bool = False
     #: Why it is not available.
     problem: Union[str, None] = None
+    #: Its speed control, when it has one.
+    speed: Union[SpeedControl, None] = None
 
 
 def describe_engine(name: str) -> EngineDescription:
@@ -226,6 +262,7 @@ def describe_engine(name: str) -> EngineDescription:
         capabilities=list(cls.capabilities),
         available=problem is None,
         problem=problem,
+        speed=cls.speed,
     )
 
 

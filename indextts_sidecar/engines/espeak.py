@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
+from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
 
 __all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences", "voice_known", "voice_table"]
 
@@ -162,6 +162,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
     name = "espeak"
     native_sample_rate = 22050
     capabilities = ("streaming", "voices")
+    speed = SpeedControl(option="rate", normal=175, minimum=RATE_RANGE[0], maximum=RATE_RANGE[1], integer=True)
     Options = EspeakOptions
     RequestOptions = EspeakRequestOptions
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 import msgspec
 
 from ..protocol import EMOTION_NAMES, EmotionVector
-from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest
+from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -57,6 +57,8 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     seconds: Union[_NonNegative, None] = None
     #: Seconds of audio per chunk, overriding the engine option.
     chunk_seconds: Union[Annotated[float, msgspec.Meta(gt=0)], None] = None
+    #: Audio per character, overriding the engine option (what ``speed`` sets).
+    seconds_per_char: Union[Annotated[float, msgspec.Meta(ge=0.015, le=0.24)], None] = None
     #: Wall-clock seconds spent before each chunk (simulated compute).
     delay: _NonNegative = 0.0
     #: Raise an ``engine_error`` before chunk N, with ``fail_message``.
@@ -124,6 +126,8 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
 
     name = "fake"
     capabilities = ("streaming", "fault_injection")
+    #: Speeds 0.25..4 at the default 0.06 s per character.
+    speed = SpeedControl(option="seconds_per_char", normal=0.06, minimum=0.015, maximum=0.24, inverse=True)
     Options = FakeOptions
     RequestOptions = FakeRequestOptions
 
@@ -132,7 +136,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self.sample_rate = options.sample_rate
         self._loaded = False
         self._loads = 0
-        self._cache: Union[tuple[tuple[str, float | None], npt.NDArray[Any]], None] = None
+        self._cache: Union[tuple[tuple[str, float | None, float], npt.NDArray[Any]], None] = None
 
     @property
     def loaded(self) -> bool:
@@ -196,7 +200,8 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 print(f"fake engine: print() line {line} of request {request.id}", flush=True)
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
-        key = (request.text, opts.seconds)
+        per_char = opts.seconds_per_char or self.options.seconds_per_char
+        key = (request.text, opts.seconds, per_char)
         if self._cache is not None and self._cache[0] == key:
             audio = self._cache[1]
         else:
@@ -204,7 +209,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 request.text,
                 self.options.sample_rate,
                 seconds=opts.seconds,
-                seconds_per_char=self.options.seconds_per_char,
+                seconds_per_char=per_char,
             )
             self._cache = (key, audio)
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))

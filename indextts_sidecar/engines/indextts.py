@@ -43,7 +43,17 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 import msgspec
 
 from ..protocol import EMOTION_NAMES, EmotionAudio, EmotionText, EmotionVector
-from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest, heartbeat
+from . import (
+    Cancelled,
+    Engine,
+    EngineError,
+    LoadError,
+    ProgressFn,
+    RequestError,
+    SpeedControl,
+    SynthesisRequest,
+    heartbeat,
+)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -1030,6 +1040,7 @@ class IndexTTS25Engine(_IndexTTSEngine):
 
     name = "indextts2.5"
     capabilities = (*_IndexTTSEngine.capabilities, "lang", "duration")
+    speed = SpeedControl(option="duration_factor", normal=1.0, minimum=0.5, maximum=2.0, inverse=True)
     Options = IndexTTS25Options
     RequestOptions = IndexTTS25RequestOptions
     _PREFER = ("2.5",)

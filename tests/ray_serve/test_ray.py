@@ -172,7 +172,11 @@ async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
     serve.run(http_ingress("sidecars", api_key="k3y-for-tests"), name="http", route_prefix="/")
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{HTTP['port']}", timeout=TIMEOUT) as http:
         with anyio.fail_after(TIMEOUT):
-            body = {"model": "indextts", "input": "over ray", "voice": "alloy"}
+            body = {"model": "indextts", "input": "over ray", "voice": "alloy", "response_format": "wav"}
+            health = await http.get("/health")
+            while health.status_code == 503:  # "starting" while it asks the deployment
+                await anyio.sleep(0.05)
+                health = await http.get("/health")
             refused = await http.post("/v1/audio/speech", json=body)
             assert refused.status_code == 401
             headers = {"Authorization": "Bearer k3y-for-tests"}
@@ -181,7 +185,8 @@ async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
             assert wav.content[:4] == b"RIFF" and wav.content[44:] == render_bytes("over ray")
             pcm = await http.post("/v1/audio/speech", json={**body, "response_format": "pcm"}, headers=headers)
             assert pcm.content == render_bytes("over ray")  # the fake engine runs at 24 kHz already
-            health = await http.get("/health")
+            assert (await http.get("/health")).json() == {"status": "ok"}  # details need the key
+            health = await http.get("/health", headers=headers)
             assert health.status_code == 200 and health.json()["replica"]["pid"] > 0
     serve.delete("http")
     serve.delete("sidecars")

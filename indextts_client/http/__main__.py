@@ -1,0 +1,3 @@
+from ._serve import main
+
+raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""``indextts-client serve`` / ``python -m indextts_client.http``: the app under uvicorn, as a server.
+
+It binds first and prints its URL, answers ``/health`` 503 ``starting`` while the sidecars
+start, exits 1 with the reason when they cannot, and on SIGTERM stops accepting, lets the
+responses in flight finish for ``--grace`` seconds, then cancels them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from typing import Any, Union
+
+from indextts_sidecar.protocol.options import parse_options
+
+from ._limits import Limits, header_deadline_protocol
+
+__all__ = ["main"]
+
+KEY_ENV = "INDEXTTS_API_KEY"
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not positive")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_INT, _FLOAT = _positive(int), _positive(float)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible speech endpoint.")
+    parser.add_argument("--engine", default="espeak")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--size", type=int, help="sidecars (default 1)")
+    group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--fd", type=int, help="serve on this already bound listening socket instead")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--api-key-file", help="require Authorization: Bearer KEY on /v1/*, KEY read from this file")
+    keys.add_argument("--api-key", help=f"the key itself (visible to local users in ps; prefer ${KEY_ENV} or the file)")
+    parser.add_argument("--public", action="store_true", help="allow a non-loopback host without an API key")
+    parser.add_argument("--python", help="the engine venv's interpreter")
+    parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
+    parser.add_argument("--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name")
+    parser.add_argument("--voice-dir", help="reference clips, and where uploaded voices are kept")
+    parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
+    parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
+    bounds = parser.add_argument_group("bounds (docs/reliability.md)")
+    limits = Limits()
+    bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
+    bounds.add_argument("--max-upload", type=_INT, default=limits.max_upload, help="bytes of a voice upload's body")
+    bounds.add_argument("--max-input", type=_INT, default=limits.max_input, help="characters of input")
+    bounds.add_argument("--body-timeout", type=_FLOAT, default=limits.body_timeout, help="seconds to send a body")
+    bounds.add_argument("--max-in-flight", type=_INT, default=limits.max_in_flight, help="requests at once (503 past)")
+    bounds.add_argument("--header-timeout", type=_FLOAT, default=10.0, help="seconds to send a request's head")
+    bounds.add_argument("--keep-alive-timeout", type=_INT, default=5, help="seconds an idle connection is kept")
+    bounds.add_argument("--max-connections", type=_INT, default=512, help="connections and requests (uvicorn)")
+    bounds.add_argument("--max-header-bytes", type=_INT, default=16 * 1024, help="bytes of a request's head")
+    bounds.add_argument("--grace", type=_INT, default=30, help="seconds in-flight responses get on SIGTERM")
+    for flag, default, what in (
+        ("--max-voice-bytes", 10 * 2**20, "bytes of one uploaded clip"),
+        ("--max-voices", 256, "stored clips"),
+        ("--max-voice-total-bytes", 512 * 2**20, "bytes of all stored clips"),
+        ("--max-voice-names", 1024, "voice names"),
+    ):
+        bounds.add_argument(flag, type=_INT, default=default, help=what)
+    bounds.add_argument("--max-voice-seconds", type=_FLOAT, default=300.0, help="seconds of one uploaded clip")
+    return parser
+
+
+def _api_key(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Union[str, None]:
+    """From the file, the environment or the flag; the environment variable is removed, so
+    that no sidecar (whose environment is inherited from this process) can read it."""
+    from_env = os.environ.pop(KEY_ENV, None)
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as file:
+                key = file.read().strip()
+        except OSError as exc:
+            parser.error(f"--api-key-file: cannot read it: {exc.strerror}")
+        if not key:
+            parser.error("--api-key-file: the file is empty")
+        return key
+    return args.api_key or from_env or None
+
+
+def _check_host(parser: argparse.ArgumentParser, args: argparse.Namespace, key: Union[str, None]) -> None:
+    if args.fd is not None or key is not None or args.public:
+        return
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    if not loopback:
+        parser.error(f"--host {args.host} is not loopback: give --api-key-file, or --public to serve it open")
+
+
+def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        engine_options = parse_options(args.option)
+    except ValueError as exc:
+        parser.error(f"--option: {exc}")
+    voices: dict[str, Union[str, None]] = {}
+    for item in args.voice:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--voice {item!r} is not NAME=VALUE")
+        voices[name] = value or None
+    kwargs: dict[str, Any] = {
+        "engine_options": engine_options,
+        "max_outstanding": args.max_outstanding,
+        "pool_timeout": args.pool_timeout,
+        "voices": voices,
+        "limits": Limits(
+            max_body=args.max_body,
+            max_upload=args.max_upload,
+            max_input=args.max_input,
+            body_timeout=args.body_timeout,
+            max_in_flight=args.max_in_flight,
+        ),
+    }
+    if args.voice_dir:
+        from indextts_sidecar.voicestore import VoiceLimits
+
+        if not os.path.isdir(args.voice_dir):
+            parser.error(f"--voice-dir {args.voice_dir!r} is not a directory")
+
+        kwargs["voice_dir"] = args.voice_dir
+        kwargs["voice_limits"] = VoiceLimits(
+            max_clip_bytes=args.max_voice_bytes,
+            max_clips=args.max_voices,
+            max_total_bytes=args.max_voice_total_bytes,
+            max_names=args.max_voice_names,
+            max_clip_seconds=args.max_voice_seconds,
+        )
+    if args.devices:
+        kwargs["devices"] = [d for d in args.devices.split(",") if d]
+    else:
+        kwargs["size"] = args.size or 1
+    if args.python:
+        kwargs["python"] = args.python
+    return kwargs
+
+
+def _listen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[socket.socket, str]:
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+    else:
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host, args.port))
+        except OSError as exc:
+            sock.close()
+            parser.exit(1, f"{parser.prog}: cannot listen on {args.host}:{args.port}: {exc.strerror}\n")
+        sock.listen(2048)
+    host, port = sock.getsockname()[:2]
+    return sock, f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_client.http") -> int:
+    import uvicorn
+
+    from ._app import create_app
+
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    key = _api_key(parser, args)
+    _check_host(parser, args, key)
+    kwargs = _app_kwargs(parser, args)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("indextts_client.http").setLevel(logging.INFO)
+    failures: list[BaseException] = []
+    server: Any = None
+
+    def failed(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    app = create_app(args.engine, api_key=key, on_start_failure=failed, **kwargs)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        http=header_deadline_protocol(args.header_timeout),
+        timeout_keep_alive=args.keep_alive_timeout,
+        limit_concurrency=args.max_connections,
+        h11_max_incomplete_event_size=args.max_header_bytes,
+        timeout_graceful_shutdown=args.grace,
+    )
+    server = uvicorn.Server(config)
+    sock, url = _listen(parser, args)
+    sidecars = len(kwargs["devices"]) if "devices" in kwargs else kwargs["size"]
+    print(
+        f"{prog}: listening on {url} (engine {args.engine}, starting {sidecars} sidecar(s))",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])
+    if failures:
+        exc = failures[0]
+        print(f"{prog}: the engine could not start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
