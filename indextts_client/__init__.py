@@ -47,6 +47,7 @@ from ._exceptions import (
 from ._handshake import LossInfo
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
+from ._stream_text import FLUSH, BlockingTextStream, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "AuthenticationError",
     "BlockingClient",
     "BlockingStream",
+    "BlockingTextStream",
     "BufferFullError",
     "BusyError",
     "Client",
@@ -67,6 +69,7 @@ __all__ = [
     "EmotionText",
     "EmotionVector",
     "EngineError",
+    "FLUSH",
     "Health",
     "InvalidRequestError",
     "LoadFailedError",
@@ -83,9 +86,13 @@ __all__ = [
     "RestartCallback",
     "RestartLimitError",
     "SidecarError",
+    "SentenceChunk",
+    "SentenceEnd",
     "SidecarInfo",
     "StartError",
     "Synthesis",
+    "TextFeed",
+    "TextStream",
     "VersionMismatchError",
     "__version__",
 ]

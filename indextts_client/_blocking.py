@@ -32,9 +32,9 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -44,6 +44,9 @@ from ._client import Client
 from ._exceptions import ClosedError
 from ._request import EmotionLike, Synthesis, TimeoutArg
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
+
+if TYPE_CHECKING:
+    from ._stream_text import BlockingTextStream, Fragment
 
 __all__ = ["BlockingClient", "BlockingStream"]
 
@@ -348,6 +351,47 @@ class BlockingClient:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._portal is not None else "new"
         return f"<BlockingClient {state} pid={self.pid}>"
+
+    def stream_text(
+        self,
+        texts: Iterable[Fragment],
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        timeout: TimeoutArg = ...,
+        idle_timeout: TimeoutArg = ...,
+        lookahead: int = 2,
+        max_sentence_chars: int = 1000,
+        **options: Any,
+    ) -> BlockingTextStream:
+        """``for chunk in client.stream_text(fragments): ...`` (see :meth:`Client.stream_text`).
+
+        ``fragments`` is a plain iterable, read in a worker thread (it may block, e.g. on an
+        LLM's stream).  Use ``with`` for the sentences to be cancelled the moment the loop is left.
+        """
+        from ._stream_text import BlockingTextStream, thread_fragments
+
+        portal, client = self._portal, self._client
+        if portal is None or client is None:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            raise RuntimeError("the client is not started: use 'with BlockingClient(...)' or client.start()")
+        stream = portal.call(
+            functools.partial(
+                client.stream_text,
+                thread_fragments(texts),
+                voice=voice,
+                emotion=emotion,
+                sample_rate=sample_rate,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+                lookahead=lookahead,
+                max_sentence_chars=max_sentence_chars,
+                **options,
+            )
+        )
+        return BlockingTextStream(portal, stream)
 
 
 class BlockingStream:

@@ -258,6 +258,26 @@ def _engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_wyoming_parser(commands: Any) -> None:
+    wyoming = commands.add_parser(
+        "wyoming",
+        help="a Wyoming (Home Assistant) TTS server over a pool of sidecars (wyoming -h for its options)",
+        add_help=False,
+    )
+    wyoming.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _wyoming(argv: list[str], *, verbose: bool) -> int:
+    """``indextts-client wyoming ...``: its own parser, in indextts_client.wyoming (the [wyoming] extra)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        from .wyoming import main as wyoming
+    except ImportError as exc:
+        print(f"{PROG} wyoming: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return wyoming(argv, prog=f"{PROG} wyoming")
+
+
 def _parser() -> argparse.ArgumentParser:
     # -v is accepted before and after the subcommand; SUPPRESS keeps a later default from
     # overwriting an earlier -v.
@@ -314,6 +334,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
+    _add_wyoming_parser(commands)
+
     doctor = commands.add_parser(
         "doctor", help="check an engine venv: versions, GPU, indextts, checkpoints", parents=[verbose]
     )
@@ -340,6 +362,8 @@ def main(argv: Union[list[str], None] = None) -> int:
             print(f"{PROG} serve: {exc}", file=sys.stderr)
             return EXIT_USAGE
         return serve(raw[leading + 1 :], prog=f"{PROG} serve")
+    if raw[leading : leading + 1] == ["wyoming"]:
+        return _wyoming(raw[leading + 1 :], verbose=leading > 0)
     args = _parser().parse_args(argv)
     # Without -v, failures speak through the error message (with the stderr tail), not through logs.
     verbose = getattr(args, "verbose", False)

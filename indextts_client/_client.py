@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -23,6 +23,10 @@ from ._process import Redactor
 from ._request import Requester
 from ._supervisor import Supervisor
 from ._types import RestartCallback, SidecarInfo
+
+if TYPE_CHECKING:
+    from ._request import EmotionLike, TimeoutArg
+    from ._stream_text import TextInput, TextStream
 
 __all__ = ["Client"]
 
@@ -314,3 +318,45 @@ class Client(Requester):
     def __repr__(self) -> str:
         supervisor = self._supervisor
         return f"<Client {supervisor.state} pid={supervisor.last_pid} restarts={supervisor.restarts}>"
+
+    # ------------------------------------------------------------- real time
+
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        timeout: TimeoutArg = ...,
+        idle_timeout: TimeoutArg = ...,
+        lookahead: int = 2,
+        max_sentence_chars: int = 1000,
+        **options: Any,
+    ) -> TextStream:
+        """Speak text as it is written (an LLM's tokens), sentence by sentence, in one audio stream.
+
+        ``async with client.stream_text(fragments, voice=...) as chunks: async for chunk in chunks``
+        yields :class:`~indextts_client.SentenceChunk` in order.  ``fragments`` is an (async)
+        iterable of str split anywhere, with :data:`~indextts_client.FLUSH` to speak what is left
+        (a plain iterable is read on the event loop: it must not block).  Each sentence is one
+        streamed request, sent as soon as it is cut, up to ``lookahead`` sentences ahead of the one
+        delivered; ``timeout``/``idle_timeout`` bound each.  Leaving the block cancels them all.
+        Needs the ``[realtime]`` extra.  See :mod:`indextts_client._stream_text`.
+        """
+        from ._stream_text import TextStream, client_session
+
+        def open_sentence(text: str) -> Any:
+            return self.stream(
+                text,
+                voice=voice,
+                emotion=emotion,
+                sample_rate=sample_rate,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+                **options,
+            )
+
+        return TextStream(
+            client_session(open_sentence), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+        )

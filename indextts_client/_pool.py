@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 
@@ -42,6 +42,9 @@ from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError
 from ._request import EmotionLike, Synthesis
 from ._supervisor import _spawn_detached
 from ._types import Health, LoadInfo, ProgressCallback
+
+if TYPE_CHECKING:
+    from ._stream_text import TextInput, TextStream
 
 __all__ = ["MemberHealth", "Pool", "PoolStream"]
 
@@ -486,6 +489,32 @@ class Pool:
         except BaseException as exc:
             raise _first_error(exc) from None
         return results
+
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        voice: Union[str, None] = None,
+        emotion: EmotionLike = None,
+        sample_rate: Union[int, None] = None,
+        lookahead: int = 2,
+        max_sentence_chars: int = 1000,
+        **options: Any,
+    ) -> TextStream:
+        """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``
+        (its conditioning stays warm); that member counts it as one request until the stream ends.
+        A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
+        from ._stream_text import TextStream, pool_session
+
+        def open_on(client: Client) -> Any:
+            def open_sentence(text: str) -> Any:
+                return client.stream(text, voice=voice, emotion=emotion, sample_rate=sample_rate, **options)
+
+            return open_sentence
+
+        return TextStream(
+            pool_session(self, voice, open_on), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+        )
 
 
 class PoolStream:

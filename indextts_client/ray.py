@@ -33,6 +33,7 @@ import numpy as np
 
 from ._audio import SAMPLE_DTYPE, Audio, AudioChunk
 from ._client import Client
+from ._stream_text import TextInput, TextStream, client_session
 
 try:
     from ray import serve
@@ -207,6 +208,19 @@ class RayClient:
         finally:
             await iterator.aclose()  # type: ignore[attr-defined]
             response.cancel()
+
+    def stream_text(
+        self, texts: TextInput, *, lookahead: int = 2, max_sentence_chars: int = 1000, **kwargs: Any
+    ) -> TextStream:
+        """As :meth:`Client.stream_text`: each sentence is one streamed call on the deployment, sent as
+        soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
+
+        def open_sentence(text: str) -> Any:
+            return self.stream(text, **kwargs)
+
+        return TextStream(
+            client_session(open_sentence), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+        )
 
 
 _END = object()

@@ -1,0 +1,613 @@
+"""``stream_text``: text fragments in (an LLM's tokens), one ordered stream of audio out.
+
+::
+
+    async with client.stream_text(llm_tokens(), voice="alice.wav") as chunks:
+        async for chunk in chunks:          # SentenceChunk: samples, sentence, text, seq
+            play(chunk.samples)
+
+A task of the stream reads the fragments and cuts sentences as they complete (with
+``sentence-stream``'s :class:`SentenceBoundaryDetector`, the splitter Home Assistant's
+own TTS servers use; extra ``[realtime]``).  Each sentence is sent to the sidecar as one
+streamed request the moment it is cut, up to ``lookahead`` sentences ahead of the one
+being delivered, so the engine's queue already holds the next sentence when the current
+one ends: the engine never waits for the caller.  The caller reads the sentences' audio
+in order, each chunk tagged with its sentence's index and text.
+
+Leaving the ``async with`` block (a ``break``, an error, a cancel) cancels the sentence
+being synthesized and every queued one on the sidecar at once, and stops reading the
+fragments.  :data:`FLUSH` among the fragments (or their end) speaks what is left, sentence
+end or not: the end of a turn.
+
+Push-style callers (a server receiving text over a socket) feed a :class:`TextFeed`;
+one stream per context of a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Union
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.from_thread import BlockingPortal
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._audio import AudioChunk, Samples, _HasSamples
+
+__all__ = [
+    "FLUSH",
+    "BlockingTextStream",
+    "DEFAULT_LOOKAHEAD",
+    "DEFAULT_MAX_SENTENCE_CHARS",
+    "Flush",
+    "SentenceChunk",
+    "SentenceEnd",
+    "TextFeed",
+    "TextStream",
+    "TextInput",
+]
+
+#: Sentences sent to the sidecar beyond the one being delivered.
+DEFAULT_LOOKAHEAD: Final = 2
+#: Text without a sentence end longer than this is cut at its last space before it.
+DEFAULT_MAX_SENTENCE_CHARS: Final = 1000
+
+
+class Flush:
+    """The type of :data:`FLUSH`."""
+
+    _instance: Union[Flush, None] = None
+
+    def __new__(cls) -> Flush:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "FLUSH"
+
+
+#: Among the fragments: speak what is left now, without waiting for a sentence end.
+FLUSH: Final = Flush()
+
+Fragment = Union[str, Flush]
+#: What ``stream_text`` reads: fragments of text (any split, mid-word included), maybe FLUSH.
+TextInput = Union[AsyncIterable[Fragment], Iterable[Fragment]]
+#: Opens one sentence's streamed request: an async context manager over its audio chunks.
+Opener = Callable[[str], AbstractAsyncContextManager[AsyncIterator[AudioChunk]]]
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceChunk(_HasSamples):
+    """One audio chunk of a sentence.
+
+    ``sentence`` counts the stream's sentences from 0; ``text`` is that sentence as the
+    engine got it; ``seq`` and ``offset_samples`` count within the sentence (``seq == 0``:
+    its first chunk).  ``samples`` is a read-only view, as in :class:`AudioChunk`.
+    """
+
+    samples: Samples
+    sample_rate: int
+    sentence: int
+    text: str
+    seq: int
+    offset_samples: int
+
+    def __repr__(self) -> str:
+        return (
+            f"SentenceChunk(sentence={self.sentence}, seq={self.seq}, samples={len(self.samples)}, "
+            f"offset_samples={self.offset_samples}, sample_rate={self.sample_rate}, text={self.text!r})"
+        )
+
+
+@dataclass(frozen=True)
+class SentenceEnd:
+    """The end of a sentence's audio (from :meth:`TextStream.events`).
+
+    ``samples``: how many it had; ``flushed``: it was cut by :data:`FLUSH` or by the end
+    of the fragments rather than by its own sentence end (the end of a turn).
+    """
+
+    sentence: int
+    text: str
+    samples: int
+    flushed: bool
+
+
+@dataclass
+class _Sentence:
+    index: int
+    text: str
+    flushed: bool
+    context: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]
+    chunks: AsyncIterator[AudioChunk]
+    samples: int = 0
+    seq: int = 0
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class _End:
+    error: Union[BaseException, None]
+
+
+def _detector() -> Any:
+    try:
+        from sentence_stream import SentenceBoundaryDetector
+    except ImportError as exc:
+        raise ImportError(
+            f"stream_text needs the sentence splitter of the [realtime] extra: "
+            f"pip install 'indextts-sidecar[realtime]' ({exc})"
+        ) from None
+    return SentenceBoundaryDetector()
+
+
+class _Fragments:
+    """One async iterator over either kind of iterable (no async generator: a consumer that
+    stops early would leave one for the garbage collector to finalize, which trio refuses)."""
+
+    def __init__(self, texts: TextInput) -> None:
+        if isinstance(texts, AsyncIterable):
+            self._async: Union[AsyncIterator[Fragment], None] = texts.__aiter__()
+            self._sync: Union[Iterator[Fragment], None] = None
+        else:
+            self._async, self._sync = None, iter(texts)
+
+    async def next(self) -> Union[Fragment, None]:
+        """The next fragment, None at the end."""
+        if self._async is not None:
+            try:
+                return await self._async.__anext__()
+            except StopAsyncIteration:
+                return None
+        assert self._sync is not None
+        await anyio.lowlevel.checkpoint()
+        return next(self._sync, None)
+
+    async def aclose(self) -> None:
+        close = getattr(self._async, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # the source's own cleanup failing is not the stream's error: say so
+                logging.getLogger(__name__).warning("stream_text: closing the text source failed", exc_info=True)
+
+
+class TextStream:
+    """What ``stream_text`` returns: ``async with`` it, then iterate its :class:`SentenceChunk`.
+
+    ``session`` gives the opener of one sentence's request for the stream's lifetime (a
+    pool's member, held until the end); ``lookahead`` bounds the sentences in flight
+    beyond the one being delivered (>= 0; 0 waits for each sentence's end before sending
+    the next); ``max_sentence_chars`` bounds the text held waiting for a sentence end.
+    """
+
+    def __init__(
+        self,
+        session: Callable[[], AbstractAsyncContextManager[Opener]],
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+    ) -> None:
+        if isinstance(texts, str):
+            raise TypeError("stream_text takes an iterable of text fragments, not one str (wrap it: [text])")
+        if lookahead < 0:
+            raise ValueError("lookahead must be >= 0")
+        if max_sentence_chars < 1:
+            raise ValueError("max_sentence_chars must be >= 1")
+        self._detector = _detector()
+        self._session = session
+        self._texts = texts
+        self._lookahead = lookahead
+        self._max_chars = max_sentence_chars
+        self._slots = anyio.Semaphore(lookahead + 1)
+        self._send: MemoryObjectSendStream[Union[_Sentence, _End]]
+        self._receive: MemoryObjectReceiveStream[Union[_Sentence, _End]]
+        self._opened: list[_Sentence] = []
+        self._current: Union[_Sentence, None] = None
+        self._count = 0
+        self._task_group: Union[TaskGroup, None] = None
+        self._session_cm: Union[AbstractAsyncContextManager[Opener], None] = None
+        self._opener: Union[Opener, None] = None
+        #: new -> open -> done | failed | closed
+        self._state = "new"
+        self._failure: Union[BaseException, None] = None
+
+    @property
+    def sentences(self) -> int:
+        """Sentences cut and sent so far."""
+        return self._count
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> TextStream:
+        if self._state != "new":
+            raise RuntimeError("a stream_text() can be entered once")
+        session = self._session()
+        self._opener = await session.__aenter__()
+        # Unbounded in type only: the semaphore holds it to lookahead + 1 sentences and one end.
+        self._send, self._receive = anyio.create_memory_object_stream(math.inf)
+        self._session_cm = session
+        self._state = "open"
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        task_group.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> Union[bool, None]:
+        if self._state == "open":
+            self._state = "closed"
+        task_group, self._task_group = self._task_group, None
+        try:
+            if task_group is not None:
+                task_group.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._close_all()
+                # Its only task (the producer) never raises: the body's own exception, if any,
+                # goes on unwrapped once this returns.
+                await task_group.__aexit__(None, None, None)
+        finally:
+            session, self._session_cm = self._session_cm, None
+            if session is not None:
+                with anyio.CancelScope(shield=True):
+                    await session.__aexit__(None, None, None)
+        return None
+
+    async def _close_all(self) -> None:
+        """Cancel every sentence still open on the sidecar: the current one, then the queued."""
+        opened, self._opened = self._opened, []
+        for sentence in opened:
+            await self._close(sentence)
+        self._send.close()
+        self._receive.close()
+
+    async def _close(self, sentence: _Sentence) -> None:
+        if sentence.closed:
+            return
+        sentence.closed = True
+        try:
+            await sentence.context.__aexit__(None, None, None)
+        finally:
+            self._slots.release()
+
+    # ------------------------------------------------------------ reading the text
+
+    async def _produce(self) -> None:
+        """Read the fragments, cut sentences, open a request per sentence; never raises."""
+        fragments = _Fragments(self._texts)
+        try:
+            detector = self._detector
+            while (piece := await fragments.next()) is not None:
+                if isinstance(piece, Flush):
+                    await self._submit(detector.finish(), flushed=True)
+                    continue
+                if not isinstance(piece, str):
+                    raise TypeError(f"stream_text fragments are str or FLUSH, not {type(piece).__name__}")
+                for sentence in detector.add_chunk(piece):
+                    await self._submit(sentence, flushed=False)
+                while len(detector.current_sentence) + len(detector.remaining_text) > self._max_chars:
+                    await self._cut_long()
+            await self._submit(detector.finish(), flushed=True)
+            self._send.send_nowait(_End(None))
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            try:
+                self._send.send_nowait(_End(exc))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+        finally:
+            # An async generator left unfinished is closed here, in the task that iterated it,
+            # not by the garbage collector.
+            with anyio.CancelScope(shield=True):
+                await fragments.aclose()
+
+    async def _cut_long(self) -> None:
+        """Speak the first ``max_sentence_chars`` of a sentence that has no end yet, at a space."""
+        detector = self._detector
+        pending: str = detector.finish()
+        head = pending[: self._max_chars + 1]
+        space = head.rfind(" ")
+        cut = space if space > 0 else self._max_chars
+        await self._submit(pending[:cut], flushed=False)
+        for sentence in detector.add_chunk(pending[cut:].lstrip()):
+            await self._submit(sentence, flushed=False)
+
+    async def _submit(self, text: str, *, flushed: bool) -> None:
+        text = text.strip()
+        if not text:
+            return
+        assert self._opener is not None
+        await self._slots.acquire()
+        try:
+            context = self._opener(text)
+            chunks = await context.__aenter__()
+        except BaseException:
+            self._slots.release()
+            raise
+        sentence = _Sentence(self._count, text, flushed, context, chunks)
+        self._count += 1
+        self._opened.append(sentence)
+        self._send.send_nowait(sentence)
+
+    # ------------------------------------------------------------ delivering the audio
+
+    def __aiter__(self) -> _Chunks:
+        self._check_open()
+        return _Chunks(self)
+
+    def events(self) -> _Events:
+        """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
+        self._check_open()
+        return _Events(self)
+
+    def _check_open(self) -> None:
+        if self._state == "new":
+            raise RuntimeError(
+                "iterate inside 'async with client.stream_text(...) as chunks:', so that leaving "
+                "the loop cancels the sentences still queued"
+            )
+
+    async def next_event(self) -> Union[SentenceChunk, SentenceEnd, None]:
+        """The next chunk or sentence end; None once every sentence has been delivered."""
+        self._check_open()
+        return await self._next()
+
+    async def _next(self) -> Union[SentenceChunk, SentenceEnd, None]:
+        if self._state == "done":
+            return None
+        if self._state == "failed":
+            assert self._failure is not None
+            raise self._failure
+        if self._state == "closed":
+            raise anyio.ClosedResourceError("the stream_text() was closed")
+        try:
+            return await self._advance()
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                self._state, self._failure = "failed", exc
+            raise
+
+    async def _advance(self) -> Union[SentenceChunk, SentenceEnd, None]:
+        current = self._current
+        if current is None:
+            item = await self._receive.receive()
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                self._state = "done"
+                return None
+            current = self._current = item
+        try:
+            chunk = await current.chunks.__anext__()
+        except StopAsyncIteration:
+            self._current = None
+            if current in self._opened:
+                self._opened.remove(current)
+            with anyio.CancelScope(shield=True):
+                await self._close(current)
+            return SentenceEnd(current.index, current.text, current.samples, current.flushed)
+        result = SentenceChunk(
+            samples=chunk.samples,
+            sample_rate=chunk.sample_rate,
+            sentence=current.index,
+            text=current.text,
+            seq=current.seq,
+            offset_samples=current.samples,
+        )
+        current.seq += 1
+        current.samples += len(chunk.samples)
+        return result
+
+
+class _Events:
+    """An async iterator over a :class:`TextStream`'s chunks and sentence ends."""
+
+    def __init__(self, stream: TextStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Union[SentenceChunk, SentenceEnd]:
+        item = await self._stream._next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+class _Chunks:
+    """An async iterator over a :class:`TextStream`'s chunks."""
+
+    def __init__(self, stream: TextStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> SentenceChunk:
+        while True:
+            item = await self._stream._next()
+            if item is None:
+                raise StopAsyncIteration
+            if isinstance(item, SentenceChunk):
+                return item
+
+
+class TextFeed:
+    """Text pushed in from elsewhere (a socket's events), read by one ``stream_text``.
+
+    ``await feed.send(text)``, ``await feed.flush()``, ``feed.close()`` (the end of the
+    text: what is left is spoken, then the stream ends).  At most ``max_pending``
+    fragments wait unread (``send`` waits for room beyond that).
+    """
+
+    def __init__(self, max_pending: int = 256) -> None:
+        if max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
+        self._send: MemoryObjectSendStream[Fragment]
+        self._receive: MemoryObjectReceiveStream[Fragment]
+        self._send, self._receive = anyio.create_memory_object_stream(max_pending)
+
+    async def send(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        await self._send.send(text)
+
+    async def flush(self) -> None:
+        await self._send.send(FLUSH)
+
+    def close(self) -> None:
+        """The end of the text: the stream speaks what is left, then ends."""
+        self._send.close()
+
+    def stop(self) -> None:
+        """The reader is gone: what is unread is dropped, and ``send`` raises ``ClosedResourceError``."""
+        self._receive.close()
+        self._send.close()
+
+    def __aiter__(self) -> TextFeed:
+        return self
+
+    async def __anext__(self) -> Fragment:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            self._receive.close()
+            raise StopAsyncIteration from None
+
+
+def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[Opener]]:
+    """A session that always opens its sentences with ``opener``."""
+
+    @asynccontextmanager
+    async def session() -> AsyncIterator[Opener]:
+        yield opener
+
+    return session
+
+
+def pool_session(
+    pool: Any, voice: Union[str, None], open_on: Callable[[Any], Opener]
+) -> Callable[[], AbstractAsyncContextManager[Opener]]:
+    """One member of ``pool`` for the whole stream (the one routing picks for ``voice``, whose
+    conditioning is warm), counted as one request in flight there until the end.
+
+    ``pool`` is a :class:`Pool`, typed loosely: ``_pool`` imports this module.
+    """
+
+    @asynccontextmanager
+    async def session() -> AsyncIterator[Opener]:
+        member = await pool._acquire(voice, set())
+        served = False
+        try:
+            yield open_on(member.client)
+            served = True
+        finally:
+            await pool._release(member, voice, served)
+
+    return session
+
+
+class thread_fragments:
+    """Fragments of a plain iterable read in a worker thread (it may block: a blocking LLM client)."""
+
+    _END: Final = object()
+
+    def __init__(self, texts: Iterable[Fragment]) -> None:
+        self._iterator = iter(texts)
+
+    def _step(self) -> Any:
+        return next(self._iterator, self._END)
+
+    def __aiter__(self) -> thread_fragments:
+        return self
+
+    async def __anext__(self) -> Fragment:
+        piece = await anyio.to_thread.run_sync(self._step, abandon_on_cancel=True)
+        if piece is self._END:
+            raise StopAsyncIteration
+        result: Fragment = piece
+        return result
+
+
+class BlockingTextStream:
+    """``stream_text`` for synchronous code: a plain iterator of :class:`SentenceChunk`.
+
+    ``for chunk in client.stream_text(fragments): ...`` or, to be sure the sentences are
+    cancelled the moment the loop is left (not when the iterator is collected),
+    ``with client.stream_text(fragments) as chunks: for chunk in chunks: ...``.
+    """
+
+    def __init__(self, portal: BlockingPortal, stream: TextStream) -> None:
+        self._portal = portal
+        self._stream = stream
+        self._context: Union[AbstractContextManager[TextStream], None] = None
+        self._iterating = False
+
+    def __enter__(self) -> BlockingTextStream:
+        self._open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        if self._context is None:
+            # The stream's task group lives in one task of the loop for the stream's lifetime.
+            context = self._portal.wrap_async_context_manager(self._stream)
+            context.__enter__()
+            self._context = context
+
+    def close(self) -> None:
+        """Cancel what is still queued or being synthesized (idempotent)."""
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    def __iter__(self) -> Iterator[SentenceChunk]:
+        return self._iterate(chunks_only=True)  # type: ignore[return-value]
+
+    def events(self) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
+        """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
+        return self._iterate(chunks_only=False)
+
+    def _iterate(self, *, chunks_only: bool) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
+        if self._iterating:
+            raise RuntimeError("a stream_text() is iterated once")
+        self._iterating = True
+        owns = self._context is None
+        self._open()
+        try:
+            while True:
+                item = self._portal.call(self._stream.next_event)
+                if item is None:
+                    return
+                if chunks_only and not isinstance(item, SentenceChunk):
+                    continue
+                yield item
+        finally:
+            if owns:
+                self.close()
+
+    @property
+    def sentences(self) -> int:
+        return self._stream.sentences

@@ -1,0 +1,74 @@
+"""The real-time examples run and print what they promise (Pipecat and LiveKit only where installed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+
+from indextts_sidecar.engines.fake import render_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+TIMEOUT = 60
+
+
+def run_example(name: str, *args: str, cwd: Path) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"{name} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_stream_text_example(tmp_path: Path) -> None:
+    out = run_example("stream_text.py", "fake", "answer.wav", cwd=tmp_path)
+    sentences = [
+        "Sure.",
+        "The museum opens at nine.",
+        "Tickets are twelve euros, and children go free.",
+        "Enjoy your visit!",
+    ]
+    assert out.splitlines() == [f"sentence {i}: {s!r}" for i, s in enumerate(sentences)] + [
+        "interrupted in sentence 1; wrote answer.wav"
+    ]
+    with wave.open(str(tmp_path / "answer.wav"), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
+        assert wav.readframes(wav.getnframes()) == b"".join(render_bytes(s) for s in sentences)
+
+
+# Pipecat and LiveKit Agents are not extras of this project (each pulls in dozens of packages):
+# these run where they are installed (pip install "pipecat-ai[openai]" / "livekit-agents[openai]").
+SPOKEN = 1440 * len("Hello from a sidecar, through Pipecat.")
+
+
+def test_pipecat_example(tmp_path: Path) -> None:
+    pytest.importorskip("pipecat.services.openai.tts")
+    pytest.importorskip("uvicorn")
+    out = run_example("pipecat_openai_tts.py", "fake", cwd=tmp_path)
+    assert out.splitlines() == [f"spoke {SPOKEN} samples at 24000 Hz", "interrupted after 12000 samples"]
+
+
+def test_livekit_example(tmp_path: Path) -> None:
+    pytest.importorskip("livekit.plugins.openai")
+    pytest.importorskip("uvicorn")
+    out = run_example("livekit_openai_tts.py", "fake", cwd=tmp_path)
+    spoke, interrupted = out.splitlines()
+    words = spoke.split()
+    # LiveKit's emitter hands the audio out in 10 ms frames (240 samples), the last one padded.
+    assert words[0] == "spoke" and words[-2:] == ["24000", "Hz"]
+    spoken = 1440 * len("Hello from a sidecar, through LiveKit.")
+    assert spoken <= int(words[1]) <= spoken + 240
+    assert interrupted == "interrupted after 1 frame"
