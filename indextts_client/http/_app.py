@@ -203,7 +203,9 @@ def create_app(
         Route("/v1/audio/voices/{voice_id}", service.voices_route, methods=["DELETE"]),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
-        WebSocketRoute("/v1/audio/speech/stream", SpeechSocket(service, websocket_limits or WebSocketLimits())),
+        WebSocketRoute(
+            "/v1/audio/speech/stream", SpeechSocket(service, websocket_limits or WebSocketLimits()).__call__
+        ),
         Route("/metrics", service.metrics_route, methods=["GET"]),
     ]
     middleware = [Middleware(LimitsMiddleware, limits=service.limits)]

@@ -17,7 +17,7 @@ from typing import Any, Union
 
 from .._pool_cli import add_pool_arguments, pool_kwargs
 from ._limits import Limits, header_deadline_protocol
-from ._websocket import WebSocketLimits
+from ._websocket import WebSocketLimits, stall_aborting_protocol
 
 __all__ = ["main"]
 
@@ -197,6 +197,7 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
         app,
         log_level="warning",
         http=header_deadline_protocol(args.header_timeout),
+        ws=stall_aborting_protocol(),
         timeout_keep_alive=args.keep_alive_timeout,
         limit_concurrency=args.max_connections,
         h11_max_incomplete_event_size=args.max_header_bytes,

@@ -31,7 +31,7 @@ from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._speech import PCM_RATE, _encode
 
-__all__ = ["WebSocketLimits", "WebSocketRoute"]
+__all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
 
 log = logging.getLogger("indextts_client.http")
 
@@ -518,3 +518,29 @@ async def _deny(websocket: WebSocket, refusal: HTTPError) -> None:
         await websocket.send_denial_response(refusal.response())
     else:
         await websocket.close(_TRY_LATER if refusal.status == 503 else _POLICY, refusal.code or "")
+
+
+def stall_aborting_protocol() -> type[Any]:
+    """uvicorn's WebSocket protocol (on the ``websockets`` package) that drops a connection whose
+    client has stopped reading, once the app is done with it or a keepalive ping went unanswered.
+
+    uvicorn ends a connection with ``transport.close()``, which waits to flush the write buffer:
+    with a client that does not read, forever, holding the descriptor.  When the app returns
+    with writes still paused (the write deadline passed), or the ping timed out, this aborts.
+    """
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    class StallAborting(WebSocketsSansIOProtocol):
+        def _abort_if_stalled(self) -> None:
+            if not self.writable.is_set() and not self.disconnected:
+                self.transport.abort()
+
+        async def run_asgi(self) -> None:
+            await super().run_asgi()
+            self._abort_if_stalled()
+
+        def keepalive_timeout(self) -> None:
+            super().keepalive_timeout()
+            self._abort_if_stalled()
+
+    return StallAborting
