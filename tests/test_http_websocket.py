@@ -151,7 +151,7 @@ async def test_two_contexts_interleaved_each_get_exactly_their_own_audio(srv: Se
         "b": ["Blue", " fish swims. ", "Some", "thing else here."],
     }
     async with session(srv) as ws:
-        await ws.send("context.config", context_id="b", options={"seconds_per_char": 0.03})
+        await ws.send("context.config", context_id="b", speed=2.0)  # the fake engine: 0.03 s a character
         for i in range(4):
             for context in ("a", "b"):
                 await ws.send("input.text", context_id=context, text=texts[context][i])
@@ -262,6 +262,11 @@ async def test_the_key_in_the_first_session_config_event(srv: Server) -> None:
         await ws.send("input.text", text="Keyed by event.")  # context_id defaults to "default"
         await ws.send("input.done")
         messages = await ws.until_done("default")
+        await ws.send("context.config", context_id="p", response_format="pcm")  # back to pcm, for this one
+        await ws.send("input.text", context_id="p", text="Raw.")
+        await ws.send("input.done", context_id="p")
+        [(_, raw, _)] = sentences_of(await ws.until_done("p"), "p")
+    assert raw == render_bytes("Raw.")
     [(_, audio, done)] = sentences_of(messages, "default")
     assert_duration("wav", audio, len(render_bytes("Keyed by event.")) // 2, RATE)
     assert done["flushed"] is True

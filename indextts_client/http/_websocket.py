@@ -13,11 +13,12 @@ announced.  Every wait has a bound (:class:`WebSocketLimits`, flags of ``serve``
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 import anyio
@@ -74,11 +75,24 @@ class WebSocketLimits:
 
 
 class _Settings(msgspec.Struct, kw_only=True, frozen=True):
+    """A context's settings as an event gives them: what it leaves out is ``UNSET``."""
+
+    voice: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
+    response_format: Union[StreamFormat, msgspec.UnsetType] = msgspec.UNSET
+    sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], msgspec.UnsetType, None] = msgspec.UNSET
+    speed: Union[Annotated[float, msgspec.Meta(ge=0.25, le=4.0)], msgspec.UnsetType] = msgspec.UNSET
+    options: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A context's settings, whole: the event's, else the session's, else these defaults."""
+
     voice: Union[str, None] = None
-    response_format: StreamFormat = "pcm"
-    sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], None] = None
-    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
-    options: dict[str, Any] = msgspec.field(default_factory=dict)
+    response_format: str = "pcm"
+    sample_rate: Union[int, None] = None
+    speed: float = 1.0
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 class SessionConfig(_Settings, tag="session.config", tag_field="type", kw_only=True, frozen=True):
@@ -142,7 +156,7 @@ class _WriteTimeout(Exception):
 
 
 class _Context:
-    def __init__(self, context_id: str, settings: _Settings, limit: int) -> None:
+    def __init__(self, context_id: str, settings: Settings, limit: int) -> None:
         self.id = context_id
         self.prefix = bytes([len(context_id)]) + context_id.encode("ascii")
         self.settings = settings
@@ -176,7 +190,7 @@ class _Connection:
     def __init__(self, route: WebSocketRoute, websocket: WebSocket) -> None:
         self.route, self.ws, self.limits = route, websocket, route.limits
         self.contexts: dict[str, _Context] = {}
-        self.defaults = _Settings()
+        self.defaults = Settings()
         self.send_lock = anyio.Lock()
         self.last_activity = anyio.current_time()
         self.task_group: Union[TaskGroup, None] = None
@@ -270,6 +284,8 @@ class _Connection:
                     await self.serve_events()
                 except _Fatal as exc:
                     self.fatal = exc
+                except (_WriteTimeout, WebSocketDisconnect, OSError):
+                    self.gone = True  # nothing raised here may leave the task group: it would be wrapped
                 finally:
                     for context in self.contexts.values():
                         context.scope.cancel()
@@ -365,7 +381,7 @@ class _Connection:
         context.text_since_flush = True
         await context.feed.send(text)  # never waits: the feed holds more fragments than pending allows
 
-    async def open(self, context_id: str, settings: _Settings) -> _Context:
+    async def open(self, context_id: str, settings: Settings) -> _Context:
         if len(self.contexts) >= self.limits.max_contexts:
             raise _EventError(
                 "too_many_contexts", f"a connection has at most {self.limits.max_contexts} contexts open", context_id
@@ -457,14 +473,10 @@ class _Connection:
         )
 
 
-def _settings_of(event: _Settings, defaults: _Settings) -> _Settings:
-    """``event``'s settings, each one it leaves at its default taken from ``defaults``."""
-    blank = _Settings()
-    values = {}
-    for name in _SETTINGS:
-        value = getattr(event, name)
-        values[name] = getattr(defaults, name) if value == getattr(blank, name) else value
-    return _Settings(**values)
+def _settings_of(event: _Settings, defaults: Settings) -> Settings:
+    """The settings ``event`` gives, the others from ``defaults``."""
+    given = {name: getattr(event, name) for name in _SETTINGS if getattr(event, name) is not msgspec.UNSET}
+    return dataclasses.replace(defaults, **given)
 
 
 # ------------------------------------------------------------------ the route
