@@ -294,6 +294,8 @@ async def test_bad_events_are_answered_with_typed_errors_and_the_socket_stays(sr
         }
         await ws.send("input.text", context_id="e", text="")
         assert (await ws.next())["code"] == "empty_text"  # type: ignore[index]
+        await ws.send("context.config", context_id="v", voice="/etc/passwd")
+        assert (await ws.next())["code"] == "unknown_voice"  # type: ignore[index]
         await ws.send("context.config", context_id="o", options={"no_such_option": 1})
         await ws.send("input.text", context_id="o", text="Refused by the engine.")
         await ws.send("input.done", context_id="o")
@@ -414,3 +416,27 @@ async def test_a_client_that_does_not_read_is_cut_off_and_its_contexts_cancelled
         await ws.send("input.done")
         [(_, audio, _)] = sentences_of(await ws.until_done("default"), "default")
     assert audio == render_bytes("Next.")
+
+
+async def test_sigterm_closes_the_sockets_and_stops_their_sidecar_work() -> None:
+    import os
+    import signal
+    import subprocess
+
+    with server("--engine", "fake", "--api-key", KEY, "--grace", "60") as s:
+        async with session(s) as ws:
+            await ws.send("context.config", context_id="h", options={"hang_at": 0})
+            await ws.send("input.text", context_id="h", text="Never spoken. Queued.")
+            async with httpx.AsyncClient(base_url=s.base, headers=AUTH, timeout=WAIT) as http:
+                members = (await http.get("/health")).json()["members"]
+            s.process.send_signal(signal.SIGTERM)
+            rest, closed = await ws.drain()
+        assert closed.rcvd is not None and closed.rcvd.code == 1012  # uvicorn's "service restart"
+        assert not any(isinstance(item, tuple) for item in rest)
+        try:
+            code = s.process.wait(WAIT)  # a socket left open would hold it for the 60 s grace
+        except subprocess.TimeoutExpired:
+            pytest.fail("serve did not exit after SIGTERM with a WebSocket open")
+        assert code == -signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(members[0]["pid"], 0)  # the sidecar is gone with it
