@@ -13,10 +13,13 @@ announced.  Every wait has a bound (:class:`WebSocketLimits`, flags of ``serve``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import logging
 import re
+import socket
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
@@ -538,13 +541,18 @@ def stall_aborting_protocol() -> type[Any]:
 
     uvicorn ends a connection with ``transport.close()``, which waits to flush the write buffer:
     with a client that does not read, forever, holding the descriptor.  When the app returns
-    with writes still paused (the write deadline passed), or the ping timed out, this aborts.
+    with writes still paused (the write deadline passed), or the ping timed out, this resets
+    the connection (``SO_LINGER`` 0, so that the kernel does not keep the unsent data either).
     """
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
     class StallAborting(WebSocketsSansIOProtocol):
         def _abort_if_stalled(self) -> None:
             if not self.writable.is_set() and not self.disconnected:
+                sock = self.transport.get_extra_info("socket")
+                if sock is not None:  # a reset: the kernel drops what is unsent rather than keep trying
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.transport.abort()
 
         async def run_asgi(self) -> None:
