@@ -52,6 +52,7 @@ from ._exceptions import (
     StartError,
 )
 from ._pool import Pool
+from ._pool_cli import add_pool_arguments, pool_kwargs
 from ._stream_text import SentenceChunk, TextFeed
 
 try:
@@ -465,35 +466,9 @@ class Handler(AsyncEventHandler):
 # ---------------------------------------------------------------------- command line
 
 
-def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
-    """The pool options of ``serve`` (``indextts_client.http``), defined once here for ``wyoming``."""
-    parser.add_argument("--engine", default="espeak", help="engine name (default: espeak)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--size", type=int, help="sidecars (default 1)")
-    group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
-    parser.add_argument("--python", help="the engine venv's interpreter")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
-    parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
-    parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
-
-
 def pool_from_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Pool:
-    try:
-        engine_options = parse_options(args.option)
-    except ValueError as exc:
-        parser.error(str(exc))
-    kwargs: dict[str, Any] = {
-        "engine_options": engine_options,
-        "max_outstanding": args.max_outstanding,
-        "pool_timeout": args.pool_timeout,
-    }
-    if args.devices:
-        kwargs["devices"] = [d for d in args.devices.split(",") if d]
-    else:
-        kwargs["size"] = args.size or 1
-    if args.python:
-        kwargs["python"] = args.python
-    return Pool(args.engine, **kwargs)
+    """The pool that :func:`add_pool_arguments`' options describe."""
+    return Pool(args.engine, **pool_kwargs(args, parser))
 
 
 def _voices(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Union[str, None]]:

@@ -12,9 +12,9 @@ import anyio
 import prometheus_client
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from .._pool import Pool
 from ._backends import Backend, PoolBackend, RayBackend
@@ -26,6 +26,8 @@ from ._playground import Playground
 from ._schema import VoiceRef, decode_speech
 from ._speech import Job, SpeechRoute
 from ._voices import Voices
+from ._websocket import WebSocketLimits
+from ._websocket import WebSocketRoute as SpeechSocket
 
 __all__ = ["create_app"]
 
@@ -45,7 +47,7 @@ class _Service:
         self.state = _State()
         self.metrics = Metrics()
 
-    def authorized(self, request: Request) -> bool:
+    def authorized(self, request: HTTPConnection) -> bool:
         if self.api_key is None:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -163,6 +165,7 @@ def create_app(
     voice_dir: Union[str, None] = None,
     voice_limits: Any = None,
     limits: Union[Limits, None] = None,
+    websocket_limits: Union[WebSocketLimits, None] = None,
     on_start_failure: Union[Callable[[BaseException], None], None] = None,
     playground: bool = True,
     **pool_kwargs: Any,
@@ -174,7 +177,8 @@ def create_app(
     the pool in the background, then ``ok``; ``on_start_failure(exc)`` hears of a pool that
     could not start (``serve`` exits non-zero on it).  ``voices`` maps request voice names to
     what the sidecar gets; ``voice_dir`` holds clips and uploads (:mod:`._voices`);
-    ``voice_limits`` is a :class:`indextts_sidecar.voicestore.VoiceLimits`.  ``playground``
+    ``voice_limits`` is a :class:`indextts_sidecar.voicestore.VoiceLimits`;
+    ``websocket_limits`` bound ``/v1/audio/speech/stream`` (:mod:`._websocket`).  ``playground``
     serves the page of :mod:`._playground` at ``/``.
     """
     service = _Service(
@@ -204,6 +208,9 @@ def create_app(
         Route("/v1/audio/voices/{voice_id}", service.voices_route, methods=["DELETE"]),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
+        WebSocketRoute(
+            "/v1/audio/speech/stream", SpeechSocket(service, websocket_limits or WebSocketLimits()).__call__
+        ),
         Route("/metrics", service.metrics_route, methods=["GET"]),
     ]
     if playground:

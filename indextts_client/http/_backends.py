@@ -42,6 +42,8 @@ class Backend(Protocol):
 
     def stream(self, text: str, **kwargs: Any) -> Any: ...
 
+    def stream_text(self, texts: Any, **kwargs: Any) -> Any: ...
+
     async def health(self) -> dict[str, Any]: ...
 
 
@@ -66,6 +68,9 @@ class PoolBackend:
 
     def stream(self, text: str, **kwargs: Any) -> Any:
         return self.pool.stream(text, **kwargs)
+
+    def stream_text(self, texts: Any, **kwargs: Any) -> Any:
+        return self.pool.stream_text(texts, **kwargs)
 
     async def health(self) -> dict[str, Any]:
         members = await self.pool.health()
@@ -103,6 +108,9 @@ class RayBackend:
 
     def stream(self, text: str, **kwargs: Any) -> Any:
         return self.client.stream(text, **kwargs)
+
+    def stream_text(self, texts: Any, **kwargs: Any) -> Any:
+        return self.client.stream_text(texts, **kwargs)
 
     async def health(self) -> dict[str, Any]:
         try:

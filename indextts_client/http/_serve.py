@@ -15,9 +15,9 @@ import socket
 import sys
 from typing import Any, Union
 
-from indextts_sidecar.protocol.options import parse_options
-
+from .._pool_cli import add_pool_arguments, pool_kwargs
 from ._limits import Limits, header_deadline_protocol
+from ._websocket import WebSocketLimits, stall_aborting_protocol
 
 __all__ = ["main"]
 
@@ -43,10 +43,7 @@ _INT, _FLOAT = _positive(int), _positive(float)
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible speech endpoint.")
-    parser.add_argument("--engine", default="espeak")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--size", type=int, help="sidecars (default 1)")
-    group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
+    add_pool_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--fd", type=int, help="serve on this already bound listening socket instead")
@@ -54,13 +51,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     keys.add_argument("--api-key-file", help="require Authorization: Bearer KEY on /v1/*, KEY read from this file")
     keys.add_argument("--api-key", help=f"the key itself (visible to local users in ps; prefer ${KEY_ENV} or the file)")
     parser.add_argument("--public", action="store_true", help="allow a non-loopback host without an API key")
-    parser.add_argument("--python", help="the engine venv's interpreter")
-    parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
     parser.add_argument("--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name")
     parser.add_argument("--voice-dir", help="reference clips, and where uploaded voices are kept")
     parser.add_argument("--no-playground", action="store_true", help="do not serve the playground page at /")
-    parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
-    parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
     bounds = parser.add_argument_group("bounds (docs/reliability.md)")
     limits = Limits()
     bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
@@ -81,6 +74,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ):
         bounds.add_argument(flag, type=_INT, default=default, help=what)
     bounds.add_argument("--max-voice-seconds", type=_FLOAT, default=300.0, help="seconds of one uploaded clip")
+    ws = WebSocketLimits()
+    for flag, default, what in (
+        ("--ws-max-connections", ws.max_connections, "WebSocket connections at once (503 past)"),
+        ("--ws-max-contexts", ws.max_contexts, "contexts open at once on one WebSocket"),
+        ("--ws-max-message", ws.max_message, "bytes of one WebSocket message from a client"),
+        ("--ws-max-pending-chars", ws.max_pending_chars, "characters of a context's text not yet taken"),
+    ):
+        bounds.add_argument(flag, type=_INT, default=default, help=what)
+    bounds.add_argument("--ws-idle-timeout", type=_FLOAT, default=ws.idle_timeout, help="seconds a WebSocket is idle")
+    bounds.add_argument("--ws-write-timeout", type=_FLOAT, default=ws.write_timeout, help="seconds a frame may wait")
     return parser
 
 
@@ -112,10 +115,6 @@ def _check_host(parser: argparse.ArgumentParser, args: argparse.Namespace, key: 
 
 
 def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        engine_options = parse_options(args.option)
-    except ValueError as exc:
-        parser.error(f"--option: {exc}")
     voices: dict[str, Union[str, None]] = {}
     for item in args.voice:
         name, sep, value = item.partition("=")
@@ -123,9 +122,7 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
             parser.error(f"--voice {item!r} is not NAME=VALUE")
         voices[name] = value or None
     kwargs: dict[str, Any] = {
-        "engine_options": engine_options,
-        "max_outstanding": args.max_outstanding,
-        "pool_timeout": args.pool_timeout,
+        **pool_kwargs(args, parser),
         "voices": voices,
         "playground": not args.no_playground,
         "limits": Limits(
@@ -134,6 +131,14 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
             max_input=args.max_input,
             body_timeout=args.body_timeout,
             max_in_flight=args.max_in_flight,
+        ),
+        "websocket_limits": WebSocketLimits(
+            max_connections=args.ws_max_connections,
+            max_contexts=args.ws_max_contexts,
+            max_message=args.ws_max_message,
+            max_pending_chars=args.ws_max_pending_chars,
+            idle_timeout=args.ws_idle_timeout,
+            write_timeout=args.ws_write_timeout,
         ),
     }
     if args.voice_dir:
@@ -150,12 +155,6 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
             max_names=args.max_voice_names,
             max_clip_seconds=args.max_voice_seconds,
         )
-    if args.devices:
-        kwargs["devices"] = [d for d in args.devices.split(",") if d]
-    else:
-        kwargs["size"] = args.size or 1
-    if args.python:
-        kwargs["python"] = args.python
     return kwargs
 
 
@@ -200,10 +199,12 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
         app,
         log_level="warning",
         http=header_deadline_protocol(args.header_timeout),
+        ws=stall_aborting_protocol(),
         timeout_keep_alive=args.keep_alive_timeout,
         limit_concurrency=args.max_connections,
         h11_max_incomplete_event_size=args.max_header_bytes,
         timeout_graceful_shutdown=args.grace,
+        ws_max_size=args.ws_max_message,  # the app checks it too, for an app served another way
     )
     server = uvicorn.Server(config)
     sock, url = _listen(parser, args)

@@ -1,0 +1,45 @@
+"""The pool's command-line options, defined once for every server that runs a pool
+(``indextts-client serve`` and ``indextts-client wyoming``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from indextts_sidecar.protocol.options import parse_options
+
+__all__ = ["add_pool_arguments", "pool_kwargs"]
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pool options: engine, size or devices, interpreter, engine options, queue bounds."""
+    parser.add_argument("--engine", default="espeak", help="engine name (default: espeak)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--size", type=int, help="sidecars (default 1)")
+    group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
+    parser.add_argument("--python", help="the engine venv's interpreter")
+    parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
+    parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
+    parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
+
+
+def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The keyword arguments of ``Pool(args.engine, ...)`` from the options above; a bad one is the parser's error."""
+    try:
+        engine_options = parse_options(args.option)
+    except ValueError as exc:
+        parser.error(f"--option: {exc}")
+    if args.size is not None and args.size < 1:
+        parser.error("--size must be >= 1")
+    kwargs: dict[str, Any] = {
+        "engine_options": engine_options,
+        "max_outstanding": args.max_outstanding,
+        "pool_timeout": args.pool_timeout,
+    }
+    if args.devices:
+        kwargs["devices"] = [d for d in args.devices.split(",") if d]
+    else:
+        kwargs["size"] = args.size or 1
+    if args.python:
+        kwargs["python"] = args.python
+    return kwargs

@@ -1,0 +1,52 @@
+"""The pool's options are defined once (``indextts_client._pool_cli``) and read the same by both servers."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from indextts_client._pool_cli import add_pool_arguments, pool_kwargs
+
+POOL_FLAGS = ("--engine", "--size", "--devices", "--python", "--option", "--max-outstanding", "--pool-timeout")
+
+
+def _help(*command: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "indextts_client", *command, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_serve_and_wyoming_offer_the_same_pool_options() -> None:
+    serve, wyoming = _help("serve"), _help("wyoming")
+    for flag in POOL_FLAGS:
+        assert flag in serve and flag in wyoming, flag
+    assert "-O KEY=VALUE, --option KEY=VALUE" in serve and "-O KEY=VALUE, --option KEY=VALUE" in wyoming
+
+
+def test_pool_kwargs_from_the_options() -> None:
+    parser = argparse.ArgumentParser()
+    add_pool_arguments(parser)
+    args = parser.parse_args(["--engine", "fake", "--devices", "cuda:0,cuda:1", "-O", "sample_rate=16000"])
+    assert pool_kwargs(args, parser) == {
+        "engine_options": {"sample_rate": 16000},
+        "max_outstanding": 4,
+        "pool_timeout": 30.0,
+        "devices": ["cuda:0", "cuda:1"],
+    }
+    args = parser.parse_args(["--size", "2", "--python", "/usr/bin/python3"])
+    assert pool_kwargs(args, parser) == {
+        "engine_options": {},
+        "max_outstanding": 4,
+        "pool_timeout": 30.0,
+        "size": 2,
+        "python": "/usr/bin/python3",
+    }
+    with pytest.raises(SystemExit):
+        pool_kwargs(parser.parse_args(["-O", "novalue"]), parser)
+    with pytest.raises(SystemExit):
+        pool_kwargs(parser.parse_args(["--size", "0"]), parser)
