@@ -142,8 +142,7 @@ def _detector() -> Any:
         from sentence_stream import SentenceBoundaryDetector
     except ImportError as exc:
         raise ImportError(
-            f"stream_text needs the sentence splitter of the [realtime] extra: "
-            f"pip install 'indextts-sidecar[realtime]' ({exc})"
+            f"stream_text needs the sentence splitter of the [realtime] extra: pip install sentence-stream ({exc})"
         ) from None
     return SentenceBoundaryDetector()
 

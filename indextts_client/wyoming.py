@@ -64,7 +64,7 @@ try:
     from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        f"indextts_client.wyoming needs the [wyoming] extra: pip install 'indextts-sidecar[wyoming]' ({exc})"
+        f"indextts_client.wyoming needs the [wyoming] extra: pip install wyoming sentence-stream ({exc})"
     ) from exc
 
 __all__ = ["Limits", "WyomingService", "add_pool_arguments", "main", "pool_from_arguments", "serve"]

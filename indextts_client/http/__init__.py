@@ -26,7 +26,8 @@ try:
     import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        f"indextts_client.http needs the [server] extra: pip install 'indextts-sidecar[server]' ({exc})"
+        "indextts_client.http needs the [server] extra: "
+        f"pip install starlette uvicorn prometheus-client av python-multipart websockets ({exc})"
     ) from exc
 
 from ._app import create_app

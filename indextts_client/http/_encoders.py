@@ -114,7 +114,7 @@ def _av() -> Any:
     except ImportError:
         raise HTTPError(
             400,
-            "this format needs PyAV on the server: pip install 'indextts-sidecar[server]'",
+            "this format needs PyAV on the server: pip install av (the [server] extra)",
             param="response_format",
             code="unsupported_format",
         ) from None
