@@ -43,6 +43,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._exceptions import ClosedError
 from ._request import EmotionLike, Synthesis, TimeoutArg
+from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
 if TYPE_CHECKING:
@@ -361,8 +362,8 @@ class BlockingClient:
         sample_rate: Union[int, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
-        lookahead: int = 2,
-        max_sentence_chars: int = 1000,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
         **options: Any,
     ) -> BlockingTextStream:
         """``for chunk in client.stream_text(fragments): ...`` (see :meth:`Client.stream_text`).

@@ -21,6 +21,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from ._connection import Connection
 from ._process import Redactor
 from ._request import Requester
+from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
 from ._types import RestartCallback, SidecarInfo
 
@@ -330,8 +331,8 @@ class Client(Requester):
         sample_rate: Union[int, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
-        lookahead: int = 2,
-        max_sentence_chars: int = 1000,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
         **options: Any,
     ) -> TextStream:
         """Speak text as it is written (an LLM's tokens), sentence by sentence, in one audio stream.

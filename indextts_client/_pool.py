@@ -40,6 +40,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
 from ._request import EmotionLike, Synthesis
+from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import _spawn_detached
 from ._types import Health, LoadInfo, ProgressCallback
 
@@ -497,8 +498,8 @@ class Pool:
         voice: Union[str, None] = None,
         emotion: EmotionLike = None,
         sample_rate: Union[int, None] = None,
-        lookahead: int = 2,
-        max_sentence_chars: int = 1000,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
         **options: Any,
     ) -> TextStream:
         """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``

@@ -33,7 +33,7 @@ import numpy as np
 
 from ._audio import SAMPLE_DTYPE, Audio, AudioChunk
 from ._client import Client
-from ._stream_text import TextInput, TextStream, client_session
+from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
 
 try:
     from ray import serve
@@ -210,7 +210,12 @@ class RayClient:
             response.cancel()
 
     def stream_text(
-        self, texts: TextInput, *, lookahead: int = 2, max_sentence_chars: int = 1000, **kwargs: Any
+        self,
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        **kwargs: Any,
     ) -> TextStream:
         """As :meth:`Client.stream_text`: each sentence is one streamed call on the deployment, sent as
         soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
