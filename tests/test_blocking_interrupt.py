@@ -145,7 +145,15 @@ def test_an_uncaught_ctrl_c_ends_the_script_and_its_sidecar_promptly(tmp_path: P
     assert returncode != 0 and elapsed < PROMPT, (lines, returncode, elapsed)
     sidecar = int(next(line for line in lines if line.startswith("sidecar ")).split()[1])
     # The script's close (leaving 'with') reaped its sidecar: the pid is gone.
-    assert not Path(f"/proc/{sidecar}").exists() or "zombie" in Path(f"/proc/{sidecar}/status").read_text()
+    assert not alive(sidecar)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie, or an entry reaped while it is read, counts as gone."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def loop_threads() -> list[threading.Thread]:

@@ -30,7 +30,9 @@ def wait_until_exited(pid: int, limit: float = 10.0) -> None:
     while time.monotonic() < end:
         try:
             state = stat.read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # Reaped meanwhile (asyncio's child watcher runs in a thread): the entry can
+            # vanish between open() and read(), which then raises ESRCH.
             return
         if state in ("Z", "X"):
             return
