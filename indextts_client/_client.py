@@ -19,6 +19,7 @@ import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from ._connection import Connection
+from ._exceptions import RestartLimitError
 from ._process import Redactor
 from ._request import Requester
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
@@ -265,6 +266,24 @@ class Client(Requester):
     def dead(self) -> bool:
         """Whether the restart budget is exhausted."""
         return self._supervisor.dead is not None
+
+    @property
+    def dead_reason(self) -> Union[RestartLimitError, None]:
+        """Why the client is dead (what its next call raises), None while it is not."""
+        return self._supervisor.dead
+
+    @property
+    def dead_since(self) -> Union[float, None]:
+        """anyio clock time at which the client became dead, None while it is not."""
+        return self._supervisor.dead_at
+
+    async def revive(self) -> None:
+        """Try once to bring a dead client back; raise the failure, staying dead, if it fails.
+
+        The new sidecar counts in :attr:`restarts`, and on success the restart budget starts
+        afresh.  Nothing happens when the client is not dead.
+        """
+        await self._supervisor.revive()
 
     # -------------------------------------------------------------- lifecycle
 

@@ -194,6 +194,25 @@ class Connection(Requester):
         """Request ids still waiting for their terminal frame (abandoned ones included)."""
         return len(self._pending)
 
+    @property
+    def ready_event(self) -> anyio.Event:
+        """Set when ``ready`` has been received."""
+        return self._ready_event
+
+    @property
+    def closed_event(self) -> anyio.Event:
+        """Set when the connection has ended (see :attr:`error`)."""
+        return self._closed_event
+
+    @property
+    def reader_done(self) -> anyio.Event:
+        """Set when the reader has stopped: nothing more will be read from the stream."""
+        return self._reader_done
+
+    async def heartbeat(self, timeout: float) -> None:  # noqa: ASYNC109
+        """One ``ping`` that must be answered within ``timeout``; never cancelled on the wire."""
+        await self._call(lambda i: protocol.Ping(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
+
     async def wait_ready(self) -> protocol.Ready:
         """Wait for ``ready``; raise the connection's error (a StartError) if it ends first."""
         while self.ready is None:

@@ -275,7 +275,7 @@ class Pool:
     def _due(self, member: _Member) -> Union[float, None]:
         """When the dead ``member`` should next be revived; None when it is not dead."""
         client = member.client
-        dead_at = client._supervisor.dead_at
+        dead_at = client.dead_since
         if client.closed or not client.dead or dead_at is None:
             member.revive_at = None
             return None
@@ -288,7 +288,7 @@ class Pool:
 
     async def _revive(self, member: _Member) -> None:
         try:
-            await member.client._supervisor.revive()
+            await member.client.revive()
         except Exception as exc:  # a SidecarError; anything else must not stop the healer either
             member.revive_failures += 1
             log.warning("pool member %d could not be revived: %s: %s", member.index, type(exc).__name__, exc)
@@ -448,8 +448,8 @@ class Pool:
             error = None
             due = self._due(member) if state == "dead" else None
             retry_in = None if due is None else max(0.0, due - anyio.current_time())
-            if state == "dead" and client._supervisor.dead is not None:
-                error = _summary_of(client._supervisor.dead)
+            if state == "dead" and client.dead_reason is not None:
+                error = _summary_of(client.dead_reason)
                 self._wake_healer(member)  # it may have died through its own client
             if state == "ready":
                 try:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Union
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
 
-from indextts_sidecar import protocol
+from indextts_sidecar.protocol.defaults import PARENT_ENV
 
 from ._connection import Connection
 from ._exceptions import (
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Supervisor"]
 
-PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
 
 log = logging.getLogger("indextts_client")
 
@@ -513,9 +512,7 @@ class Supervisor:
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
         """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
-        which = await _wait_any(
-            conn._ready_event, conn._closed_event, session.stop_requested, limit=self._ready_timeout
-        )
+        which = await _wait_any(conn.ready_event, conn.closed_event, session.stop_requested, limit=self._ready_timeout)
         if conn.ready is not None and not conn.closed and which == 0:
             self.last_info = conn.info
             session.resolved.set()
@@ -566,7 +563,7 @@ class Supervisor:
                 if await self._handshake(session, conn, child):
                     if self._heartbeat is not None:
                         tg.start_soon(self._beat, child, conn, self._heartbeat)
-                    which = await _wait_any(conn._closed_event, session.stop_requested)
+                    which = await _wait_any(conn.closed_event, session.stop_requested)
                     graceful = which == 1 and not conn.closed
                 await self._stop_child(child, conn, graceful=graceful)
                 tg.cancel_scope.cancel()
@@ -595,7 +592,7 @@ class Supervisor:
             await child.terminate(timeout)
             # Let the reader read what is left: the connection ends at EOF.
             with anyio.move_on_after(1.0):
-                await conn._closed_event.wait()
+                await conn.closed_event.wait()
             conn.abort("the sidecar was stopped")
 
     async def _beat(self, child: Union[SidecarProcess, None], conn: Connection, interval: float) -> None:
@@ -608,7 +605,7 @@ class Supervisor:
         while conn.accepting:
             began = anyio.current_time()
             try:
-                await conn._call(lambda i: protocol.Ping(id=i), timeout=interval, idle_timeout=None, cancellable=False)
+                await conn.heartbeat(interval)
             except RequestTimeoutError:
                 misses += 1
                 if misses < self._heartbeat_misses:
@@ -637,7 +634,7 @@ class Supervisor:
         """When the child exits, make sure the connection notices even if its stdout stays open."""
         await child.process.wait()
         with anyio.move_on_after(1.0):
-            await conn._reader_done.wait()
+            await conn.reader_done.wait()
         conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
 
     async def _stream_session(self, session: _Session) -> None:
@@ -680,7 +677,7 @@ class Supervisor:
                 if await self._handshake(session, conn, None):
                     if heartbeat is not None:
                         tg.start_soon(self._beat, None, conn, heartbeat)
-                    await _wait_any(conn._closed_event, session.stop_requested)
+                    await _wait_any(conn.closed_event, session.stop_requested)
                 conn.mark_closing()
                 tg.cancel_scope.cancel()
         finally:

@@ -19,6 +19,7 @@ import msgspec
 
 from . import protocol
 from ._version import __version__
+from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
 
 EXIT_USAGE = 2
@@ -94,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PID",
-        help=f"stop (as on SIGTERM) once process PID is gone; also {_PARENT_ENV} (see docs/protocol.md)",
+        help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
     )
     sockets = parser.add_argument_group("sockets (see docs/protocol.md, 'Sockets')")
     sockets.add_argument(
@@ -177,17 +178,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SHARED_FD_ENV = "INDEXTTS_SIDECAR_SHARED_AUDIO_FD"
-_PARENT_ENV = "INDEXTTS_SIDECAR_PARENT_PID"
-
-
 def _drop_shared_audio(flag: Union[str, None]) -> None:
     """Close the shared-memory descriptor an older client may pass: audio always uses the pipe.
 
     Such a client offers the memory with ``--shared-audio-fd`` or the variable, and uses it
     only when ``ready`` lists ``shared_audio``, which this sidecar never does.
     """
-    named = os.environ.pop(_SHARED_FD_ENV, None)  # not for the engine's children
+    named = os.environ.pop(SHARED_AUDIO_FD_ENV, None)  # not for the engine's children
     for value in (flag, named):
         number = _fd_number(value) if value is not None else None
         if number is not None and number > 2:
@@ -294,11 +291,11 @@ def main(argv: Union[list[str], None] = None) -> int:
     engine = cls(options)
     _drop_shared_audio(args.shared_audio_fd)
     parent_pid = args.parent_pid
-    named_parent = os.environ.pop(_PARENT_ENV, None)
+    named_parent = os.environ.pop(PARENT_ENV, None)
     if parent_pid is None and named_parent:
         parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
         if parent_pid is None:
-            sys.stderr.write(f"indextts_sidecar: ignoring {_PARENT_ENV}={named_parent!r}: not a process id\n")
+            sys.stderr.write(f"indextts_sidecar: ignoring {PARENT_ENV}={named_parent!r}: not a process id\n")
     # A socket without --voice-dir: requests name no files; clips are uploaded (register_voice)
     # into a private directory made below, removed at exit.
     uploads_only = listen is not None and not args.voice_dir
