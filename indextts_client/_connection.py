@@ -37,6 +37,7 @@ from indextts_sidecar.protocol import auth as _auth
 from indextts_sidecar.protocol.framing import FrameReader, FramingError
 from indextts_sidecar.protocol.streams import loop_clock
 
+from ._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_READY_TIMEOUT
 from ._exceptions import (
     BufferFullError,
     ClosedError,
@@ -58,8 +59,6 @@ __all__ = ["Connection"]
 _NO_SAMPLES = memoryview(b"")
 #: Option values that cannot nest: a request made of them needs no depth check.
 _SCALARS = (str, int, float, bool, bytes, type(None))
-#: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
-DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
 
 log = logging.getLogger("indextts_client")
 
@@ -89,10 +88,10 @@ class Connection(Requester):
         send_stream: ByteSendStream,
         *,
         timeout: Union[float, None] = None,
-        idle_timeout: Union[float, None] = None,
-        ready_timeout: Union[float, None] = 30.0,
+        idle_timeout: Union[float, None] = DEFAULT_IDLE_TIMEOUT,
+        ready_timeout: Union[float, None] = DEFAULT_READY_TIMEOUT,
         max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
-        frame_timeout: Union[float, None] = 10.0,
+        frame_timeout: Union[float, None] = DEFAULT_FRAME_TIMEOUT,
         describe_loss: Union[Callable[[str], Awaitable[LossInfo]], None] = None,
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,

@@ -1,0 +1,41 @@
+"""Every default of the client's settings, said once.
+
+``Client``, ``Connection``, ``Pool`` and the facades that forward to them take their
+defaults from here, so that a default cannot drift between them.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Union
+
+__all__ = [
+    "DEFAULT_FRAME_TIMEOUT",
+    "DEFAULT_HEARTBEAT_MISSES",
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_BUFFERED",
+    "DEFAULT_MAX_RESTARTS",
+    "DEFAULT_MAX_RESTART_BACKOFF",
+    "DEFAULT_READY_TIMEOUT",
+    "DEFAULT_RESTART_BACKOFF",
+    "DEFAULT_RESTART_WINDOW",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+]
+
+#: Seconds to wait for the sidecar's ``ready`` frame (the handshake, before any heavy import).
+DEFAULT_READY_TIMEOUT: Final[Union[float, None]] = 30.0
+#: Seconds the sidecar gets to exit after ``shutdown`` before it is terminated, then killed.
+DEFAULT_SHUTDOWN_TIMEOUT: Final = 2.0
+#: Seconds a request may go without any frame (progress or audio) before it fails.
+DEFAULT_IDLE_TIMEOUT: Final[Union[float, None]] = 300.0
+#: Seconds one frame may take to be written before the connection counts as stalled.
+DEFAULT_FRAME_TIMEOUT: Final[Union[float, None]] = 10.0
+#: Audio bytes one request may hold unconsumed before it fails with BufferFullError.
+DEFAULT_MAX_BUFFERED: Final = 64 * 1024 * 1024
+#: Restarts allowed within DEFAULT_RESTART_WINDOW seconds before the client is dead.
+DEFAULT_MAX_RESTARTS: Final = 3
+DEFAULT_RESTART_WINDOW: Final = 60.0
+#: The first restart's delay, doubled on each further one up to the maximum.
+DEFAULT_RESTART_BACKOFF: Final = 0.5
+DEFAULT_MAX_RESTART_BACKOFF: Final = 10.0
+#: Missed heartbeats in a row after which the sidecar counts as hung.
+DEFAULT_HEARTBEAT_MISSES: Final = 3
