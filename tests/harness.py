@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import anyio
-from anyio.abc import Process
+from anyio.abc import ByteReceiveStream, Process
 
 from indextts_sidecar import protocol
 
@@ -196,3 +196,12 @@ async def sidecar(engine: str = "fake", *args: str, env: Union[dict[str, str], N
     async with spawn(engine, *args, env=env) as peer:
         await peer.expect(protocol.Ready)
         yield peer
+
+
+async def two_pids(stream: ByteReceiveStream) -> tuple[int, int]:
+    """The line ``FIRST_PID SECOND_PID`` a test's parent script writes once both processes are up."""
+    line = b""
+    while not line.endswith(b"\n"):
+        line += await stream.receive()
+    first, second = map(int, line.split())
+    return first, second

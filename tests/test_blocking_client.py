@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_client_support import FAKE_OPTIONS, expected
+from client_support import FAKE_OPTIONS, expected
 
 from indextts_client import BlockingClient, ClosedError, LoadInfo, StartError
 

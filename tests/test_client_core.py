@@ -10,7 +10,7 @@ import anyio
 import numpy as np
 import pytest
 from anyio.abc import SocketStream, TaskGroup
-from test_client_support import RATE, expected, fake_ready, in_process_sidecar, socket_pair
+from client_support import RATE, expected, fake_ready, in_process_sidecar, socket_pair
 
 import indextts_client
 from indextts_client import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_client_support import (
+from client_support import (
     ENV_REPORT,
     EXIT_EARLY,
     GARBAGE_AFTER_READY,

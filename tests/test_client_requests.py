@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from test_client_support import RATE, expected, fake_client
+from client_support import RATE, expected, fake_client
 
 from indextts_client import (
     Audio,

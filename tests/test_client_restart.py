@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from test_client_support import expected, fake_client
+from client_support import expected, fake_client
 
 from indextts_client import ClosedError, CrashedError, RequestCancelledError, RestartLimitError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_client_support import LEAKY, assert_gone, expected, fake_client, script_client
+from client_support import LEAKY, assert_gone, expected, fake_client, script_client
 
 from indextts_client import (
     Audio,

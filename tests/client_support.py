@@ -1,4 +1,4 @@
-"""Shared helpers for the client tests (this module holds no tests).
+"""Shared helpers for the client tests (a module of helpers, not of tests).
 
 Misbehaving children are tiny Python scripts run with ``python -c`` through the
 client's ``command`` parameter, which replaces the ``python -m indextts_sidecar``
