@@ -12,7 +12,7 @@ import pytest
 
 from indextts_sidecar.engines.fake import render_bytes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 TIMEOUT = 60
 

@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from indextts_client import BusyError, ClosedError, CrashedError, Pool, ProgressEvent
+from indextts_client import BusyError, ClosedError, CrashedError, LoadInfo, Pool, ProgressEvent
 from indextts_sidecar.engines.fake import render_bytes
 
 pytestmark = pytest.mark.anyio
@@ -242,3 +242,13 @@ async def test_a_client_with_pool_timeout_waits_for_room_instead_of_busy() -> No
                 for text in texts:
                     tg.start_soon(one, waiting, text)
             assert outcomes == ["ok"] * len(texts)
+
+
+async def test_a_pool_stream_outside_async_with_is_refused_not_silently_empty() -> None:
+    with anyio.fail_after(30):
+        async with Pool("fake", size=1) as pool:
+            with pytest.raises(RuntimeError, match=r"inside 'async with pool\.stream"):
+                async for _chunk in pool.stream("abc"):
+                    pass
+            infos = await pool.load()
+            assert [(type(info), info.loaded) for info in infos] == [(LoadInfo, True)]
