@@ -184,13 +184,13 @@ class _RequestRun:
                 self._received += 1
                 return item
             if item is None and ex.error is None:
-                deadline, which = self._next_deadline(ex, conn)
-                if deadline == math.inf:
+                due_at, deadline = self._next_deadline(ex, conn)
+                if due_at == math.inf:
                     await ex.wait()
                     continue
-                if conn.clock() >= deadline:
-                    self._fire(which)
-                await conn.wait(ex, deadline)
+                if conn.clock() >= due_at:
+                    self._fire(deadline)
+                await conn.wait(ex, due_at)
                 continue
             if await self._goes_again(item, ex, conn):
                 await self._send()
@@ -248,7 +248,8 @@ class _RequestRun:
         return False
 
     def _next_deadline(self, ex: Exchange, conn: Channel) -> tuple[float, Deadline]:
-        best, which = math.inf, "timeout"
+        """When the request must wake at the latest, and which of its deadlines that is."""
+        best, deadline = math.inf, "timeout"
         if self._deadline is not None:
             best = self._deadline
         if self._idle is not None:
@@ -256,8 +257,8 @@ class _RequestRun:
             # sidecar's queue, frames of the requests ahead of it count as progress too.
             base = ex.last_frame if ex.last_frame is not None else max(ex.sent_at, conn.last_activity)
             if base + self._idle < best:
-                best, which = base + self._idle, "idle_timeout"
-        return best, which  # type: ignore[return-value]
+                best, deadline = base + self._idle, "idle_timeout"
+        return best, deadline  # type: ignore[return-value]
 
     def _fire(self, deadline: Deadline) -> None:
         rid = self.request_id
