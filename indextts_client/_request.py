@@ -233,10 +233,10 @@ class Requester:
             idle_timeout=self._default_idle_timeout,
             cancellable=False,
         )
-        pong, ex = call._reply, call._ex
-        assert isinstance(pong, protocol.Pong) and ex is not None and ex.last_frame is not None
+        pong = call.reply
+        assert isinstance(pong, protocol.Pong)
         return Health(
-            round_trip=max(0.0, ex.last_frame - ex.sent_at),
+            round_trip=call.round_trip,
             loaded=pong.loaded,
             queue_depth=pong.queue_depth,
             active=pong.active,
@@ -262,8 +262,8 @@ class Requester:
             idle_timeout=_resolve(idle_timeout, self._default_idle_timeout),
             on_progress=on_progress,
         )
-        assert call._reply is not None
-        return LoadInfo.from_reply(getattr(call._reply, "info", {}))
+        assert call.reply is not None
+        return LoadInfo.from_reply(getattr(call.reply, "info", {}))
 
     async def unload(self, *, timeout: TimeoutArg = ...) -> None:
         """Drop the model and free its memory (the next request loads it again)."""
@@ -284,8 +284,8 @@ class Requester:
             idle_timeout=self._default_idle_timeout,
             cancellable=False,
         )
-        assert isinstance(call._reply, protocol.Ok)
-        return [dict(voice) for voice in call._reply.info.get("voices", [])]
+        assert isinstance(call.reply, protocol.Ok)
+        return [dict(voice) for voice in call.reply.info.get("voices", [])]
 
     async def register_voice(
         self,
@@ -312,6 +312,6 @@ class Requester:
             timeout=_resolve(timeout, self._default_timeout),
             idle_timeout=self._default_idle_timeout,
         )
-        assert call._reply is not None
-        info = dict(getattr(call._reply, "info", {}))
+        assert call.reply is not None
+        info = dict(getattr(call.reply, "info", {}))
         return str(info.get("voice", protocol.REGISTERED_PREFIX + name))

@@ -320,7 +320,15 @@ class _RequestRun:
 class _Call(_RequestRun):
     """A request answered by one terminal frame (``ok``/``pong``), maybe after progress."""
 
-    _reply: Union[protocol.Ok, protocol.Pong, None] = None
+    #: The terminal frame, once it arrived.
+    reply: Union[protocol.Ok, protocol.Pong, None] = None
+
+    @property
+    def round_trip(self) -> float:
+        """Seconds from the write of the request to the arrival of its answer."""
+        ex = self._ex
+        assert ex is not None and ex.last_frame is not None
+        return max(0.0, ex.last_frame - ex.sent_at)
 
     async def _advance(self) -> Union[ProgressEvent, None]:
         reply = await self._next_reply()
@@ -329,7 +337,7 @@ class _Call(_RequestRun):
             await self._notify(event)
             return event
         if isinstance(reply, (protocol.Ok, protocol.Pong)):
-            self._reply = reply
+            self.reply = reply
             self._phase = DONE
             return None
         if isinstance(reply, protocol.Error):
@@ -345,8 +353,8 @@ class _Call(_RequestRun):
         except Exception:
             await self._cancel_written()
             raise
-        assert self._reply is not None
-        return self._reply
+        assert self.reply is not None
+        return self.reply
 
 
 class Synthesis(_RequestRun):
