@@ -5,8 +5,9 @@ serialised by a lock, since concurrent sends on one pipe interleave on asyncio a
 raise on trio).  The reader never runs user code and never blocks on a consumer: it
 decodes each frame and appends it to the inbox of the request whose id it carries.
 Each request's frames are consumed, its callbacks run and its deadlines are enforced
-in the task awaiting that request (see :mod:`._request`); the connection's alarm task only
-wakes a waiting request once its deadline has passed.
+in the task awaiting that request (see :mod:`._request_run`); the connection's alarm
+(:mod:`._deadlines`) only wakes a waiting request once its deadline has passed.  Requests
+use the connection through the public methods of :class:`~._exchange.Channel` only.
 
 When a request is abandoned (its task cancelled, a deadline fired, a callback raised)
 the ``cancel`` message is sent and the terminal frame collected in the connection's
@@ -22,43 +23,29 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Union
+from typing import Union
 
 import anyio
 import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
 from indextts_sidecar import protocol
-from indextts_sidecar.protocol import auth as _auth
 from indextts_sidecar.protocol.framing import FrameReader, FramingError
 from indextts_sidecar.protocol.streams import loop_clock
 
+from ._deadlines import DeadlineAlarm
 from ._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_READY_TIMEOUT
-from ._exceptions import (
-    BufferFullError,
-    ClosedError,
-    InvalidRequestError,
-    ProtocolError,
-    SidecarError,
-    StartError,
-    UnreadError,
-    fresh,
-)
-from ._exchange import Exchange
-from ._handshake import Loss, LossInfo, challenge_of, error_for_loss, read_ready
+from ._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
+from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, encode_request
+from ._handshake import Loss, LossInfo, error_for_loss, handshake
 from ._request import Requester
 from ._sender import FrameSender
 from ._types import SidecarInfo
 
 __all__ = ["Connection"]
-
-_NO_SAMPLES = memoryview(b"")
-#: Option values that cannot nest: a request made of them needs no depth check.
-_SCALARS = (str, int, float, bool, bytes, type(None))
 
 log = logging.getLogger("indextts_client")
 
@@ -95,21 +82,13 @@ class Connection(Requester):
         describe_loss: Union[Callable[[str], Awaitable[LossInfo]], None] = None,
         redact: Callable[[str], str] = _identity,
         ids: Union[Iterator[int], None] = None,
-        shared_audio: None = None,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         token: Union[str, bytes, None] = None,
     ) -> None:
         self._receive_stream = receive_stream
         # As the sidecar reads its --token-file: surrounding whitespace (a trailing newline) is not part of it.
         self._token = token.strip() if token is not None else None
-        self._challenged = False
         self._max_buffered = max_buffered
-        if shared_audio is not None:
-            warnings.warn(
-                "Connection(shared_audio=...) is ignored: audio always travels in the frames",
-                DeprecationWarning,
-                stacklevel=2,
-            )
         self._send_stream = send_stream
         self._sender = FrameSender(send_stream, frame_timeout)
         #: Set when a request ends (a place in the sidecar's queue may be free), if anyone waits.
@@ -124,15 +103,11 @@ class Connection(Requester):
         self._default_idle_timeout = idle_timeout
         self._pending: dict[int, Exchange] = {}
         #: The event loop's clock, callable from the reader's callback (set by :meth:`run`).
-        self._clock: Callable[[], float] = anyio.current_time
+        self.clock: Callable[[], float] = anyio.current_time
         #: What the reader's callback leaves for the reader task (it may start no task itself).
         self._deferred: list[Callable[[], None]] = []
         self._routing = False
-        #: Requests waiting with a deadline, woken by the alarm task once it passes (see _wait_until).
-        self._timed: set[Exchange] = set()
-        #: When the alarm task wakes next (the nearest deadline it knows of), and what moves it earlier.
-        self._alarm_at = math.inf
-        self._alarm_moved: Union[anyio.Event, None] = None
+        self._alarm = DeadlineAlarm()
         #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._tg: Union[TaskGroup, None] = None
@@ -140,12 +115,13 @@ class Connection(Requester):
         self._abort_reason = "the connection was aborted"
         self._fatal: Union[protocol.Error, None] = None
         self._error: Union[SidecarError, None] = None
-        self._closing = False
+        #: Whether the end of the stream is expected (:meth:`mark_closing`): it then ends in ClosedError.
+        self._end_expected = False
         #: Whether this side asked the sidecar to stop (``shutdown``, :meth:`aclose`).
-        self._stop_asked = False
+        self._asked_to_stop = False
         #: Set when the sidecar announced it stopped reading (an ``error`` without id,
         #: code ``shutting_down``): no request may be sent on this connection any more.
-        self._ending: Union[ClosedError, None] = None
+        self._announced_end: Union[ClosedError, None] = None
         self._started = False
         self._ready_event = anyio.Event()
         self._reader_done = anyio.Event()
@@ -176,12 +152,12 @@ class Connection(Requester):
     @property
     def accepting(self) -> bool:
         """Whether requests may be sent: open, and the sidecar has not announced its end."""
-        return self._error is None and self._ending is None
+        return self._error is None and self._announced_end is None
 
     @property
     def ending(self) -> Union[ClosedError, None]:
         """Why the sidecar stopped reading, when it announced it before its stream ended."""
-        return self._ending
+        return self._announced_end
 
     @property
     def error(self) -> Union[SidecarError, None]:
@@ -192,6 +168,11 @@ class Connection(Requester):
     def pending(self) -> int:
         """Request ids still waiting for their terminal frame (abandoned ones included)."""
         return len(self._pending)
+
+    @property
+    def asked_to_stop(self) -> bool:
+        """Whether this side asked the sidecar to stop (``shutdown``, :meth:`aclose`)."""
+        return self._asked_to_stop
 
     @property
     def ready_event(self) -> anyio.Event:
@@ -266,8 +247,8 @@ class Connection(Requester):
 
     async def aclose(self) -> None:
         """Close both streams; pending requests fail with :class:`ClosedError`.  Idempotent."""
-        self._closing = True
-        self._stop_asked = True
+        self._end_expected = True
+        self._asked_to_stop = True
         self.abort("the connection was closed")
         with anyio.CancelScope(shield=True):
             await self.close_send()
@@ -296,7 +277,7 @@ class Connection(Requester):
 
     def mark_closing(self) -> None:
         """From now on the end of the stream is expected: pending requests fail with ClosedError."""
-        self._closing = True
+        self._end_expected = True
 
     async def run(self) -> None:
         """Read and route frames until the stream ends, then fail what is pending.
@@ -307,12 +288,12 @@ class Connection(Requester):
         if self._started:
             raise RuntimeError("Connection.run() can be called once")
         self._started = True
-        self._new_event = type(anyio.Event())
-        self._clock = self._sender.clock = loop_clock()
+        self._new_event = self._alarm.new_event = type(anyio.Event())
+        self.clock = self._sender.clock = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self._alarm)
+                tg.start_soon(self._alarm.run)
                 loss = await self._read_loop()
                 self._reader_done.set()
                 error = await self._error_for(loss)
@@ -341,74 +322,17 @@ class Connection(Requester):
         else:
             log.warning("connection to the sidecar lost: %s", error.message)
 
-    # ------------------------------------------------------------- deadlines
-
-    async def _wait_until(self, exchange: Exchange, deadline: float) -> None:
-        """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes.
-
-        One alarm task per connection enforces the deadlines of all waiting requests, so a
-        wait costs no cancel scope and no timer of its own.  Returns either way: the caller
-        looks at the clock.
-        """
-        if self._alarm_moved is None:  # no alarm task (not running, or ended)
-            with anyio.move_on_at(deadline):
-                await exchange.wait()
-            return
-        exchange.deadline = deadline
-        if deadline < self._alarm_at:
-            self._alarm_at = deadline
-            self._alarm_moved.set()
-        self._timed.add(exchange)
-        try:
-            await exchange.wait()
-        finally:
-            self._timed.discard(exchange)
-
-    async def _alarm(self) -> None:
-        """Wake each waiting request whose deadline has passed; sleeps until the nearest one.
-
-        Deadlines only move later while a request waits (a frame pushes its idle deadline
-        on), so the alarm may wake early and find nothing due: it then sleeps again.
-        """
-        try:
-            while True:
-                self._alarm_moved = moved = self._new_event()
-                with anyio.move_on_at(self._alarm_at):
-                    await moved.wait()
-                    continue  # an earlier deadline arrived: sleep until that one
-                now = anyio.current_time()
-                nearest = math.inf
-                for exchange in self._timed:
-                    if exchange.deadline <= now:
-                        exchange.wake()
-                    elif exchange.deadline < nearest:
-                        nearest = exchange.deadline
-                self._alarm_at = nearest
-        finally:
-            self._alarm_moved = None
-            for exchange in self._timed:  # their tasks wait on with a deadline of their own
-                exchange.wake()
-
     # --------------------------------------------------------------- reading
 
     async def _read_loop(self) -> Loss:
         with self._read_scope:
             try:
-                while self.ready is None:  # the handshake, frame by frame
-                    body = await self._reader.receive()
-                    if body is None:
-                        return Loss("eof", "the sidecar's output stream ended")
-                    if not self._challenged:
-                        challenge = challenge_of(body)
-                        if challenge is not None:
-                            self._challenged = True
-                            loss = await self._answer(challenge)
-                            if loss is not None:
-                                return loss
-                            continue
-                    loss = self._handle(body)
-                    if loss is not None:
-                        return loss
+                first = await handshake(
+                    self._reader, token=self._token, send_raw=self._sender.send_raw, redact=self._redact
+                )
+                if isinstance(first, Loss):
+                    return first
+                self._on_ready(first)
                 losses: list[Loss] = []
 
                 def on_frame(body: memoryview) -> bool:
@@ -438,53 +362,26 @@ class Connection(Requester):
                 return Loss("protocol", f"internal error in the frame reader: {exc!r}")
         return Loss("aborted", self._abort_reason)
 
-    async def _answer(self, challenge: dict[str, Any]) -> Union[Loss, None]:
-        """Prove we hold the token (socket transport); the token itself is never sent."""
-        nonce = challenge.get("nonce")
-        if challenge.get("method") != _auth.METHOD or not isinstance(nonce, bytes):
-            return Loss("protocol", f"the sidecar's challenge is not one this client answers: {challenge!r}")
-        if self._token is None:
-            return Loss("auth", "the sidecar requires a token, and none was given (token=...)")
-        mac = _auth.answer(self._token, nonce)
-        body = msgspec.msgpack.encode({"op": "auth", "mac": mac})
-        failure = await self._sender.send_raw(len(body).to_bytes(protocol.HEADER, "big") + body)
-        if failure is not None:
-            return Loss("eof", f"sending the token's proof failed: {failure}")
-        return None
-
     def _handle(self, body: memoryview) -> Union[Loss, None]:
-        if self.ready is None:
-            return self._handle_first(body)
+        """Route one frame read after ``ready`` to its exchange."""
         try:
             reply = protocol.decode_reply(body)
         except msgspec.MsgspecError as exc:
             return Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
         if isinstance(reply, protocol.Ready):
             return Loss("protocol", "the sidecar sent a second 'ready' frame")
+        if isinstance(reply, protocol.Audio) and reply.shm_offset is not None:
+            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         request_id = reply.id
         if request_id is None:
             assert isinstance(reply, protocol.Error)
             self._connection_error(reply)
             return None
         exchange = self._pending.get(request_id)
-        kind = type(reply)
-        if kind is protocol.Audio:
-            assert isinstance(reply, protocol.Audio)
-            loss = self._take_audio(reply, exchange)
-            if loss is not None:
-                return loss
         if exchange is None:
-            log.debug("dropping a %s frame for unknown request id %d", kind.__name__, request_id)
+            log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
-        now = self._clock()
-        if (kind is protocol.Progress and not exchange.progress_wanted) or (
-            kind is protocol.Audio and exchange.sink is not None and exchange.sink_error is None
-        ):
-            # Audio already in the request's assembler, progress nobody listens to: it
-            # counts as activity, and the request's task sleeps on until the end.
-            exchange.last_frame = self.last_activity = now
-            exchange.absorbed += 1
-            return None
+        now = self.clock()
         terminal = protocol.is_terminal(reply)
         if terminal:
             del self._pending[request_id]
@@ -492,18 +389,12 @@ class Connection(Requester):
                 self._room_wanted = False
                 self._room.set()
                 self._room = self._new_event()
-            if exchange.abandoned:
+            if exchange.state is ABANDONED:
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
             self.last_activity = now
-        queued_audio = kind is protocol.Audio and not exchange.abandoned
-        if queued_audio:
-            assert isinstance(reply, protocol.Audio)
-            if self._reader.shares(reply.pcm):  # read over once this returns: the request keeps a copy
-                reply.pcm = memoryview(bytes(reply.pcm))
-            exchange.buffered += len(reply.pcm)
-        exchange.deliver(reply, now, terminal)
-        if queued_audio and exchange.buffered > self._max_buffered:
+        exchange.receive(reply, now, terminal, self._reader.shares)
+        if exchange.buffered > self._max_buffered:
             self._overflow(exchange)
         return None
 
@@ -516,33 +407,14 @@ class Connection(Requester):
             limit=self._max_buffered,
         )
         log.warning("%s", error.message)
-        self._forget(exchange)  # cancels it on the sidecar; its later frames are dropped
-        exchange.buffered = 0
-        exchange.error = error
-        exchange.wake()
+        self.abandon(exchange, cancel=True)  # its later frames are dropped
+        exchange.fail(error)
 
-    def _take_audio(self, reply: protocol.Audio, exchange: Union[Exchange, None]) -> Union[Loss, None]:
-        """Samples into the request's assembler, if it has one (synthesize())."""
-        if reply.shm_offset is not None:
-            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
-        if exchange is not None and exchange.sink is not None and not exchange.abandoned:
-            try:
-                exchange.sink.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=self._reader.shares(reply.pcm))
-            except ProtocolError as exc:
-                if exchange.sink_error is None:
-                    exchange.sink_error = exc
-            reply.pcm = _NO_SAMPLES
-        return None
-
-    def _handle_first(self, body: memoryview) -> Union[Loss, None]:
-        first = read_ready(body, self._redact)
-        if isinstance(first, Loss):
-            return first
-        self.ready = first
-        self._reader.max_frame_size = max(first.max_frame_size, protocol.MIN_MAX_FRAME_SIZE)
+    def _on_ready(self, ready: protocol.Ready) -> None:
+        self.ready = ready
+        self._reader.max_frame_size = max(ready.max_frame_size, protocol.MIN_MAX_FRAME_SIZE)
         self._ready_event.set()
-        log.debug("sidecar ready: %s", first)
-        return None
+        log.debug("sidecar ready: %s", ready)
 
     def _connection_error(self, error: protocol.Error) -> None:
         message = self._redact(error.message)
@@ -551,7 +423,7 @@ class Connection(Requester):
             # the terminal frame of every request it read: those still pending never
             # reached it, and a supervisor may send them to a new sidecar.
             log.info("the sidecar is stopping on its own: %s", message)
-            self._ending = ClosedError(f"the sidecar stopped on its own: {message}")
+            self._announced_end = ClosedError(f"the sidecar stopped on its own: {message}")
             for exchange in list(self._pending.values()):
                 del self._pending[exchange.id]
                 exchange.fail(UnreadError(f"the sidecar stopped before reading request {exchange.id}"))
@@ -569,72 +441,92 @@ class Connection(Requester):
                 info = await self._describe_loss(loss.kind)
             except Exception:  # a broken describer must not lose the error
                 log.exception("describing the end of the connection failed")
-        if self._closing and self.ready is not None and loss.kind in ("eof", "aborted"):
+        if self._end_expected and self.ready is not None and loss.kind in ("eof", "aborted"):
             return ClosedError("the connection was closed")
         fatal = None
         if self._fatal is not None:
             fatal = f"{self._fatal.code}: {self._redact(self._fatal.message)}"
         return error_for_loss(loss, info, handshaken=self.ready is not None, fatal=fatal)
 
-    # --------------------------------------------------------------- writing
-
     def _check_open(self) -> None:
         if self._error is not None:
             raise fresh(self._error)
         if self.ready is None:
             raise RuntimeError("the connection has not received 'ready' yet")
-        if self._ending is not None:
-            raise UnreadError(self._ending.message)
+        if self._announced_end is not None:
+            raise UnreadError(self._announced_end.message)
 
-    def _register(self, build: _Build) -> Exchange:
-        """Allocate an id, encode the request and register it; nothing is sent yet."""
+    # ------------------------------------------------ the request seam (Channel)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the secrets this connection knows of blanked out."""
+        return self._redact(text)
+
+    def open_exchange(self, build: _Build) -> Exchange:
+        """Give the request built by ``build(id)`` an id and its frame; nothing is sent yet.
+
+        Raises the connection's error once it ended, and :class:`InvalidRequestError` for a
+        request no sidecar would take (see :func:`~._exchange.encode_request`).
+        """
         self._check_open()
         assert self.ready is not None
         request_id = next(self._ids)
-        message = build(request_id)
-        try:
-            data = protocol.frame(message)
-        except (TypeError, ValueError, msgspec.EncodeError) as exc:
-            raise InvalidRequestError(
-                f"the request cannot be encoded: {exc}", code="invalid_option", request_id=request_id
-            ) from None
-        except RecursionError:
-            raise InvalidRequestError(
-                f"the request is nested too deep to encode (at most {protocol.MAX_DEPTH} levels)",
-                code="invalid_option",
-                request_id=request_id,
-                detail={"field": "$"},
-            ) from None
-        if isinstance(message, protocol.Synthesize) and any(
-            not isinstance(value, _SCALARS) for value in message.options.values()
-        ):
-            # Only engine options can nest without limit; the sidecar may refuse deeper ones.
-            depth = protocol.peek(data[protocol.HEADER :]).depth
-            if depth > protocol.MAX_DEPTH:
-                raise InvalidRequestError(
-                    f"the request is nested {depth} levels deep, more than the {protocol.MAX_DEPTH} "
-                    "a sidecar must accept",
-                    code="invalid_option",
-                    request_id=request_id,
-                    detail={"field": "$", "depth": depth},
-                )
-        size = len(data) - protocol.HEADER
-        if size > self.ready.max_frame_size:
-            raise InvalidRequestError(
-                f"the request takes {size} bytes, "
-                f"more than the sidecar's max_frame_size of {self.ready.max_frame_size}",
-                code="invalid_input",
-                request_id=request_id,
-            )
-        exchange = Exchange(request_id, self._clock(), self._new_event)
+        data = encode_request(build(request_id), self.ready.max_frame_size)
+        exchange = Exchange(request_id, self.clock(), self._new_event)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
 
-    async def _send_exchange(self, exchange: Exchange) -> None:
-        """Send a registered request.  Once its first byte is written the send is shielded."""
+    async def send(self, exchange: Exchange) -> None:
+        """Write an opened exchange's frame.  Once its first byte is written the send is shielded."""
         data, exchange.data = exchange.data, b""
         await self._send_frame(data, exchange)
+
+    def wait(self, exchange: Exchange, deadline: float) -> Awaitable[None]:
+        """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes; returns either way.
+
+        The connection's one alarm enforces the deadlines of all waiting requests, so a wait
+        costs no cancel scope and no timer of its own; the caller looks at the clock.
+        """
+        return self._alarm.wait(exchange, deadline)
+
+    def room(self) -> Union[anyio.Event, None]:
+        """An event set when the next request of this connection ends; None when none is in flight."""
+        if not self._pending:
+            return None
+        self._room_wanted = True
+        return self._room
+
+    def abandon(self, exchange: Exchange, *, cancel: bool) -> Union[anyio.Event, None]:
+        """The request's caller gave up on it; its frames are dropped from now on.
+
+        With ``cancel`` a request on the wire is cancelled on the sidecar in the background;
+        returns an event set once that ``cancel`` frame is written (None when none is sent).
+        Without (ping), the sidecar finishes it and its answer is dropped.  Never blocks
+        and never raises: callable from a cancelled task and from the reader.
+        """
+        if exchange.state is ABANDONED:
+            return exchange.cancel_sent
+        was = exchange.abandon()
+        if was is REGISTERED:  # never written: the sidecar knows nothing of it
+            self._pending.pop(exchange.id, None)
+            return None
+        ended = was is ENDED or self._pending.get(exchange.id) is not exchange
+        tg = self._tg
+        if not cancel or ended or tg is None or self._error is not None:
+            return None
+        exchange.cancel_sent = self._new_event()
+        if self._routing:
+            # Called from the reader's callback, which may start no task: right after it.
+            def start() -> None:
+                tg.start_soon(self._cancel_in_background, exchange)
+
+            self._deferred.append(start)
+        else:
+            tg.start_soon(self._cancel_in_background, exchange)
+        return exchange.cancel_sent
+
+    # --------------------------------------------------------------- writing
 
     async def _send_frame(self, data: bytes, exchange: Union[Exchange, None]) -> None:
         failure = await self._sender.send(data, exchange, self._check_sendable)
@@ -649,69 +541,26 @@ class Connection(Requester):
         assert self._error is not None
         raise fresh(self._error)
 
-    def _room_event(self) -> Union[anyio.Event, None]:
-        """An event set when the next request of this connection ends; None when none is in flight."""
-        if not self._pending:
-            return None
-        self._room_wanted = True
-        return self._room
-
     def _check_sendable(self, exchange: Union[Exchange, None]) -> None:
-        """Raise the connection's error, or its ending, if nothing may be sent any more."""
+        """Raise the connection's error, or its announced end, if nothing may be sent any more."""
         if self._error is not None:
             raise fresh(self._error)
-        if self._ending is not None:
+        if self._announced_end is not None:
             if exchange is not None:
                 self._pending.pop(exchange.id, None)
-            raise UnreadError(self._ending.message)
-
-    def _forget(self, exchange: Exchange) -> Union[anyio.Event, None]:
-        """The request's caller gave up on it; cancel it in the background if it was sent.
-
-        Returns an event set once the ``cancel`` frame is written (None when no cancel
-        is needed).  Never blocks and never raises: callable from a cancelled task.
-        """
-        if exchange.abandoned:
-            return exchange.cancel_sent
-        exchange.abandoned = True
-        exchange.items.clear()
-        if exchange.terminated:
-            return None
-        if not exchange.sent:
-            self._pending.pop(exchange.id, None)
-            return None
-        tg = self._tg
-        if tg is None or self._error is not None:
-            return None
-        exchange.cancel_sent = self._new_event()
-        if self._routing:
-            # Called from the reader's callback, which may start no task: right after it.
-            def start() -> None:
-                tg.start_soon(self._cancel_in_background, exchange)
-
-            self._deferred.append(start)
-        else:
-            tg.start_soon(self._cancel_in_background, exchange)
-        return exchange.cancel_sent
-
-    def _drop(self, exchange: Exchange) -> None:
-        """Forget a request without cancelling it on the sidecar (ping)."""
-        exchange.abandoned = True
-        exchange.items.clear()
-        if not exchange.sent:
-            self._pending.pop(exchange.id, None)
+            raise UnreadError(self._announced_end.message)
 
     async def _cancel_in_background(self, target: Exchange) -> None:
         try:
-            if target.terminated or self._error is not None:
-                return
+            if self._pending.get(target.id) is not target or self._error is not None:
+                return  # it ended meanwhile: nothing to cancel
             cancel = Exchange(next(self._ids), anyio.current_time(), self._new_event)
-            cancel.abandoned = True  # its ``ok`` is collected by the reader and dropped
             self._pending[cancel.id] = cancel
             try:
                 await self._send_frame(protocol.frame(protocol.Cancel(id=cancel.id, target=target.id)), cancel)
             finally:
-                if not cancel.sent:
+                # Its ``ok`` is collected by the reader and dropped; one never written never comes.
+                if cancel.abandon() is REGISTERED:
                     self._pending.pop(cancel.id, None)
             log.debug("cancel %d sent for request %d", cancel.id, target.id)
         except SidecarError as exc:
@@ -723,8 +572,8 @@ class Connection(Requester):
                 target.cancel_sent.set()
 
     async def _connection(self) -> Connection:
-        if self._ending is not None and self._error is None:
-            raise fresh(self._ending)  # nothing can restart this sidecar
+        if self._announced_end is not None and self._error is None:
+            raise fresh(self._announced_end)  # nothing can restart this sidecar
         self._check_open()
         return self
 
@@ -734,7 +583,7 @@ class Connection(Requester):
         Returns when the sidecar acknowledged it; the stream ends right after.
         """
         self.mark_closing()
-        self._stop_asked = True
+        self._asked_to_stop = True
         await self._call(lambda i: protocol.Shutdown(id=i), timeout=timeout, idle_timeout=None, cancellable=False)
 
 

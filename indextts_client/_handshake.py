@@ -1,20 +1,23 @@
-"""The start and the end of a connection: the first frame read, and why a connection ended.
+"""The start and the end of a connection: the handshake, and why a connection ended.
 
-Pure functions over what the reader saw: :func:`read_ready` checks the first frame (the
-``ready`` handshake, or the sidecar's reason for not starting); :func:`error_for_loss` turns
-why the reader stopped, plus what the owner knows of the process, into the typed error
-every pending request fails with.
+:func:`handshake` reads frames until the sidecar's ``ready`` (answering a socket
+transport's challenge on the way).  The rest are pure functions over what the reader saw:
+:func:`read_ready` checks the first frame (the ``ready``, or the sidecar's reason for not
+starting); :func:`error_for_loss` turns why the reader stopped, plus what the owner knows
+of the process, into the typed error every pending request fails with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import msgspec
 
 from indextts_sidecar import protocol
+from indextts_sidecar.protocol import auth
+from indextts_sidecar.protocol.framing import FrameReader
 
 from ._exceptions import (
     AuthenticationError,
@@ -26,7 +29,10 @@ from ._exceptions import (
     describe_exit,
 )
 
-__all__ = ["Loss", "LossInfo", "challenge_of", "error_for_loss", "read_ready"]
+__all__ = ["Loss", "LossInfo", "answer_challenge", "challenge_of", "error_for_loss", "handshake", "read_ready"]
+
+#: Writes one whole frame outside any request; returns what failed, else None.
+SendRaw = Callable[[bytes], Awaitable[Union[str, None]]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,47 @@ def challenge_of(body: memoryview) -> Union[dict[str, Any], None]:
         return None
     if isinstance(loose, dict) and loose.get("op") == "challenge":
         return loose
+    return None
+
+
+async def handshake(
+    reader: FrameReader, *, token: Union[bytes, str, None], send_raw: SendRaw, redact: Callable[[str], str]
+) -> Union[protocol.Ready, Loss]:
+    """Read frames until the sidecar's ``ready``: the ``ready``, or why there is none.
+
+    A socket transport may first send a ``challenge``, answered once with ``token``'s proof;
+    framing errors of the reader propagate.
+    """
+    challenged = False
+    while True:
+        body = await reader.receive()
+        if body is None:
+            return Loss("eof", "the sidecar's output stream ended")
+        if not challenged:
+            challenge = challenge_of(body)
+            if challenge is not None:
+                challenged = True
+                loss = await answer_challenge(challenge, token, send_raw)
+                if loss is not None:
+                    return loss
+                continue
+        return read_ready(body, redact)
+
+
+async def answer_challenge(
+    challenge: dict[str, Any], token: Union[bytes, str, None], send_raw: SendRaw
+) -> Union[Loss, None]:
+    """Prove we hold the token (socket transport); the token itself is never sent."""
+    nonce = challenge.get("nonce")
+    if challenge.get("method") != auth.METHOD or not isinstance(nonce, bytes):
+        return Loss("protocol", f"the sidecar's challenge is not one this client answers: {challenge!r}")
+    if token is None:
+        return Loss("auth", "the sidecar requires a token, and none was given (token=...)")
+    mac = auth.answer(token, nonce)
+    body = msgspec.msgpack.encode({"op": "auth", "mac": mac})
+    failure = await send_raw(len(body).to_bytes(protocol.HEADER, "big") + body)
+    if failure is not None:
+        return Loss("eof", f"sending the token's proof failed: {failure}")
     return None
 
 

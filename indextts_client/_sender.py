@@ -51,7 +51,7 @@ class FrameSender:
                 written = 0  # the slow path reports it
             if written == len(data):
                 if exchange is not None:
-                    exchange.sent = True
+                    exchange.mark_sent()
                 return None
             self._lock.acquire_nowait()  # before any await: the rest of this frame goes next
             try:
@@ -80,5 +80,5 @@ class FrameSender:
             if scope.cancelled_caught:
                 failure = f"writing a frame to the sidecar stalled for {self._limit:g} s"
             elif failure is None and exchange is not None:
-                exchange.sent = True
+                exchange.mark_sent()
         return failure
