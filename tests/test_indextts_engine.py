@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from harness import REPO, STANDIN, make_checkpoints
 
-from indextts_sidecar.engines import Cancelled, LoadError, RequestError, SynthesisRequest, engine_class
+from indextts_sidecar.engines import Cancelled, EngineError, LoadError, RequestError, SynthesisRequest, engine_class
 from indextts_sidecar.engines import indextts as adapter
 from indextts_sidecar.engines.indextts import (
     AUX_FILES,
@@ -197,7 +197,7 @@ def test_conversion_accepts_tensors_and_int16() -> None:
     native = np.array([[5], [-32768], [32767]], dtype=np.int16)  # the non-streaming (N, 1) return
     out = to_pcm16(native, unit_scale=True)  # int16 is never rescaled
     assert out.tolist() == [5, -32768, 32767] and out.dtype == np.dtype("<i2") and out.flags.c_contiguous
-    with pytest.raises(adapter.EngineError, match="not mono"):
+    with pytest.raises(EngineError, match="not mono"):
         to_pcm16(np.zeros((2, 10), dtype=np.float32), unit_scale=False)
 
 
@@ -295,7 +295,7 @@ def test_check_rejects_bad_text_and_voice(tmp_path: Path, voice: str) -> None:
 def test_check_rejects_an_unreadable_voice(voice: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Permission bits cannot make a file unreadable for root (CI runs as root): ask os.access.
     real_access = os.access
-    monkeypatch.setattr(adapter.os, "access", lambda path, mode: path != voice and real_access(path, mode))
+    monkeypatch.setattr(os, "access", lambda path, mode: path != voice and real_access(path, mode))
     assert _check_error(_engine(IndexTTS2Engine), _request(IndexTTS2Engine, voice)) == "$.voice"
 
 
@@ -535,7 +535,7 @@ def test_load_reports_each_step_and_heartbeats_while_constructing(
     standin("v2")
     gate = tmp_path / "construct-gate"
     monkeypatch.setenv("INDEXTTS_STANDIN_CONSTRUCT_GATE", str(gate))
-    monkeypatch.setattr(adapter, "HEARTBEAT_INTERVAL", 0.01)
+    monkeypatch.setattr(adapter._adapter, "HEARTBEAT_INTERVAL", 0.01)
     events: list[tuple[Any, ...]] = []
     lock = threading.Lock()
 
@@ -865,14 +865,14 @@ def test_errors_of_the_first_next_are_reported_as_preparing_the_references(
     engine.check(request)
     gone.unlink()
     events: list[tuple[Any, ...]] = []
-    with pytest.raises(adapter.EngineError) as info:
+    with pytest.raises(EngineError) as info:
         list(engine.synthesize(request, lambda *a: events.append(a), _never))
     assert str(info.value).startswith("preparing the references failed: FileNotFoundError: ")
     assert (info.value.code, info.value.field) == ("engine_error", "$.voice")
     assert events and {e[0] for e in events} == {"prepare"}
     # Any other failure there: no field.
     monkeypatch.setenv("INDEXTTS_STANDIN_INFER_ERROR", "CUDA out of memory")
-    with pytest.raises(adapter.EngineError) as info:
+    with pytest.raises(EngineError) as info:
         _speak(engine, _request(IndexTTS2Engine, voice))
     assert str(info.value) == "preparing the references failed: RuntimeError: CUDA out of memory"
     assert (info.value.code, info.value.field) == ("engine_error", None)
@@ -891,7 +891,7 @@ def test_a_failing_emotion_clip_is_named_as_such(
     request = _request(IndexTTS2Engine, voice, emotion=EmotionAudio(path=str(clip)))
     engine.check(request)
     clip.unlink()  # gone by the time upstream reads it
-    with pytest.raises(adapter.EngineError) as info:
+    with pytest.raises(EngineError) as info:
         list(engine.synthesize(request, _progress, _never))
     assert str(info.value).startswith("preparing the references failed: FileNotFoundError: ")
     assert info.value.field == "$.emotion.path"
@@ -1348,11 +1348,11 @@ def test_stage_times_are_read_from_upstreams_stdout_which_still_gets_everything(
     import io
     import sys
 
-    from indextts_sidecar.engines.indextts import _StageTimes
+    from indextts_sidecar.engines.indextts._upstream import StageTimes
 
     real = io.StringIO()
     monkeypatch.setattr(sys, "stdout", real)
-    times = _StageTimes()
+    times = StageTimes()
     with times.capturing():
         print(">> gpt_gen_time: 1.25 seconds")
         with times.capturing():  # nested: no loop of the stream onto itself
