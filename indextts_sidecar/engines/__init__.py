@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 import msgspec
 
 from ..protocol import Emotion
-from ..protocol.engine_info import EngineDescription, SpeedControl
+from ..protocol.engine_info import EngineDescription, SpeedControl  # shared with the client; named here too
 
 __all__ = [
     "ENTRY_POINT_GROUP",
