@@ -9,7 +9,7 @@ from typing import Union
 import anyio
 import msgspec
 
-from indextts_sidecar.engines import EngineDescription
+from indextts_sidecar.protocol.engine_info import EngineDescription
 
 __all__ = ["EngineDescription", "list_engines"]
 

@@ -101,7 +101,7 @@ def _probe_torch() -> TorchInfo:
 
 def _probe_indextts(version: Union[str, None] = None) -> IndexTTSInfo:
     """The installed code that runs ``version`` (the checkpoint directory's), else any."""
-    from .engines.indextts import PYPI25_DISTRIBUTION, PYPI_DISTRIBUTION, _hint, find_flavour
+    from .engines.indextts._install import PYPI25_DISTRIBUTION, PYPI_DISTRIBUTION, find_flavour, import_hint
 
     info = IndexTTSInfo()
     try:
@@ -117,7 +117,7 @@ def _probe_indextts(version: Union[str, None] = None) -> IndexTTSInfo:
         flavour = find_flavour((version,) if version else ("2.5", "2"))
         info.modules = [m for m in modules if _module_exists(m)]
     except (Exception, SystemExit) as exc:  # the package's __init__ failed
-        info.error = f"importing the indextts package fails: {_describe(exc)}{_hint(exc)}"
+        info.error = f"importing the indextts package fails: {_describe(exc)}{import_hint(exc)}"
         return info
     if flavour is None:
         info.location = next(iter(spec.submodule_search_locations or []), None) or spec.origin
@@ -133,7 +133,7 @@ def _probe_indextts(version: Union[str, None] = None) -> IndexTTSInfo:
     try:
         importlib.import_module(flavour.module)
     except (Exception, SystemExit) as exc:
-        info.error = f"importing {flavour.module} fails: {_describe(exc)}{_hint(exc)}"
+        info.error = f"importing {flavour.module} fails: {_describe(exc)}{import_hint(exc)}"
         return info
     info.imports = True
     return info
@@ -170,7 +170,7 @@ def _judge_transformers(info: IndexTTSInfo) -> TransformersInfo:
 
 
 def _probe_checkpoints(model_dir: Union[str, None], flavour: Union[str, None]) -> CheckpointInfo:
-    from .engines.indextts import (
+    from .engines.indextts._install import (
         AUX_FILES,
         AUX_FILES_25,
         CHECKPOINT_FILES,
@@ -276,7 +276,7 @@ def _judge(report: DoctorReport) -> None:
 
 
 def _judge_checkpoints(report: DoctorReport) -> None:
-    from .engines.indextts import QWEN_EMO_DIR
+    from .engines.indextts._install import QWEN_EMO_DIR
 
     ck = report.checkpoints
     if ck.model_version == "2.5":
@@ -361,7 +361,7 @@ def build_report(model_dir: Union[str, None] = None, engine: Union[str, None] = 
     report.torch = _probe_torch()
     if report.torch.version:
         report.packages["torch"] = report.torch.version
-    from .engines.indextts import checkpoint_version
+    from .engines.indextts._install import checkpoint_version
 
     # The checkpoint directory decides which model version (and so which code) is wanted.
     version = checkpoint_version(model_dir) if model_dir is not None else None

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 import msgspec
 
 from ..protocol import Emotion
+from ..protocol.engine_info import EngineDescription, SpeedControl  # shared with the client; named here too
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -96,37 +97,6 @@ class Cancelled(Exception):
 
 class NoOptions(msgspec.Struct, forbid_unknown_fields=True):
     """Options struct for an engine that takes none."""
-
-
-class SpeedControl(msgspec.Struct, frozen=True, kw_only=True):
-    """How an engine speaks faster or slower: the request option that does it and its range.
-
-    Speed 1 is the option at ``normal``; speed ``s`` sets it to ``normal * s`` (a rate), or
-    ``normal / s`` with ``inverse`` (a duration).  Servers map OpenAI's ``speed`` through
-    this and refuse a speed whose value falls outside ``[minimum, maximum]``.
-    """
-
-    option: str
-    normal: float
-    minimum: float
-    maximum: float
-    inverse: bool = False
-    integer: bool = False
-
-    def speed_range(self) -> tuple[float, float]:
-        """The speeds whose option value lies in range."""
-        low, high = self.minimum / self.normal, self.maximum / self.normal
-        return (1 / high, 1 / low) if self.inverse else (low, high)
-
-    def value(self, speed: float) -> Union[int, float, None]:
-        """The option's value for ``speed``; None when out of range."""
-        value = self.normal / speed if self.inverse else self.normal * speed
-        if self.integer:
-            value = round(value)
-        slack = 1e-9 * max(abs(self.minimum), abs(self.maximum))  # 0.06 / 0.25 is 0.24000000000000002
-        if not self.minimum - slack <= value <= self.maximum + slack:
-            return None
-        return min(max(value, self.minimum), self.maximum)
 
 
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
@@ -233,21 +203,6 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
         ``--describe-engines`` and the doctor, never when serving.
         """
         return None
-
-
-class EngineDescription(msgspec.Struct, kw_only=True):
-    """What ``python -m indextts_sidecar --describe-engines`` reports about one engine."""
-
-    name: str
-    description: str = ""
-    native_sample_rate: Union[int, None] = None
-    capabilities: list[str] = msgspec.field(default_factory=list)
-    #: Whether its dependencies are there, as far as can be told without loading a model.
-    available: bool = False
-    #: Why it is not available.
-    problem: Union[str, None] = None
-    #: Its speed control, when it has one.
-    speed: Union[SpeedControl, None] = None
 
 
 def describe_engine(name: str) -> EngineDescription:

@@ -11,7 +11,7 @@ from typing import Union
 
 import msgspec
 
-from ..engines import EngineDescription
+from .engine_info import EngineDescription
 
 __all__ = [
     "DOCTOR_VERSION",

@@ -1,0 +1,644 @@
+"""The adapter: upstream's ``IndexTTS2`` class driven keyword by keyword, one engine for every flavour.
+
+``indextts`` (and with it torch) is imported inside :meth:`_IndexTTSEngine.load`, on the
+sidecar's engine thread, after the sidecar has moved fd 1 out of the way of upstream's
+prints; numpy is imported on first use.  Every call into the model happens on that one
+engine thread: upstream's instance is not thread-safe, and nothing here starts a thread
+that touches it (the heartbeat thread only reports progress).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Union
+
+from ...protocol import EmotionAudio, EmotionText, EmotionVector
+from .. import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest, heartbeat
+from ._emotion import check_vector, emotion_kwargs
+from ._install import (
+    FLAVOUR_MODULES,
+    PYPI25_DISTRIBUTION,
+    PYPI_DISTRIBUTION,
+    QWEN_EMO_DIR,
+    Flavour,
+    aux_paths,
+    checkpoint_version,
+    find_flavour,
+    import_hint,
+    installation_problem,
+    missing_checkpoints,
+    package_dir,
+)
+from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
+from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._upstream import (
+    StageTimes,
+    accelerated,
+    default_of,
+    named_parameters,
+    offline,
+    preserved_process_state,
+    takes_var_keyword,
+)
+from ._voice_cache import VoiceCache
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE"]
+
+# Named after the package, as before it was split: log lines and logging configs name it.
+log = logging.getLogger("indextts_sidecar.engines.indextts")
+
+#: IndexTTS-2 and 2.5 both emit 22050 Hz mono.
+NATIVE_SAMPLE_RATE = 22050
+#: Seconds between heartbeats while a long step runs (constructing, generating a segment).
+HEARTBEAT_INTERVAL = 2.0
+
+
+class _IndexTTSEngine(Engine[Any, Any]):
+    """The adapter; subclasses choose the model versions they accept."""
+
+    native_sample_rate = NATIVE_SAMPLE_RATE
+    capabilities: ClassVar[tuple[str, ...]] = (
+        "streaming",
+        "voice_clone",
+        "emotion_vector",
+        "emotion_audio",
+        "emotion_text",
+    )
+    #: Model versions this engine may load ("2", "2.5"); the checkpoint directory picks one.
+    _PREFER: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def probe(cls) -> Union[str, None]:
+        return installation_problem(cls._PREFER)
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self._model: Any = None
+        #: The flavour loaded (or last loaded); None before the first load.
+        self.flavour: Union[Flavour, None] = None
+        self._infer_params: frozenset[str] = frozenset()
+        self._qwen_emo: Union[bool, None] = None
+        self._voices = VoiceCache(options.voice_cache)
+        self._request_facts: dict[str, Any] = {}
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def info(self) -> dict[str, Any]:
+        """What ``load`` reports: the flavour, the model version, where it came from, the voice cache."""
+        flavour = self.flavour
+        if flavour is None:
+            return {}
+        return {
+            "flavour": flavour.label,
+            "model_version": flavour.version,
+            "module": flavour.module,
+            "model_dir": os.path.abspath(self.options.model_dir),
+            "voice_cache": self._voices.stats(),
+        }
+
+    # ---------------------------------------------------------- check
+
+    def check(self, request: SynthesisRequest[Any]) -> None:
+        """Everything that needs no model, on the event loop thread."""
+        _check_text(request.text)
+        if request.voice is None:
+            raise RequestError(
+                "IndexTTS clones a voice: set voice to the path of a speaker reference clip", field="$.voice"
+            )
+        _check_readable(request.voice, "$.voice", "voice reference")
+        options = request.options
+        if options.do_sample is not None:
+            raise RequestError(
+                "do_sample has no effect: upstream IndexTTS always samples (it drops the option and passes True)",
+                field="$.options.do_sample",
+                code="unknown_option",
+            )
+        emotion = request.emotion
+        if isinstance(emotion, EmotionVector):
+            check_vector(emotion, normalize=self._normalize_emotion(request))
+        elif isinstance(emotion, EmotionAudio):
+            _check_readable(emotion.path, "$.emotion.path", "emotion reference")
+            if not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
+                raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
+        elif isinstance(emotion, EmotionText) and not math.isfinite(emotion.alpha):
+            raise RequestError(f"emotion alpha must be a finite number, got {emotion.alpha}", field="$.emotion.alpha")
+        self._check_flavour(request)
+
+    def request_facts(self) -> dict[str, Any]:
+        facts, self._request_facts = self._request_facts, {}
+        return facts
+
+    def _normalize_emotion(self, request: SynthesisRequest[Any]) -> bool:
+        value = getattr(request.options, "normalize_emotion", None)
+        return bool(self.options.normalize_emotion if value is None else value)
+
+    def _qwen_emo_enabled(self) -> Union[bool, None]:
+        """Whether the Qwen emotion model is (or will be) loaded; None when not yet known."""
+        if self.loaded:
+            return self._qwen_emo
+        if self.options.use_qwen_emo is not None:
+            return bool(self.options.use_qwen_emo)
+        if len(self._PREFER) == 1:
+            return self._PREFER[0] != "2.5"
+        return None
+
+    def _version(self) -> Union[str, None]:
+        """The model version this engine runs, once known (the flavour, else the directory)."""
+        if self.flavour is not None:
+            return self.flavour.version
+        if len(self._PREFER) == 1:
+            return self._PREFER[0]
+        return checkpoint_version(self.options.model_dir, self.options.cfg_path)
+
+    def _check_flavour(self, request: SynthesisRequest[Any]) -> None:
+        """Checks that depend on the model version or on the loaded flavour."""
+        options = request.options
+        if isinstance(request.emotion, EmotionText) and self._qwen_emo_enabled() is False:
+            raise RequestError(
+                "emotion from text needs the Qwen emotion model, which this engine runs without: "
+                f"start it with -o use_qwen_emo=true (and {QWEN_EMO_DIR}/ in the checkpoint directory)",
+                field="$.emotion",
+            )
+        version = self._version()
+        if version == "2.5" and getattr(options, "more_segment_before", None) is not None:
+            raise RequestError(
+                "more_segment_before has no effect on IndexTTS-2.5 (its streaming never reads it)",
+                field="$.options.more_segment_before",
+                code="unknown_option",
+            )
+        if version == "2":
+            for name in ("lang", "duration_factor", "text_normalization"):
+                if getattr(options, name, None) is not None:
+                    raise RequestError(
+                        f"option {name!r} is for IndexTTS-2.5; this checkpoint is IndexTTS-2",
+                        field=f"$.options.{name}",
+                        code="unknown_option",
+                    )
+        if not self.loaded or self.flavour is None:
+            return
+        if isinstance(request.emotion, EmotionText) and "use_emo_text" not in self._infer_params:
+            raise RequestError(
+                f"the installed {self.flavour.label} has no emotion from text", field="$.emotion", code="unknown_option"
+            )
+        for name in INFER_KEYWORDS:
+            if getattr(options, name, None) is not None and name not in self._infer_params:
+                raise RequestError(
+                    f"option {name!r} is not supported by the installed {self.flavour.label}",
+                    field=f"$.options.{name}",
+                    code="unknown_option",
+                )
+        if accelerated(self._model):
+            for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
+                if getattr(options, name, None) is not None:
+                    raise RequestError(
+                        f"option {name!r} is ignored by upstream's accelerated GPT (use_accel), which honours "
+                        "only temperature and max_mel_tokens",
+                        field=f"$.options.{name}",
+                        code="unknown_option",
+                    )
+
+    # ---------------------------------------------------------- load
+
+    def load(self, progress: ProgressFn, cancelled: Callable[[], bool]) -> None:
+        if self._model is not None:
+            progress("load", 1.0, "loaded")
+            return
+        self.dropped_options = []
+        opts = self.options
+        progress("load", 0.0, "checking the installation and the checkpoint directory")
+        version = self._directory_version()
+        flavour = self._resolve_flavour(version)
+        qwen_emo = opts.use_qwen_emo if opts.use_qwen_emo is not None else flavour.qwen_emo_default
+        if flavour.kind == "pypi":
+            qwen_emo = True  # indextts2-inference always loads it, whatever use_qwen_emo says
+        self._check_checkpoints(flavour, qwen_emo)
+        if cancelled():
+            raise Cancelled
+        progress("load", 0.1, f"importing {flavour.module} ({flavour.label})")
+        cls = self._import(flavour)
+        if cancelled():
+            raise Cancelled
+        kwargs = self._constructor_kwargs(cls, flavour)
+        self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
+        if "use_qwen_emo" in kwargs:
+            self._qwen_emo = bool(kwargs["use_qwen_emo"])
+        elif flavour.kind == "pypi":
+            self._qwen_emo = True
+        else:
+            default = default_of(cls.__init__, "use_qwen_emo")
+            self._qwen_emo = default if isinstance(default, bool) else None
+        if self._qwen_emo and not qwen_emo:
+            # The installed constructor turns it on where we assumed off: check for the folder now.
+            self._check_checkpoints(flavour, True)
+        lang = getattr(opts, "lang", None)
+        if lang is not None and "lang" not in self._infer_params:
+            self._drop("lang", flavour)
+        log.info("constructing %s from %s with %s", flavour.label, flavour.module, kwargs)
+        message = f"constructing {flavour.label} on {opts.device or 'the default device'}"
+        progress("load", 0.3, message)
+        with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
+            model = cls(**kwargs)
+        self._model = model
+        self.flavour = flavour
+        self._voices.clear()
+        self.sample_rate = NATIVE_SAMPLE_RATE
+        progress("load", 1.0, f"loaded {flavour.label}")
+        if cancelled():  # the model stays loaded: the next request uses it
+            raise Cancelled
+
+    def _directory_version(self) -> str:
+        """The checkpoint directory's model version; refuses one this engine does not run."""
+        opts = self.options
+        version = checkpoint_version(opts.model_dir, opts.cfg_path)
+        if version is None:
+            # Nothing recognisable (often: no directory at all): list what this engine needs.
+            version = self._PREFER[-1] if len(self._PREFER) == 1 else "2"
+            qwen_emo = opts.use_qwen_emo if opts.use_qwen_emo is not None else version == "2"
+            self._check_checkpoints(Flavour(kind=version, module="", location=None), bool(qwen_emo))
+            return version
+        if version not in self._PREFER:
+            other = "indextts2.5" if version == "2.5" else "indextts2"
+            raise LoadError(
+                f"checkpoint directory {os.path.abspath(opts.model_dir)} holds an IndexTTS-{version} model, "
+                f"which engine {self.name!r} does not run: start the sidecar with --engine {other} "
+                "(or --engine indextts, which follows the directory)",
+                field="model_dir",
+            )
+        return version
+
+    def _resolve_flavour(self, version: str) -> Flavour:
+        try:
+            flavour = find_flavour((version,))
+        except ImportError as exc:
+            raise LoadError(f"the indextts package is installed but fails to import: {exc}{import_hint(exc)}") from exc
+        if flavour is not None:
+            return flavour
+        modules = " or ".join(module for module, _ in FLAVOUR_MODULES[version])
+        other = find_flavour(("2.5", "2"))
+        if other is None and package_dir() is None and package_dir("indextts25") is None:
+            raise LoadError(
+                f"IndexTTS is not installed in this interpreter ({sys.executable}): install upstream IndexTTS "
+                "into this venv (git clone https://github.com/index-tts/index-tts && pip install -e index-tts), "
+                f"or the PyPI package {PYPI25_DISTRIBUTION if version == '2.5' else PYPI_DISTRIBUTION}; "
+                "see docs/indextts.md; `python -m indextts_sidecar --doctor` checks the set-up"
+            )
+        found = f" (it has {other.label}, which cannot run this checkpoint)" if other is not None else ""
+        raise LoadError(
+            f"the checkpoint directory holds an IndexTTS-{version} model, and no {modules} is installed{found}"
+        )
+
+    def _check_checkpoints(self, flavour: Flavour, qwen_emo: bool) -> None:
+        opts = self.options
+        model_dir = opts.model_dir
+        aux = flavour.local_aux and not opts.allow_download
+        missing = missing_checkpoints(
+            model_dir, cfg_path=opts.cfg_path, qwen_emo=qwen_emo, version=flavour.version, aux=aux
+        )
+        if not missing:
+            return
+        where = os.path.abspath(model_dir)
+        state = "does not exist" if not os.path.isdir(model_dir) else "is incomplete"
+        notes = []
+        if QWEN_EMO_DIR + "/" in missing:
+            why = "the PyPI package always loads it" if flavour.kind == "pypi" else "use_qwen_emo is on"
+            notes.append(f"{QWEN_EMO_DIR}/ is needed because {why}")
+        if any(name.startswith("hf_cache/") for name in missing):
+            notes.append(
+                "the hf_cache/ entries are auxiliary models that upstream would download: copy a filled hf_cache/ "
+                "over, or start once with -o allow_download=true on a machine with network access"
+            )
+        note = f" ({'; '.join(notes)})" if notes else ""
+        repo = "IndexTeam/IndexTTS-2.5" if flavour.version == "2.5" else "IndexTeam/IndexTTS-2"
+        raise LoadError(
+            f"checkpoint directory {where} {state}: missing {', '.join(missing)}{note}; download the model's "
+            f"checkpoints into it (e.g. `hf download {repo} --local-dir DIR`) and set -o model_dir=DIR",
+            field="model_dir",
+        )
+
+    def _import(self, flavour: Flavour) -> Any:
+        try:
+            with preserved_process_state():
+                module = importlib.import_module(flavour.module)
+        except ImportError as exc:
+            raise LoadError(
+                f"importing {flavour.module} failed: {type(exc).__name__}: {exc}{import_hint(exc)}"
+            ) from exc
+        cls = getattr(module, "IndexTTS2", None)
+        if cls is None:
+            raise LoadError(f"{flavour.module} has no IndexTTS2 class: an unsupported indextts version")
+        return cls
+
+    def _constructor_kwargs(self, cls: Any, flavour: Flavour) -> dict[str, Any]:
+        """Keyword arguments for the constructor; options it does not accept are dropped and recorded."""
+        opts = self.options
+        accepted = named_parameters(cls.__init__)
+        open_ended = takes_var_keyword(cls.__init__)
+        kwargs: dict[str, Any] = {
+            "model_dir": opts.model_dir,
+            "cfg_path": opts.cfg_path if opts.cfg_path is not None else os.path.join(opts.model_dir, "config.yaml"),
+        }
+        for option, keyword in CONSTRUCTOR_KEYWORDS.items():
+            value = getattr(opts, option, None)
+            if value is not None:
+                kwargs[keyword] = value
+        device = str(opts.device or "")
+        if device.startswith("mps") and kwargs.get("use_fp16"):
+            # Upstream turns half precision off on MPS only when it picks the device itself.
+            log.warning("fp16 is slower than float32 on MPS (upstream's own choice): fp16 dropped")
+            del kwargs["use_fp16"]
+            self.dropped_options.append("fp16")
+        if flavour.local_aux and "aux_paths" in accepted and not opts.allow_download:
+            # Hand upstream the auxiliary models checked above, so it never looks further.
+            kwargs["aux_paths"] = aux_paths(opts.model_dir)
+        if open_ended:
+            return kwargs
+        options = {"model_dir": "model_dir", "cfg_path": "cfg_path", "aux_paths": "aux_paths", **CONSTRUCTOR_KEYWORDS}
+        for option, keyword in options.items():
+            if keyword in kwargs and keyword not in accepted:
+                del kwargs[keyword]
+                if keyword != "aux_paths":
+                    self._drop(option, flavour)
+        return kwargs
+
+    def _drop(self, option: str, flavour: Flavour) -> None:
+        log.warning(
+            "engine option %r is not accepted by the installed %s (%s) and was dropped",
+            option,
+            flavour.label,
+            flavour.module,
+        )
+        self.dropped_options.append(option)
+
+    # ---------------------------------------------------------- synthesize
+
+    def synthesize(
+        self,
+        request: SynthesisRequest[Any],
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+    ) -> Iterator[Any]:
+        model = self._model
+        flavour = self.flavour
+        if model is None or flavour is None:
+            raise EngineError("synthesize called before load", code="internal")
+        self._check_flavour(request)
+        kwargs = self._infer_kwargs(request)
+        if cancelled():
+            raise Cancelled
+        voice = request.voice
+        assert voice is not None
+        restored = self._voices.restore(model, voice)
+        times = StageTimes()
+        self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
+        emotion_path = kwargs.get("emo_audio_prompt")
+        with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL), times.capturing():
+            call = model.infer_generator if flavour.streams_with_generator else model.infer
+            result = call(**kwargs)
+        if isinstance(result, tuple):
+            rate, audio = result
+            self._check_rate(rate)
+            yield to_pcm16(audio, unit_scale=flavour.unit_scale and peak(as_numpy(audio)) <= UNIT_SCALE_CEILING)
+            progress("synthesize", 1.0, "done")
+            return
+        if result is None or isinstance(result, (str, bytes, os.PathLike)):
+            raise EngineError(f"the model returned {result!r} instead of audio", code="internal")
+
+        def remember() -> None:
+            if not restored:
+                self._voices.remember(model, voice, emotion_path)
+
+        yield from self._stream(iter(result), flavour, progress, cancelled, remember, (voice, emotion_path), times)
+
+    def _stream(
+        self,
+        chunks: Iterator[Any],
+        flavour: Flavour,
+        progress: ProgressFn,
+        cancelled: Callable[[], bool],
+        prepared: Callable[[], None],
+        references: tuple[str, Union[str, None]] = ("", None),
+        times: Union[StageTimes, None] = None,
+    ) -> Iterator[Any]:
+        """Upstream's stream, segment by segment, with silence between segments only.
+
+        Upstream yields each segment followed by ``interval_silence`` of silence, the last
+        one too (and with ``interval_silence=0`` it yields its list of segments where the
+        silence belongs).  A silence is held back until the next segment arrives, so the
+        result matches upstream's non-streaming output sample for sample.
+        """
+        tally = _Tally(flavour)
+        index = 0
+        try:
+            while True:
+                if cancelled():
+                    raise Cancelled
+                is_silence = flavour.silence_after_each and index % 2 == 1
+                chunk = self._next_chunk(chunks, index, tally.segments, is_silence, progress, references, times)
+                if chunk is _END:
+                    break
+                index += 1
+                if index == 1:
+                    prepared()
+                if cancelled():
+                    raise Cancelled
+                if is_silence:
+                    tally.held = None if isinstance(chunk, (list, tuple)) else chunk
+                else:
+                    yield from tally.segment(chunk, progress)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        progress("synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio")
+
+    @staticmethod
+    def _next_chunk(
+        chunks: Iterator[Any],
+        index: int,
+        segments: int,
+        is_silence: bool,
+        progress: ProgressFn,
+        references: tuple[str, Union[str, None]],
+        times: Union[StageTimes, None],
+    ) -> Any:
+        """Upstream's next item (``_END`` when the stream ends), with a heartbeat while it computes.
+
+        The first ``next`` is where upstream prepares the references, lazily: its errors are
+        reported as such, naming the clip when they say which.
+        """
+        if index == 0:
+            stage, message = "prepare", "preparing the references and the first segment"
+        else:
+            stage, message = "synthesize", f"generating segment {segments + 1}"
+        if not is_silence:
+            progress(stage, None, message)
+        capture = times.capturing() if times is not None else contextlib.nullcontext()
+        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL), capture:
+            try:
+                return next(chunks)
+            except StopIteration:
+                return _END
+            except Exception as exc:
+                if index == 0:
+                    voice, emotion_path = references
+                    raise EngineError(
+                        f"preparing the references failed: {type(exc).__name__}: {exc}",
+                        field=_failed_reference(exc, voice, emotion_path),
+                    ) from exc
+                raise
+
+    def _check_rate(self, rate: Any) -> None:
+        if int(rate) != NATIVE_SAMPLE_RATE:
+            raise EngineError(
+                f"the model returned {rate} Hz audio, not {NATIVE_SAMPLE_RATE} Hz; this sidecar does not resample",
+                code="internal",
+            )
+
+    def _infer_kwargs(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
+        """The exact keyword arguments of ``infer`` for ``request``."""
+        params = self._infer_params
+        kwargs: dict[str, Any] = {"spk_audio_prompt": request.voice, "text": request.text, "output_path": None}
+        if "stream_return" in params:
+            kwargs["stream_return"] = True
+        kwargs.update(emotion_kwargs(request.emotion, normalize=self._normalize_emotion(request)))
+        opts = request.options
+        for name in INFER_KEYWORDS:
+            value = getattr(opts, name, None)
+            if value is not None:
+                kwargs[name] = value
+        if "lang" in params:
+            lang = kwargs.get("lang") or getattr(self.options, "lang", None) or "en"
+            kwargs["lang"] = str(lang).lower()
+        for name in GENERATION_KEYWORDS:
+            value = getattr(opts, name, None)
+            if value is not None:
+                kwargs[name] = value
+        return kwargs
+
+    # ---------------------------------------------------------- memory
+
+    def unload(self) -> None:
+        if self._model is None:
+            return
+        self._model = None
+        self._voices.clear()
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            mps = getattr(torch, "mps", None)
+            if mps is not None and torch.backends.mps.is_available():
+                mps.empty_cache()
+        except Exception as exc:  # freeing caches is best effort
+            log.warning("emptying the torch caches failed: %s", exc)
+
+    def memory(self) -> dict[str, int]:
+        """CUDA or MPS memory, only if torch is already imported: never imports it."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return {}
+        try:
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_available() and cuda.is_initialized():
+                return {"cuda_allocated": int(cuda.memory_allocated()), "cuda_reserved": int(cuda.memory_reserved())}
+            mps = getattr(torch, "mps", None)
+            if mps is not None and torch.backends.mps.is_available():
+                return {
+                    "mps_allocated": int(mps.current_allocated_memory()),
+                    "mps_driver": int(mps.driver_allocated_memory()),
+                }
+        except Exception:  # torch half-imported by the engine thread, or a backend without stats
+            return {}
+        return {}
+
+
+#: What :meth:`_IndexTTSEngine._next_chunk` returns once upstream's stream is exhausted.
+_END: Any = object()
+
+
+class _Tally:
+    """A stream's segments and samples so far, and the silence held back until the next segment."""
+
+    def __init__(self, flavour: Flavour) -> None:
+        self.flavour = flavour
+        self.unit_scale = flavour.unit_scale
+        self.segments = 0
+        self.samples = 0
+        self.held: Any = None
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / NATIVE_SAMPLE_RATE
+
+    def segment(self, chunk: Any, progress: ProgressFn) -> Iterator[npt.NDArray[Any]]:
+        """The held silence, if any, then ``chunk`` as int16; counts it and reports a segment ready."""
+        if self.held is not None:
+            pcm_silence = to_pcm16(self.held, unit_scale=False)
+            self.held = None
+            if pcm_silence.size:
+                self.samples += pcm_silence.size
+                yield pcm_silence
+        array = as_numpy(chunk)
+        loudest = peak(array)
+        if self.unit_scale and loudest > UNIT_SCALE_CEILING:
+            log.warning("%s streamed PCM-scale floats (peak %.0f); treating it as such", self.flavour.label, loudest)
+            self.unit_scale = False
+        pcm = to_pcm16(array, unit_scale=self.unit_scale)
+        self.samples += pcm.size
+        if not self.flavour.silence_after_each and pcm.size and not pcm.any():
+            yield pcm  # indextts25 yields the silence between segments as an item of its own
+            return
+        self.segments += 1
+        progress("synthesize", None, f"segment {self.segments} ready ({self.seconds:.2f} s of audio)")
+        if pcm.size:
+            yield pcm
+
+
+def _check_text(text: str) -> None:
+    """Refuse text upstream cannot speak: it raises on empty text, and 2.5 turns text without
+    a letter or digit ("...") into audio from the language tag alone."""
+    if not text.strip():
+        raise RequestError("text is empty", field="$.text")
+    if not any(character.isalnum() for character in text):
+        raise RequestError(
+            "text has no letter or digit to speak (punctuation and spaces alone)",
+            field="$.text",
+        )
+
+
+def _failed_reference(exc: Union[BaseException, None], voice: str, emotion_path: Union[str, None]) -> Union[str, None]:
+    """The request field naming the reference clip an error is about, when it says which."""
+    if not isinstance(exc, (OSError, EOFError)):
+        return None
+    filename = getattr(exc, "filename", None)
+    if filename is not None and emotion_path is not None and os.fspath(filename) == emotion_path:
+        return "$.emotion.path"
+    if filename is not None and os.fspath(filename) != voice:
+        return None
+    return "$.voice" if filename is not None or emotion_path is None else None
+
+
+def _check_readable(path: str, field: str, what: str) -> None:
+    if not path:
+        raise RequestError(f"{what} path is empty", field=field)
+    if not os.path.exists(path):
+        raise RequestError(f"{what} {path!r} does not exist", field=field)
+    if not os.path.isfile(path):
+        raise RequestError(f"{what} {path!r} is not a file", field=field)
+    if not os.access(path, os.R_OK):
+        raise RequestError(f"{what} {path!r} is not readable", field=field)

@@ -1,0 +1,162 @@
+"""The IndexTTS engines' options: engine options (the sidecar's ``-o``), per-request options,
+and which upstream keyword each becomes.  None leaves upstream's own default in place.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Union
+
+import msgspec
+
+__all__ = [
+    "CONSTRUCTOR_KEYWORDS",
+    "GENERATION_KEYWORDS",
+    "INFER_KEYWORDS",
+    "LANGUAGES",
+    "VOICE_CACHE_DEFAULT",
+    "IndexTTS2Options",
+    "IndexTTS2RequestOptions",
+    "IndexTTS25Options",
+    "IndexTTS25RequestOptions",
+    "IndexTTSAutoOptions",
+]
+
+#: Languages IndexTTS-2.5 speaks (upstream's web UI offers exactly these).  Each is a
+#: language token of upstream's tokenizer; anything else would go in as literal text.
+LANGUAGES = ("zh", "en", "ja", "es", "ar")
+#: Reference conditionings kept per engine by default (``voice_cache`` engine option).
+VOICE_CACHE_DEFAULT = 4
+
+_Lang = Annotated[str, msgspec.Meta(pattern=r"(?i)^(zh|en|ja|es|ar)$")]
+_NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+_PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+_PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Engine options shared by every flavour.  None leaves upstream's default in place."""
+
+    #: The checkpoint directory (upstream's ``model_dir``).
+    model_dir: str = "checkpoints"
+    #: The model config; None means ``<model_dir>/config.yaml``.
+    cfg_path: Union[str, None] = None
+    #: ``cuda:0``, ``cpu``, ``mps``, ``xpu``...; None lets upstream pick (cuda, xpu, mps, cpu).
+    device: Union[str, None] = None
+    use_cuda_kernel: Union[bool, None] = None
+    use_deepspeed: Union[bool, None] = None
+    use_accel: Union[bool, None] = None
+    use_torch_compile: Union[bool, None] = None
+    #: Load the Qwen emotion model (emotion from text).  Upstream defaults: 2 on, 2.5 off.
+    use_qwen_emo: Union[bool, None] = None
+    #: Let upstream download missing auxiliary models (w2v-bert, campplus, BigVGAN...) into
+    #: ``<model_dir>/hf_cache``.  Off: a missing one fails the load, named, and the sidecar
+    #: never touches the network.
+    allow_download: bool = False
+    #: Voice conditionings kept (keyed by the reference file's path, size and mtime), so
+    #: switching between recent voices skips reprocessing them.  0 keeps only upstream's own.
+    voice_cache: _NonNegativeInt = VOICE_CACHE_DEFAULT
+    #: Scale emotion vectors as upstream's web UI does (per-emotion bias, sum capped at 0.8)
+    #: unless a request says otherwise, so a vector sounds the same as there.
+    normalize_emotion: bool = True
+
+
+class IndexTTS2Options(_Options):
+    """Engine options of ``indextts2``."""
+
+    #: Half precision for the GPT (upstream's ``use_fp16``).
+    fp16: Union[bool, None] = None
+
+
+class IndexTTS25Options(_Options):
+    """Engine options of ``indextts2.5``."""
+
+    #: bfloat16 (upstream's ``use_bf16``).
+    bf16: Union[bool, None] = None
+    #: The language of requests that do not set ``options.lang``.
+    lang: _Lang = "en"
+
+
+class IndexTTSAutoOptions(_Options):
+    """Engine options of ``indextts``: those of both; the one the installed flavour lacks is dropped."""
+
+    fp16: Union[bool, None] = None
+    bf16: Union[bool, None] = None
+    lang: Union[_Lang, None] = None
+
+
+class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Per-request options of ``indextts2``.  None leaves upstream's default in place."""
+
+    #: Sample emotion rows at random (more variety, lower speaker fidelity).
+    use_random: Union[bool, None] = None
+    #: Silence between segments, in milliseconds (upstream default 200).
+    interval_silence: Union[_NonNegativeInt, None] = None
+    #: Text tokens per segment (upstream default 120); smaller segments stream sooner.
+    max_text_tokens_per_segment: Union[_PositiveInt, None] = None
+    #: Upstream IndexTTS-2 only: make the first segments shorter, for earlier first audio.
+    more_segment_before: Union[_NonNegativeInt, None] = None
+    #: PyPI repackaging only: its counterpart of ``more_segment_before``.
+    quick_streaming_tokens: Union[_NonNegativeInt, None] = None
+    #: Scale an emotion vector as upstream's web UI does; None: the engine option.
+    normalize_emotion: Union[bool, None] = None
+    # Sampling options of the GPT (upstream's ``generation_kwargs``).
+    #: Refused: upstream always samples (it pops ``do_sample`` and passes True).
+    do_sample: Union[bool, None] = None
+    temperature: Union[_PositiveFloat, None] = None
+    top_p: Union[Annotated[float, msgspec.Meta(gt=0, le=1)], None] = None
+    top_k: Union[_NonNegativeInt, None] = None
+    num_beams: Union[_PositiveInt, None] = None
+    repetition_penalty: Union[_PositiveFloat, None] = None
+    length_penalty: Union[float, None] = None
+    max_mel_tokens: Union[_PositiveInt, None] = None
+
+    def __post_init__(self) -> None:
+        # msgspec lets NaN and infinities through an unbounded float.
+        if self.length_penalty is not None and not math.isfinite(self.length_penalty):
+            raise ValueError("length_penalty must be a finite number")
+
+
+class IndexTTS25RequestOptions(IndexTTS2RequestOptions):
+    """Per-request options of ``indextts2.5`` (and of ``indextts``, checked against the flavour)."""
+
+    #: The text's language: zh, en, ja, es or ar; None uses the engine option ``lang``.
+    lang: Union[_Lang, None] = None
+    #: Speech duration factor: below 1 faster, above 1 slower.
+    duration_factor: Union[Annotated[float, msgspec.Meta(ge=0.5, le=2.0)], None] = None
+    #: Normalize numbers, dates and the like before synthesis (upstream default on).
+    text_normalization: Union[bool, None] = None
+
+
+#: Engine option -> upstream constructor keyword.
+CONSTRUCTOR_KEYWORDS = {
+    "device": "device",
+    "fp16": "use_fp16",
+    "bf16": "use_bf16",
+    "use_cuda_kernel": "use_cuda_kernel",
+    "use_deepspeed": "use_deepspeed",
+    "use_accel": "use_accel",
+    "use_torch_compile": "use_torch_compile",
+    "use_qwen_emo": "use_qwen_emo",
+}
+#: Request options that are named parameters of ``infer``; the rest go to the sampler.
+INFER_KEYWORDS = (
+    "use_random",
+    "interval_silence",
+    "max_text_tokens_per_segment",
+    "more_segment_before",
+    "quick_streaming_tokens",
+    "lang",
+    "duration_factor",
+    "text_normalization",
+)
+#: Request options for upstream's sampler (its ``generation_kwargs``).
+GENERATION_KEYWORDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_beams",
+    "repetition_penalty",
+    "length_penalty",
+    "max_mel_tokens",
+)

@@ -1,0 +1,159 @@
+"""Living with upstream's code in this process: its imports, its environment, its signatures, its prints.
+
+Upstream changes process-wide state when imported (warning filters, ``HF_HUB_CACHE``),
+reaches the network unless told not to, differs in signature from one flavour to the
+next, and prints its stage times to stdout.  Everything here guards against or reads
+those without patching upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Union
+
+__all__ = [
+    "StageTimes",
+    "accelerated",
+    "default_of",
+    "named_parameters",
+    "offline",
+    "preserved_process_state",
+    "takes_var_keyword",
+]
+
+
+def accelerated(model: Any) -> bool:
+    """Whether upstream's GPT runs on its accel engine (``use_accel`` on CUDA)."""
+    return getattr(getattr(model, "gpt", None), "accel_engine", None) is not None
+
+
+@contextmanager
+def preserved_process_state() -> Iterator[None]:
+    """Import upstream without letting it change this process for good.
+
+    Upstream's modules install warning filters and (2.5) set ``HF_HUB_CACHE`` to
+    ``./checkpoints/hf_cache``, relative to whatever the working directory is.
+    huggingface_hub reads that variable once, when first imported, so it is imported
+    first, under the environment the sidecar was given; both are restored afterwards.
+    """
+    with contextlib.suppress(ImportError):
+        importlib.import_module("huggingface_hub")
+    filters = list(warnings.filters)
+    try:
+        with _restored_environ("HF_HUB_CACHE", "HF_HOME", "HF_HUB_OFFLINE"):
+            yield
+    finally:
+        warnings.filters[:] = filters  # type: ignore[index]
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+@contextmanager
+def offline(enabled: bool) -> Iterator[None]:
+    """While constructing: tell Hugging Face libraries not to reach the network (if ``enabled``)."""
+    if not enabled:
+        yield
+        return
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    with _restored_environ(*names):
+        os.environ.update(dict.fromkeys(names, "1"))
+        yield
+
+
+@contextmanager
+def _restored_environ(*names: str) -> Iterator[None]:
+    """Put the environment variables ``names`` back as they were (set or unset) on leaving."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# Signature introspection: which keywords the installed flavour's constructor and ``infer`` take.
+
+
+def _signature(fn: Any) -> Union[inspect.Signature, None]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def named_parameters(fn: Any) -> frozenset[str]:
+    sig = _signature(fn)
+    if sig is None:
+        return frozenset()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(name for name, p in sig.parameters.items() if p.kind in kinds)
+
+
+def takes_var_keyword(fn: Any) -> bool:
+    sig = _signature(fn)
+    return sig is not None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def default_of(fn: Any, name: str) -> Any:
+    sig = _signature(fn)
+    if sig is None or name not in sig.parameters:
+        return None
+    default = sig.parameters[name].default
+    return None if default is inspect.Parameter.empty else default
+
+
+#: The stage times upstream prints after each inference (``>> gpt_gen_time: 1.23 seconds``).
+_STAGE_LINE = re.compile(r">> (gpt_gen|gpt_forward|s2mel|bigvgan)_time: ([0-9]+(?:\.[0-9]+)?) seconds")
+
+
+class StageTimes:
+    """``sys.stdout`` while upstream runs a step: every write goes on to the stdout it replaced,
+    and the stage times upstream prints are kept (seconds, to upstream's two decimals).  How
+    the adapter reports upstream's GPT, s2mel and vocoder times without patching upstream."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._partial = ""
+        self._target: Any = None
+
+    def write(self, text: str) -> int:
+        target = self._target
+        if target is not None:
+            target.write(text)
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()[-256:]  # a line without its end yet, bounded
+        for line in lines:
+            found = _STAGE_LINE.search(line)
+            if found:
+                self.stages[found.group(1)] = float(found.group(2))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._target is not None:
+            self._target.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty...: those of the stream it replaced
+        return getattr(self._target, name)
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        # The stream it replaced stays its target after: a writer that kept a reference to
+        # this object (a handler made meanwhile) still reaches the real stdout.
+        if sys.stdout is self:  # already in place
+            yield
+            return
+        self._target, sys.stdout = sys.stdout, self
+        try:
+            yield
+        finally:
+            sys.stdout = self._target

@@ -1,0 +1,74 @@
+"""Messages to bytes and back: msgpack bodies, length-prefixed frames, ``audio`` frames without a copy.
+
+One encoder and one typed decoder per direction, made once: msgspec's decoders are
+cheapest when reused.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Union
+
+import msgspec
+
+from .messages import Audio, Reply, Request
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "HEADER",
+    "MIN_MAX_FRAME_SIZE",
+    "audio_frame_parts",
+    "decode_reply",
+    "decode_request",
+    "encode",
+    "frame",
+]
+
+#: Size of the length prefix in bytes.
+HEADER: Final = 4
+#: Largest frame either side accepts unless configured otherwise (16 MiB).
+DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+#: The smallest limit a sidecar may be configured with; every control message fits.
+MIN_MAX_FRAME_SIZE: Final = 64 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_EMPTY = memoryview(b"")
+
+
+def encode(message: Union[Request, Reply]) -> bytes:
+    """The msgpack body of ``message``, without the length prefix."""
+    return _encoder.encode(message)
+
+
+def frame(message: Union[Request, Reply]) -> bytes:
+    """``message`` as a complete frame: length prefix and body."""
+    body = _encoder.encode(message)
+    return len(body).to_bytes(HEADER, "big") + body
+
+
+def audio_frame_parts(request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> tuple[bytes, memoryview]:
+    """An ``audio`` frame as (everything before the samples, the samples themselves).
+
+    Written one after the other (``os.writev``), the two parts form one ``audio`` frame
+    whose samples were never copied into an encode buffer: ``pcm`` is the last field of
+    ``Audio``, so the frame ends with a msgpack ``bin 32`` header and the raw bytes.
+    """
+    head = _encoder.encode(Audio(id=request_id, seq=seq, sample_rate=sample_rate, pcm=_EMPTY))
+    # ``head`` ends with the empty bin (c4 00); swap in a bin 32 header for the real length.
+    size = len(pcm)
+    body_size = len(head) - 2 + 5 + size
+    return (
+        body_size.to_bytes(HEADER, "big") + head[:-2] + b"\xc6" + size.to_bytes(4, "big"),
+        pcm,
+    )
+
+
+def decode_request(body: Union[bytes, bytearray, memoryview]) -> Request:
+    """Decode a frame body sent by a parent; raises ``msgspec.DecodeError`` or ``ValidationError``."""
+    return _request_decoder.decode(body)
+
+
+def decode_reply(body: Union[bytes, bytearray, memoryview]) -> Reply:
+    """Decode a frame body sent by a sidecar.  ``Audio.pcm`` views into ``body`` without copying."""
+    return _reply_decoder.decode(body)
