@@ -20,14 +20,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_requests import REPO, interleave, ours, parse_args, ratios, stat  # noqa: E402
+from _checkouts import REPO, add_before, compile_checkouts  # noqa: E402
+from bench_requests import interleave, ours, parse_args, ratios, stat  # noqa: E402
 
 
 def main() -> None:
-    args = parse_args(
-        __doc__.split("\n\n")[0],
-        lambda parser: parser.add_argument("--before", required=True, help="the other checkout (a git worktree)"),
-    )
+    args = parse_args(__doc__.split("\n\n")[0], lambda parser: add_before(parser, required=True))
+    compile_checkouts(REPO, args.before)
     backends = ("asyncio", "trio")
     checkouts = ((args.before, "before"), (REPO, "now"))
     contenders = [ours(backend, args, repo, name) for backend in backends for repo, name in checkouts]

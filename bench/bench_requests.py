@@ -42,9 +42,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Union
 
+from _checkouts import REPO, checkout_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-ENV = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = checkout_env(REPO)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -185,7 +186,7 @@ class Seed:
 
     def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, HERE)
-        from bench_protocol import SeedParent
+        from _yardsticks import SeedParent
 
         self.parent = SeedParent()
         self.pid = self.parent.process.pid
@@ -215,7 +216,7 @@ class Floor:
 
     def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, HERE)
-        from bench_protocol import FloorParent
+        from _yardsticks import FloorParent
 
         self.parent = FloorParent()
         self.pid = self.parent.process.pid
@@ -300,7 +301,7 @@ class LoopFloor:
 
     def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, HERE)
-        from bench_protocol import spawn_server
+        from _yardsticks import spawn_server
 
         self.process = spawn_server("_loop_floor_server.py")
         self.pid = self.process.pid

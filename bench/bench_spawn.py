@@ -11,16 +11,12 @@ own start-up work.  The asyncio floor (``_loop_floor_server.py``) is the least a
 sidecar speaking the same frames does: its interpreter, asyncio and msgspec imports, one
 readiness callback.  Prints medians (min-max) and the per-round ratios.  ``--before``
 (another checkout, e.g. a git worktree) adds ours with that checkout's sidecar, taking
-turns with the others, and the ratio of this checkout's times to its.  Both checkouts'
-bytecode is compiled first: a fresh worktree has none, and a shell with
-PYTHONDONTWRITEBYTECODE set never writes it, so every spawn would compile the modules
-again (some 20 ms here).
+turns with the others, and the ratio of this checkout's times to its (see ``_checkouts.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import statistics
 import sys
@@ -34,7 +30,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_protocol import SeedParent, spawn_server  # noqa: E402
+from _checkouts import add_before, compile_checkouts  # noqa: E402
+from _yardsticks import SeedParent, spawn_server  # noqa: E402
 
 from indextts_client import Client  # noqa: E402
 
@@ -96,7 +93,7 @@ def _loop_floor(audio: bool) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--before", help="another checkout whose sidecar to spawn too (a git worktree)")
+    add_before(parser)
     args = parser.parse_args()
     here = os.path.dirname(HERE)
     contenders: dict[str, Callable[[bool], tuple[float, float]]] = {
@@ -104,11 +101,9 @@ def main() -> None:
         "ours": lambda audio: anyio.run(_ours, audio, here),
         "asyncio floor": _loop_floor,
     }
-    for repo in (here, args.before) if args.before else (here,):
-        for package in ("indextts_sidecar", "indextts_client"):
-            compileall.compile_dir(os.path.join(repo, package), quiet=1)
+    compile_checkouts(here, *([args.before] if args.before else []))
     if args.before:
-        contenders["before"] = lambda audio: anyio.run(_ours, audio, os.path.abspath(args.before))
+        contenders["before"] = lambda audio: anyio.run(_ours, audio, args.before)
     # Keys: (contender, None) spawn -> ready (of the ping measures), (contender, audio) spawn -> the answer.
     times: dict[tuple[str, Union[bool, None]], list[float]] = {
         (name, audio): [] for name in contenders for audio in (None, False, True)

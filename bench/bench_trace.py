@@ -46,7 +46,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-REPO = os.path.dirname(HERE)
+
+from _checkouts import REPO, add_before, checkout_env, compile_checkouts  # noqa: E402
+
 #: One record per pipe syscall: (call, fd, began, ended, bytes).
 Record = tuple[str, int, float, float, int]
 #: Runs one round of a contender, its parent in a process of its own: (each request's begin
@@ -163,8 +165,7 @@ def in_own_process(kind: str, repo: str = REPO) -> Contender:
         argv = ["--op", args.op, "--backend", args.backend, "--requests", str(args.requests), "--kind", kind]
         argv += ["--warmup", str(args.warmup)]
         command = [sys.executable, os.path.abspath(__file__), "--parent", report, "--child-out", out, *argv]
-        env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        subprocess.run(command, env=env, cwd=repo, check=True)
+        subprocess.run(command, env=checkout_env(repo), cwd=repo, check=True)
         with open(report) as f:
             result = json.load(f)
         return [tuple(m) for m in result["marks"]], [tuple(r) for r in result["parent"]]
@@ -247,7 +248,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--op", choices=("synthesize", "ping"), default="synthesize")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="ours")
-    parser.add_argument("--before", help="another checkout whose client and sidecar to run too (a git worktree)")
+    add_before(parser)
     worker_options(parser)
     parser.add_argument("--kind", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -263,7 +264,8 @@ def main() -> None:
         return
     contenders = {f"ours ({args.backend})": in_own_process("ours"), "asyncio floor": in_own_process("floor")}
     if args.before:
-        contenders[f"before ({args.backend})"] = in_own_process("ours", os.path.abspath(args.before))
+        compile_checkouts(REPO, args.before)
+        contenders[f"before ({args.backend})"] = in_own_process("ours", args.before)
     rounds: dict[str, dict[str, list[float]]] = {name: {part: [] for part in (*PARTS, "total")} for name in contenders}
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "child.json")

@@ -43,6 +43,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._exceptions import ClosedError
 from ._request import EmotionLike, Synthesis, TimeoutArg
+from ._signature import REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
@@ -235,59 +236,19 @@ class BlockingClient:
 
     # ---------------------------------------------------------------- requests
 
-    def synthesize(
-        self,
-        text: str,
-        *,
-        voice: Union[str, None] = None,
-        emotion: EmotionLike = None,
-        sample_rate: Union[int, None] = None,
-        on_progress: Union[ProgressCallback, None] = None,
-        timeout: TimeoutArg = ...,
-        idle_timeout: TimeoutArg = ...,
-        **options: Any,
-    ) -> Audio:
+    @same_parameters(REQUESTER.synthesize)
+    def synthesize(self, text: str, **kwargs: Any) -> Audio:
         """Speak ``text`` and return the whole :class:`Audio` (see :meth:`Client.synthesize`)."""
-        audio: Audio = self._call(
-            "synthesize",
-            text,
-            voice=voice,
-            emotion=emotion,
-            sample_rate=sample_rate,
-            on_progress=on_progress,
-            timeout=timeout,
-            idle_timeout=idle_timeout,
-            **options,
-        )
+        audio: Audio = self._call("synthesize", text, **kwargs)
         return audio
 
-    def stream(
-        self,
-        text: str,
-        *,
-        voice: Union[str, None] = None,
-        emotion: EmotionLike = None,
-        sample_rate: Union[int, None] = None,
-        on_progress: Union[ProgressCallback, None] = None,
-        timeout: TimeoutArg = ...,
-        idle_timeout: TimeoutArg = ...,
-        **options: Any,
-    ) -> BlockingStream:
+    @same_parameters(REQUESTER.stream)
+    def stream(self, text: str, **kwargs: Any) -> BlockingStream:
         """``with client.stream(text) as chunks: for chunk in chunks: ...`` (see :meth:`Client.stream`).
 
         Leaving the ``with`` block early cancels the request on the sidecar.
         """
-        synthesis: Synthesis = self._call(
-            "stream",
-            text,
-            voice=voice,
-            emotion=emotion,
-            sample_rate=sample_rate,
-            on_progress=on_progress,
-            timeout=timeout,
-            idle_timeout=idle_timeout,
-            **options,
-        )
+        synthesis: Synthesis = self._call("stream", text, **kwargs)
         assert self._portal is not None
         return BlockingStream(self._portal, synthesis)
 

@@ -39,10 +39,11 @@ import anyio
 from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
-from ._request import EmotionLike, Synthesis
+from ._request import Synthesis
+from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import _spawn_detached
-from ._types import Health, LoadInfo, ProgressCallback
+from ._types import Health, LoadInfo
 
 if TYPE_CHECKING:
     from ._stream_text import TextInput, TextStream
@@ -375,25 +376,19 @@ class Pool:
 
     # ------------------------------------------------------------ requests
 
-    async def synthesize(
-        self,
-        text: str,
-        *,
-        voice: Union[str, None] = None,
-        emotion: EmotionLike = None,
-        sample_rate: Union[int, None] = None,
-        on_progress: Union[ProgressCallback, None] = None,
-        **options: Any,
-    ) -> Audio:
-        """As :meth:`Client.synthesize`, on the member routing picks; retried on another after a crash."""
+    @same_parameters(REQUESTER.synthesize)
+    async def synthesize(self, text: str, **kwargs: Any) -> Audio:
+        """As :meth:`Client.synthesize`, on the member routing picks; retried on another after a crash.
+
+        ``timeout`` and ``idle_timeout`` bound each attempt on a member, as they bound a Client's request.
+        """
+        voice: Union[str, None] = kwargs.get("voice")
         tried: set[int] = set()
         for attempt in range(self._retries + 1):
             member = await self._acquire(voice, tried)
             served = False
             try:
-                audio = await member.client.synthesize(
-                    text, voice=voice, emotion=emotion, sample_rate=sample_rate, on_progress=on_progress, **options
-                )
+                audio = await member.client.synthesize(text, **kwargs)
                 served = True
                 return audio
             except _RETRYABLE:
@@ -404,18 +399,9 @@ class Pool:
                 await self._release(member, voice, served)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def stream(
-        self,
-        text: str,
-        *,
-        voice: Union[str, None] = None,
-        emotion: EmotionLike = None,
-        sample_rate: Union[int, None] = None,
-        on_progress: Union[ProgressCallback, None] = None,
-        **options: Any,
-    ) -> PoolStream:
+    @same_parameters(REQUESTER.stream)
+    def stream(self, text: str, **kwargs: Any) -> PoolStream:
         """As :meth:`Client.stream`: ``async with pool.stream(text) as chunks: async for chunk in chunks``."""
-        kwargs = dict(voice=voice, emotion=emotion, sample_rate=sample_rate, on_progress=on_progress, **options)
         return PoolStream(self, text, kwargs)
 
     async def load(self) -> list[LoadInfo]:
@@ -491,30 +477,27 @@ class Pool:
             raise _first_error(exc) from None
         return results
 
-    def stream_text(
-        self,
-        texts: TextInput,
-        *,
-        voice: Union[str, None] = None,
-        emotion: EmotionLike = None,
-        sample_rate: Union[int, None] = None,
-        lookahead: int = DEFAULT_LOOKAHEAD,
-        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
-        **options: Any,
-    ) -> TextStream:
+    @same_parameters(CLIENT.stream_text)
+    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
         """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``
         (its conditioning stays warm); that member counts it as one request until the stream ends.
         A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
         from ._stream_text import TextStream, pool_session
 
+        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
+        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
+
         def open_on(client: Client) -> Any:
             def open_sentence(text: str) -> Any:
-                return client.stream(text, voice=voice, emotion=emotion, sample_rate=sample_rate, **options)
+                return client.stream(text, **kwargs)
 
             return open_sentence
 
         return TextStream(
-            pool_session(self, voice, open_on), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+            pool_session(self, kwargs.get("voice"), open_on),
+            texts,
+            lookahead=lookahead,
+            max_sentence_chars=max_sentence_chars,
         )
 
 

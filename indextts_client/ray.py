@@ -33,6 +33,7 @@ import numpy as np
 
 from ._audio import SAMPLE_DTYPE, Audio, AudioChunk
 from ._client import Client
+from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
 
 try:
@@ -170,8 +171,10 @@ class RayClient:
     def __init__(self, handle: Any) -> None:
         self._handle = handle
 
+    @same_parameters(REQUESTER.synthesize)
     async def synthesize(self, text: str, **kwargs: Any) -> Audio:
-        result = await _result(self._handle.synthesize.remote(text, **kwargs))
+        """As :meth:`Client.synthesize`, on the replica Serve picks (``on_progress`` is not available)."""
+        result = await _result(self._handle.synthesize.remote(text, **_remote(kwargs)))
         samples = np.frombuffer(result["samples"], dtype=SAMPLE_DTYPE).copy()
         return Audio(samples=samples, sample_rate=int(result["sample_rate"]), timings=dict(result["timings"]))
 
@@ -185,10 +188,13 @@ class RayClient:
         result: dict[str, Any] = await _result(self._handle.ping.remote())
         return result
 
+    @same_parameters(REQUESTER.stream)
     @asynccontextmanager
     async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[AsyncIterator[AudioChunk]]:
-        """``async with client.stream(text) as chunks: async for chunk in chunks``; leaving early cancels."""
-        response = self._handle.options(stream=True).stream.remote(text, **kwargs)
+        """``async with client.stream(text) as chunks: async for chunk in chunks``; leaving early cancels.
+
+        ``on_progress`` is not available (it would run in the replica, unseen)."""
+        response = self._handle.options(stream=True).stream.remote(text, **_remote(kwargs))
 
         async def chunks() -> AsyncIterator[AudioChunk]:
             while True:
@@ -209,16 +215,13 @@ class RayClient:
             await iterator.aclose()  # type: ignore[attr-defined]
             response.cancel()
 
-    def stream_text(
-        self,
-        texts: TextInput,
-        *,
-        lookahead: int = DEFAULT_LOOKAHEAD,
-        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
-        **kwargs: Any,
-    ) -> TextStream:
+    @same_parameters(CLIENT.stream_text)
+    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
         """As :meth:`Client.stream_text`: each sentence is one streamed call on the deployment, sent as
         soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
+        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
+        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
+        _remote(kwargs)  # refused here, before any sentence is sent
 
         def open_sentence(text: str) -> Any:
             return self.stream(text, **kwargs)
@@ -229,6 +232,14 @@ class RayClient:
 
 
 _END = object()
+
+
+def _remote(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request's arguments, refusing those that cannot cross to a replica."""
+    if kwargs.get("on_progress") is not None:
+        # Pickled to the replica, the callback would run there and the caller would see nothing.
+        raise TypeError("RayClient does not take on_progress: the callback would run in the replica")
+    return kwargs
 
 
 def _on_asyncio() -> bool:
