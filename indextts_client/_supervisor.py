@@ -21,7 +21,6 @@ import os
 import signal
 import ssl
 import sys
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Union
 
@@ -42,8 +41,10 @@ from ._exceptions import (
     unwrap,
 )
 from ._handshake import LossInfo
-from ._process import Redactor, SidecarProcess
-from ._types import RestartCallback, SidecarInfo
+from ._process import SidecarProcess
+from ._restarts import summary
+from ._settings import SidecarSettings
+from ._types import SidecarInfo
 
 if TYPE_CHECKING:
     from indextts_sidecar.protocol.address import Address
@@ -94,12 +95,6 @@ def _spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 _asyncio_roots: set[asyncio.Task[None]] = set()
-
-
-def _summary(exc: BaseException) -> str:
-    """One line about ``exc`` (without the stderr tail)."""
-    text = exc.message if isinstance(exc, SidecarError) else str(exc)
-    return f"{type(exc).__name__}: {text}"
 
 
 class _Session:
@@ -160,26 +155,12 @@ class Supervisor:
     def __init__(
         self,
         argv: list[str],
+        settings: SidecarSettings,
         *,
         env: dict[str, str],
         cwd: Union[str, os.PathLike[str], None],
-        redact: Redactor,
         url: Union[Address, None],
-        token: Union[str, bytes, None],
         ssl_context: Union[ssl.SSLContext, None],
-        ready_timeout: Union[float, None],
-        shutdown_timeout: float,
-        timeout: Union[float, None],
-        idle_timeout: Union[float, None],
-        frame_timeout: Union[float, None],
-        max_buffered: int,
-        max_restarts: int,
-        restart_window: float,
-        restart_backoff: float,
-        max_restart_backoff: float,
-        on_restart: Union[RestartCallback, None],
-        heartbeat: Union[float, None],
-        heartbeat_misses: int,
         exit_with_parent: bool,
     ) -> None:
         #: The sidecar's command line (empty when there is no process to spawn).
@@ -188,25 +169,12 @@ class Supervisor:
         self.streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
         #: The address of a listening sidecar, or None.
         self.url = url
-        self._token = token
+        self.settings = settings
         self._ssl_context = ssl_context
         self._env = env
         self._cwd = cwd
-        self._redact = redact
-        self._ready_timeout = ready_timeout
-        self._shutdown_timeout = shutdown_timeout
-        self._timeout = timeout
-        self._idle_timeout = idle_timeout
-        self._frame_timeout = frame_timeout
-        self._max_buffered = max_buffered
-        self._max_restarts = max_restarts
-        self._restart_window = restart_window
-        self._restart_backoff = restart_backoff
-        self._max_restart_backoff = max_restart_backoff
-        self._on_restart = on_restart
-        self._heartbeat = heartbeat
-        self._heartbeat_misses = heartbeat_misses
         self._exit_with_parent = exit_with_parent
+        self._budget = settings.restart_budget()
         self._ids = itertools.count(1)
         #: new, starting, running, closing or closed.
         self.state = _NEW
@@ -218,17 +186,22 @@ class Supervisor:
         self._session: Union[_Session, None] = None
         self._sessions: set[_Session] = set()
         self._session_numbers = itertools.count(1)
-        self._restart_times: deque[float] = deque()
-        #: The error every call raises once the restart budget is spent, else None.
-        self.dead: Union[RestartLimitError, None] = None
-        #: When (``anyio.current_time()``) ``dead`` was last set, else None.
-        self.dead_at: Union[float, None] = None
         #: The latest ``ready`` frame's facts, and the latest child's pid.
         self.last_info: Union[SidecarInfo, None] = None
         self.last_pid: Union[int, None] = None
         self._last_tail = ""
         #: Restarts so far (not counting the first start).
         self.restarts = 0
+
+    @property
+    def dead(self) -> Union[RestartLimitError, None]:
+        """The error every call raises once the restart budget is spent, else None."""
+        return self._budget.dead
+
+    @property
+    def dead_at(self) -> Union[float, None]:
+        """When (``anyio.current_time()``) ``dead`` was last set, else None."""
+        return self._budget.dead_at
 
     @property
     def closed(self) -> bool:
@@ -297,8 +270,7 @@ class Supervisor:
                 previous.stop_requested.set()
                 with anyio.CancelScope(shield=True):
                     await previous.finished.wait()
-            self.dead = self.dead_at = None
-            self._restart_times.clear()
+            self._budget.reset()
             log.info("restarting the sidecar on request")
             await self._spawn()
 
@@ -330,16 +302,9 @@ class Supervisor:
             try:
                 await self._spawn()
             except SidecarError as exc:
-                self.dead = RestartLimitError(
-                    f"the sidecar could not be revived after its restart limit: {_summary(exc)}",
-                    max_restarts=self._max_restarts,
-                    restart_window=self._restart_window,
-                    last_error=exc,
-                )
-                self.dead_at = anyio.current_time()
+                self._budget.revive_failed(exc, anyio.current_time())
                 raise
-            self.dead = self.dead_at = None
-            self._restart_times.clear()
+            self._budget.reset()
 
     def is_alive(self) -> bool:
         """Whether the current session is ready and its child running (:meth:`Client.is_alive`)."""
@@ -414,34 +379,25 @@ class Supervisor:
         if isinstance(reason, AuthenticationError):
             raise fresh(reason)  # the same token would be refused again
         now = anyio.current_time()
-        while self._restart_times and now - self._restart_times[0] >= self._restart_window:
-            self._restart_times.popleft()
-        if len(self._restart_times) >= self._max_restarts:
-            self.dead = RestartLimitError(
-                f"the sidecar failed {len(self._restart_times) + 1} times within {self._restart_window:g} s "
-                f"(max_restarts={self._max_restarts}); the client gave up. Last failure: {_summary(reason)}",
-                max_restarts=self._max_restarts,
-                restart_window=self._restart_window,
-                last_error=reason,
-            )
-            self.dead_at = anyio.current_time()
-            log.error("%s", self.dead.message)
-            raise fresh(self.dead) from reason
-        delay = min(self._max_restart_backoff, self._restart_backoff * 2 ** len(self._restart_times))
-        if ended_at + delay > now:
-            await anyio.sleep(ended_at + delay - now)
+        if self._budget.spent(now):
+            dead = self._budget.give_up(reason, now)
+            log.error("%s", dead.message)
+            raise fresh(dead) from reason
+        delay = self._budget.delay(now, ended_at)
+        if delay > 0:
+            await anyio.sleep(delay)
             self._check_state()
-        self._restart_times.append(anyio.current_time())
+        self._budget.record(anyio.current_time())
         self.restarts += 1
         log.warning(
             "%s (restart %d) after: %s",
             "restarting the sidecar" if self.url is None else f"reconnecting to {self.url}",
             self.restarts,
-            _summary(reason),
+            summary(reason),
         )
-        if self._on_restart is not None:
+        if self.settings.on_restart is not None:
             try:
-                result = self._on_restart(self.restarts, reason)
+                result = self.settings.on_restart(self.restarts, reason)
                 if inspect.isawaitable(result):
                     await result
             except Exception:
@@ -496,23 +452,26 @@ class Supervisor:
             assert child is not None
             return await child.describe_loss(kind)
 
+        settings = self.settings
         return Connection(
             receive,
             send,
-            timeout=self._timeout,
-            idle_timeout=self._idle_timeout,
-            ready_timeout=self._ready_timeout,
-            frame_timeout=self._frame_timeout,
+            timeout=settings.timeout,
+            idle_timeout=settings.idle_timeout,
+            ready_timeout=settings.ready_timeout,
+            frame_timeout=settings.frame_timeout,
             describe_loss=describe if child is not None else None,
-            redact=self._redact,
+            redact=settings.redact,
             ids=self._ids,
-            max_buffered=self._max_buffered,
-            token=self._token,
+            max_buffered=settings.max_buffered,
+            token=settings.token,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
         """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
-        which = await _wait_any(conn.ready_event, conn.closed_event, session.stop_requested, limit=self._ready_timeout)
+        which = await _wait_any(
+            conn.ready_event, conn.closed_event, session.stop_requested, limit=self.settings.ready_timeout
+        )
         if conn.ready is not None and not conn.closed and which == 0:
             self.last_info = conn.info
             session.resolved.set()
@@ -530,7 +489,7 @@ class Supervisor:
             tail = child.stderr.tail() if child is not None else ""
             session.fail(
                 StartError(
-                    f"the sidecar sent no 'ready' frame within {self._ready_timeout:g} s (ready_timeout)",
+                    f"the sidecar sent no 'ready' frame within {self.settings.ready_timeout:g} s (ready_timeout)",
                     stderr_tail=tail,
                 )
             )
@@ -548,8 +507,8 @@ class Supervisor:
             self.argv,
             env=env,
             cwd=self._cwd,
-            redact=self._redact,
-            exit_grace=self._shutdown_timeout,
+            redact=self.settings.redact,
+            exit_grace=self.settings.shutdown_timeout,
         )
         session.child = child
         self.last_pid = child.pid
@@ -561,15 +520,15 @@ class Supervisor:
                 tg.start_soon(self._watch_exit, child, conn)
                 graceful = False
                 if await self._handshake(session, conn, child):
-                    if self._heartbeat is not None:
-                        tg.start_soon(self._beat, child, conn, self._heartbeat)
+                    if self.settings.heartbeat is not None:
+                        tg.start_soon(self._beat, child, conn, self.settings.heartbeat)
                     which = await _wait_any(conn.closed_event, session.stop_requested)
                     graceful = which == 1 and not conn.closed
                 await self._stop_child(child, conn, graceful=graceful)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await child.aclose(self._shutdown_timeout)
+                await child.aclose(self.settings.shutdown_timeout)
                 self._last_tail = child.stderr.tail()
                 rc = child.process.returncode
                 log.debug("sidecar pid %d reaped (returncode %s)", child.pid, rc)
@@ -578,7 +537,7 @@ class Supervisor:
         """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
         with anyio.CancelScope(shield=True):
             conn.mark_closing()
-            timeout = self._shutdown_timeout
+            timeout = self.settings.shutdown_timeout
             if graceful and child.running:
                 # A stopped child (SIGSTOP, a debugger) could answer neither 'shutdown' nor SIGTERM.
                 child.signal_group(signal.SIGCONT)
@@ -608,7 +567,7 @@ class Supervisor:
                 await conn.heartbeat(interval)
             except RequestTimeoutError:
                 misses += 1
-                if misses < self._heartbeat_misses:
+                if misses < self.settings.heartbeat_misses:
                     continue
                 if child is None:
                     reason = (
@@ -648,7 +607,7 @@ class Supervisor:
         assert address is not None
         stream: Union[ByteStream, None] = None
         try:
-            with anyio.fail_after(math.inf if self._ready_timeout is None else self._ready_timeout):
+            with anyio.fail_after(math.inf if self.settings.ready_timeout is None else self.settings.ready_timeout):
                 if address.scheme == "unix":
                     stream = await anyio.connect_unix(address.path)
                 elif self._ssl_context is not None:
@@ -659,7 +618,7 @@ class Supervisor:
                     stream = await anyio.connect_tcp(address.host, address.port)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
-        await self._serve_streams(session, stream, stream, heartbeat=self._heartbeat)
+        await self._serve_streams(session, stream, stream, heartbeat=self.settings.heartbeat)
 
     async def _serve_streams(
         self,
