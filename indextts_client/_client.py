@@ -37,7 +37,14 @@ from ._request import Requester
 from ._settings import SidecarSettings
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
-from ._transports import child_environment, sidecar_command
+from ._transports import (
+    SocketTransport,
+    SpawnTransport,
+    StreamsTransport,
+    Transport,
+    child_environment,
+    sidecar_command,
+)
 from ._types import RestartCallback, SidecarInfo
 
 if TYPE_CHECKING:
@@ -153,13 +160,11 @@ class Client(Requester):
         token: Union[str, bytes, None] = None,
         ssl_context: Union[ssl.SSLContext, None] = None,
     ) -> None:
-        address = None
+        transport: Transport
         if url is not None:
             if engine is not None or command is not None or python is not None:
                 raise ValueError("give url (a running sidecar) or engine/command/python (one to spawn), not both")
-            address = parse_url(url)
-            if ssl_context is not None and address.scheme != "tcp":
-                raise ValueError("ssl_context is for tcp:// addresses")
+            transport = SocketTransport(parse_url(url), ssl_context=ssl_context)
         elif token is not None or ssl_context is not None:
             raise ValueError("token and ssl_context are for a sidecar reached by url")
         if shared_audio is not None:
@@ -171,6 +176,8 @@ class Client(Requester):
             )
         argv = sidecar_command(engine, engine_options, python=python, command=command, sidecar_args=sidecar_args)
         child_env = child_environment(env, inherit_env=inherit_env)
+        if url is None:
+            transport = SpawnTransport(argv, env=child_env, cwd=cwd, exit_with_parent=exit_with_parent)
         settings = SidecarSettings(
             redact=Redactor(child_env, redact),
             ready_timeout=ready_timeout,
@@ -188,16 +195,7 @@ class Client(Requester):
             heartbeat=heartbeat,
             heartbeat_misses=heartbeat_misses,
         )
-        supervisor = Supervisor(
-            [] if address is not None else argv,
-            settings,
-            env=child_env,
-            cwd=cwd,
-            url=address,
-            ssl_context=ssl_context,
-            exit_with_parent=exit_with_parent,
-        )
-        self._attach(supervisor, pool_timeout)
+        self._attach(Supervisor(transport, settings), pool_timeout)
 
     def _attach(self, supervisor: Supervisor, pool_timeout: Union[float, None]) -> None:
         """Take ``supervisor``'s sidecars; requests default to its settings' deadlines."""
@@ -235,22 +233,20 @@ class Client(Requester):
             frame_timeout=frame_timeout,
             max_restarts=0,
         )
-        supervisor = Supervisor([], settings, env={}, cwd=None, url=None, ssl_context=None, exit_with_parent=False)
-        supervisor.streams = (receive_stream, send_stream)
         client = cls.__new__(cls)
-        client._attach(supervisor, pool_timeout)
+        client._attach(Supervisor(StreamsTransport(receive_stream, send_stream), settings), pool_timeout)
         return client
 
     # ------------------------------------------------------------- properties
 
     @property
     def argv(self) -> list[str]:
-        """The sidecar's command line."""
-        return self._supervisor.argv
+        """The sidecar's command line (empty for a sidecar on a socket or given streams)."""
+        return self._supervisor.transport.argv
 
     @argv.setter
     def argv(self, argv: list[str]) -> None:
-        self._supervisor.argv = argv
+        self._supervisor.transport.argv = argv
 
     @property
     def restarts(self) -> int:

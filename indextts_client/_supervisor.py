@@ -1,8 +1,11 @@
 """The client's supervisor: spawns the sidecar, restarts it within a budget, stops it cleanly.
 
-Each sidecar lifetime is a *session*, a task that spawns the child (or adopts the given
-streams), drains stderr, runs the :class:`Connection`, waits for ``ready``, and at the
-end runs the bounded, shielded stop ladder and reaps the child.  Sessions live in the
+Each sidecar lifetime is a *session*, a task that opens the client's transport (spawns
+the child, connects to a socket, or adopts the given streams: ``_transports.py``), drains
+stderr, runs the :class:`Connection`, waits for ``ready``, and at the end runs the
+bounded, shielded stop ladder (``_process.py``) and leaves the transport, which reaps the
+child.  When a session ends on its own the next call starts another, as the restart
+budget (``_restarts.py``) allows.  Sessions live in the
 task group of the supervisor's *root task*, which runs outside the caller's cancel scopes
 (a trio system task, or a plain asyncio task), so ``start()`` and ``aclose()`` need not
 be nested like a context manager, and a child is reaped even when the event loop ends
@@ -17,17 +20,13 @@ import inspect
 import itertools
 import logging
 import math
-import os
 import signal
-import ssl
 import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Union
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
-
-from indextts_sidecar.protocol.defaults import PARENT_ENV
+from anyio.abc import TaskGroup
 
 from ._connection import Connection
 from ._exceptions import (
@@ -44,6 +43,7 @@ from ._handshake import LossInfo
 from ._process import SidecarProcess
 from ._restarts import summary
 from ._settings import SidecarSettings
+from ._transports import Link, Transport
 from ._types import SidecarInfo
 
 if TYPE_CHECKING:
@@ -152,28 +152,10 @@ class Supervisor:
     ``last_pid``, :attr:`stderr_tail`.
     """
 
-    def __init__(
-        self,
-        argv: list[str],
-        settings: SidecarSettings,
-        *,
-        env: dict[str, str],
-        cwd: Union[str, os.PathLike[str], None],
-        url: Union[Address, None],
-        ssl_context: Union[ssl.SSLContext, None],
-        exit_with_parent: bool,
-    ) -> None:
-        #: The sidecar's command line (empty when there is no process to spawn).
-        self.argv = argv
-        #: The streams of an already connected sidecar (``Client.connect``), or None.
-        self.streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
-        #: The address of a listening sidecar, or None.
-        self.url = url
+    def __init__(self, transport: Transport, settings: SidecarSettings) -> None:
+        #: How each session reaches the sidecar.
+        self.transport = transport
         self.settings = settings
-        self._ssl_context = ssl_context
-        self._env = env
-        self._cwd = cwd
-        self._exit_with_parent = exit_with_parent
         self._budget = settings.restart_budget()
         self._ids = itertools.count(1)
         #: new, starting, running, closing or closed.
@@ -192,6 +174,11 @@ class Supervisor:
         self._last_tail = ""
         #: Restarts so far (not counting the first start).
         self.restarts = 0
+
+    @property
+    def url(self) -> Union[Address, None]:
+        """The address of a listening sidecar, or None."""
+        return self.transport.url
 
     @property
     def dead(self) -> Union[RestartLimitError, None]:
@@ -258,7 +245,7 @@ class Supervisor:
 
     async def restart(self) -> None:
         """Replace the current session now, with no backoff, and revive a dead client (:meth:`Client.restart`)."""
-        if self.streams is not None:
+        if not self.transport.restartable:
             raise RuntimeError("a client over given streams cannot restart its sidecar")
         if self.state in (_CLOSING, _CLOSED):
             raise ClosedError("the client is closed")
@@ -283,7 +270,7 @@ class Supervisor:
         """
         if self.state in (_CLOSING, _CLOSED):
             raise ClosedError("the client is closed")
-        if self.state != _RUNNING or self.streams is not None:
+        if self.state != _RUNNING or not self.transport.restartable:
             return
         async with self._spawn_lock:
             if self.dead is None:
@@ -374,7 +361,7 @@ class Supervisor:
         if previous is not None:
             reason = previous.reason or reason
             ended_at = previous.ended_at or ended_at
-        if self.streams is not None:
+        if not self.transport.restartable:
             raise fresh(reason) if isinstance(reason, SidecarError) else ClosedError(str(reason))
         if isinstance(reason, AuthenticationError):
             raise fresh(reason)  # the same token would be refused again
@@ -426,12 +413,11 @@ class Supervisor:
 
     async def _run_session(self, session: _Session) -> None:
         try:
-            if self.streams is not None:
-                await self._stream_session(session)
-            elif self.url is not None:
-                await self._socket_session(session)
-            else:
-                await self._process_session(session)
+            async with self.transport.open(self.settings) as link:
+                session.child = link.child
+                if link.child is not None:
+                    self.last_pid = link.child.pid
+                await self._serve(session, link)
         except Exception as exc:
             exc = unwrap(exc)  # type: ignore[assignment]
             if not isinstance(exc, SidecarError):
@@ -439,23 +425,56 @@ class Supervisor:
                 exc = StartError(f"internal error starting the sidecar: {exc!r}")
             session.fail(exc)
         finally:
+            if session.child is not None:
+                self._last_tail = session.child.stderr.tail()
             if session.failure is None and not session.resolved.is_set():
                 session.fail(ClosedError("the sidecar session ended before 'ready'"))
             session.resolved.set()
             self._sessions.discard(session)
             session.finished.set()
 
-    def _new_connection(
-        self, receive: ByteReceiveStream, send: ByteSendStream, child: Union[SidecarProcess, None]
-    ) -> Connection:
+    async def _serve(self, session: _Session, link: Link) -> None:
+        """Run the connection over ``link`` until it ends or a stop is asked; then stop the sidecar.
+
+        A child of ours goes down the stop ladder (``shutdown`` when the stop was asked);
+        a sidecar with no process of ours behind its streams is only disconnected.
+        """
+        child = link.child
+        conn = session.conn = self._new_connection(link)
+        try:
+            async with anyio.create_task_group() as tg:
+                if child is not None:
+                    tg.start_soon(child.pump_stderr)
+                tg.start_soon(conn.run)
+                if child is not None:
+                    tg.start_soon(self._watch_exit, child, conn)
+                graceful = False
+                if await self._handshake(session, conn, child):
+                    if self.settings.heartbeat is not None:
+                        tg.start_soon(self._beat, child, conn, self.settings.heartbeat)
+                    which = await _wait_any(conn.closed_event, session.stop_requested)
+                    graceful = which == 1 and not conn.closed
+                if child is not None:
+                    await self._stop_child(child, conn, graceful=graceful)
+                else:
+                    conn.mark_closing()
+                tg.cancel_scope.cancel()
+        finally:
+            if child is None:
+                with anyio.CancelScope(shield=True):
+                    await conn.aclose()
+
+    def _new_connection(self, link: Link) -> Connection:
+        child = link.child
+
         async def describe(kind: str) -> LossInfo:
             assert child is not None
             return await child.describe_loss(kind)
 
         settings = self.settings
         return Connection(
-            receive,
-            send,
+            link.receive,
+            link.send,
             timeout=settings.timeout,
             idle_timeout=settings.idle_timeout,
             ready_timeout=settings.ready_timeout,
@@ -495,43 +514,6 @@ class Supervisor:
             )
         session.resolved.set()
         return False
-
-    async def _process_session(self, session: _Session) -> None:
-        env = self._env
-        if self._exit_with_parent:
-            # The sidecar stops once the spawning process is gone, even if a process forked
-            # from it keeps the pipes open. The pid at spawn time: a client may be created
-            # before a fork. An environment variable: older sidecars ignore it.
-            env = {**env, PARENT_ENV: str(os.getpid())}
-        child = await SidecarProcess.spawn(
-            self.argv,
-            env=env,
-            cwd=self._cwd,
-            redact=self.settings.redact,
-            exit_grace=self.settings.shutdown_timeout,
-        )
-        session.child = child
-        self.last_pid = child.pid
-        try:
-            conn = session.conn = self._new_connection(child.stdout, child.stdin, child)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(child.pump_stderr)
-                tg.start_soon(conn.run)
-                tg.start_soon(self._watch_exit, child, conn)
-                graceful = False
-                if await self._handshake(session, conn, child):
-                    if self.settings.heartbeat is not None:
-                        tg.start_soon(self._beat, child, conn, self.settings.heartbeat)
-                    which = await _wait_any(conn.closed_event, session.stop_requested)
-                    graceful = which == 1 and not conn.closed
-                await self._stop_child(child, conn, graceful=graceful)
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await child.aclose(self.settings.shutdown_timeout)
-                self._last_tail = child.stderr.tail()
-                rc = child.process.returncode
-                log.debug("sidecar pid %d reaped (returncode %s)", child.pid, rc)
 
     async def _stop_child(self, child: SidecarProcess, conn: Connection, *, graceful: bool) -> None:
         """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
@@ -595,50 +577,3 @@ class Supervisor:
         with anyio.move_on_after(1.0):
             await conn.reader_done.wait()
         conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
-
-    async def _stream_session(self, session: _Session) -> None:
-        assert self.streams is not None
-        receive, send = self.streams
-        await self._serve_streams(session, receive, send, heartbeat=None)
-
-    async def _socket_session(self, session: _Session) -> None:
-        """Connect to a listening sidecar; then as a stream session."""
-        address = self.url
-        assert address is not None
-        stream: Union[ByteStream, None] = None
-        try:
-            with anyio.fail_after(math.inf if self.settings.ready_timeout is None else self.settings.ready_timeout):
-                if address.scheme == "unix":
-                    stream = await anyio.connect_unix(address.path)
-                elif self._ssl_context is not None:
-                    stream = await anyio.connect_tcp(
-                        address.host, address.port, ssl_context=self._ssl_context, tls_standard_compatible=False
-                    )
-                else:
-                    stream = await anyio.connect_tcp(address.host, address.port)
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
-        await self._serve_streams(session, stream, stream, heartbeat=self.settings.heartbeat)
-
-    async def _serve_streams(
-        self,
-        session: _Session,
-        receive: ByteReceiveStream,
-        send: ByteSendStream,
-        *,
-        heartbeat: Union[float, None],
-    ) -> None:
-        """A session over streams with no process behind them: until they end or a stop is asked."""
-        conn = session.conn = self._new_connection(receive, send, None)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(conn.run)
-                if await self._handshake(session, conn, None):
-                    if heartbeat is not None:
-                        tg.start_soon(self._beat, None, conn, heartbeat)
-                    await _wait_any(conn.closed_event, session.stop_requested)
-                conn.mark_closing()
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.aclose()
