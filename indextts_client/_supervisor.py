@@ -40,7 +40,7 @@ from ._exceptions import (
     unwrap,
 )
 from ._handshake import LossInfo
-from ._process import SidecarProcess
+from ._process import SidecarProcess, stop_sidecar
 from ._restarts import summary
 from ._settings import SidecarSettings
 from ._transports import Link, Transport
@@ -55,6 +55,8 @@ __all__ = ["Supervisor"]
 log = logging.getLogger("indextts_client")
 
 _NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
+#: Seconds the reader gets to read what a stopped or exited child wrote last, before it is aborted.
+_READER_DRAIN = 1.0
 
 
 async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
@@ -516,23 +518,22 @@ class Supervisor:
         return False
 
     async def _stop_child(self, child: SidecarProcess, conn: Connection, *, graceful: bool) -> None:
-        """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
+        """Stop a child of ours down the stop ladder (``shutdown`` first when ``graceful``).
+
+        Then the connection reads what is left (it ends at EOF) and stops.  When the stream
+        had ended first, ``describe_loss`` already gave the child time to exit.
+        """
+
+        async def shutdown() -> None:
+            try:
+                await conn.shutdown()
+            except SidecarError as exc:
+                log.debug("shutdown request failed: %s", exc)
+
         with anyio.CancelScope(shield=True):
             conn.mark_closing()
-            timeout = self.settings.shutdown_timeout
-            if graceful and child.running:
-                # A stopped child (SIGSTOP, a debugger) could answer neither 'shutdown' nor SIGTERM.
-                child.signal_group(signal.SIGCONT)
-                with anyio.move_on_after(timeout):
-                    try:
-                        await conn.shutdown()
-                    except SidecarError as exc:
-                        log.debug("shutdown request failed: %s", exc)
-                    await child.process.wait()
-            # (When the stream ended, describe_loss already gave the child time to exit.)
-            await child.terminate(timeout)
-            # Let the reader read what is left: the connection ends at EOF.
-            with anyio.move_on_after(1.0):
+            await stop_sidecar(child, self.settings.shutdown_timeout, shutdown=shutdown if graceful else None)
+            with anyio.move_on_after(_READER_DRAIN):
                 await conn.closed_event.wait()
             conn.abort("the sidecar was stopped")
 
@@ -574,6 +575,6 @@ class Supervisor:
     async def _watch_exit(self, child: SidecarProcess, conn: Connection) -> None:
         """When the child exits, make sure the connection notices even if its stdout stays open."""
         await child.process.wait()
-        with anyio.move_on_after(1.0):
+        with anyio.move_on_after(_READER_DRAIN):
             await conn.reader_done.wait()
         conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
