@@ -4,13 +4,13 @@ Each sidecar lifetime is a *session*, a task that opens the client's transport (
 the child, connects to a socket, or adopts the given streams: ``_transports.py``), drains
 stderr, runs the :class:`Connection`, waits for ``ready``, and at the end runs the
 bounded, shielded stop ladder (``_process.py``) and leaves the transport, which reaps the
-child.  When a session ends on its own the next call starts another, as the restart
-budget (``_restarts.py``) allows.  Sessions live in the
-task group of the supervisor's *root task*, which runs outside the caller's cancel scopes
-(a trio system task, or a plain asyncio task), so ``start()`` and ``aclose()`` need not
-be nested like a context manager, and a child is reaped even when the event loop ends
-without ``aclose()``.  Callers never run that machinery in their own task: they wait on
-the session's events, so cancelling a caller only ever abandons what it waited for.
+child.  When a session ends on its own, the next call starts another as the restart
+budget (``_restarts.py``) allows.  Sessions live in the task group of the supervisor's
+*root task*, which runs outside the caller's cancel scopes (a trio system task, or a
+plain asyncio task), so ``start()`` and ``aclose()`` need not be nested like a context
+manager, and a child is reaped even when the event loop ends without ``aclose()``.
+Callers never run that machinery in their own task: they wait on the session's events,
+so cancelling a caller only ever abandons what it waited for.
 """
 
 from __future__ import annotations
