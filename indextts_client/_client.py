@@ -160,6 +160,7 @@ class Client(Requester):
         token: Union[str, bytes, None] = None,
         ssl_context: Union[ssl.SSLContext, None] = None,
     ) -> None:
+        child_env = child_environment(env, inherit_env=inherit_env)
         transport: Transport
         if url is not None:
             if engine is not None or command is not None or python is not None:
@@ -167,6 +168,9 @@ class Client(Requester):
             transport = SocketTransport(parse_url(url), ssl_context=ssl_context)
         elif token is not None or ssl_context is not None:
             raise ValueError("token and ssl_context are for a sidecar reached by url")
+        else:
+            argv = sidecar_command(engine, engine_options, python=python, command=command, sidecar_args=sidecar_args)
+            transport = SpawnTransport(argv, env=child_env, cwd=cwd, exit_with_parent=exit_with_parent)
         if shared_audio is not None:
             warnings.warn(
                 "Client(shared_audio=...) is ignored: audio always travels through the pipe "
@@ -174,10 +178,6 @@ class Client(Requester):
                 DeprecationWarning,
                 stacklevel=2,
             )
-        argv = sidecar_command(engine, engine_options, python=python, command=command, sidecar_args=sidecar_args)
-        child_env = child_environment(env, inherit_env=inherit_env)
-        if url is None:
-            transport = SpawnTransport(argv, env=child_env, cwd=cwd, exit_with_parent=exit_with_parent)
         settings = SidecarSettings(
             redact=Redactor(child_env, redact),
             ready_timeout=ready_timeout,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import ssl
 
 import pytest
 
@@ -61,3 +62,16 @@ def test_the_redactor_hides_the_secrets_it_was_given() -> None:
     settings = SidecarSettings(redact=Redactor({"API_KEY": "abcdef"}, ["swordfish"]))
     assert settings.redact("key abcdef, word swordfish") == "key ***, word ***"
     assert SidecarSettings().redact("nothing secret") == "nothing secret"
+
+
+def test_a_client_refuses_two_ways_to_reach_its_sidecar() -> None:
+    with pytest.raises(ValueError, match=r"give url \(a running sidecar\) or engine/command/python"):
+        Client("fake", url="tcp://127.0.0.1:9")
+    with pytest.raises(ValueError, match="token and ssl_context are for a sidecar reached by url"):
+        Client("fake", token="secret")
+    with pytest.raises(ValueError, match="ssl_context is for tcp://"):
+        Client(url="unix:///tmp/none.sock", ssl_context=ssl.create_default_context())
+    with pytest.raises(ValueError, match="pool_timeout must be >= 0"):
+        Client("fake", pool_timeout=-1.0)
+    assert Client(url="tcp://127.0.0.1:9").argv == []
+    assert Client(url="tcp://127.0.0.1:9").url == "tcp://127.0.0.1:9"
