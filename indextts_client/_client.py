@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import ssl
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union
 
-import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
+
+from indextts_sidecar.protocol.address import parse_url
 
 from ._connection import Connection
 from ._defaults import (
@@ -34,8 +34,17 @@ from ._defaults import (
 from ._exceptions import RestartLimitError
 from ._process import Redactor
 from ._request import Requester
+from ._settings import SidecarSettings
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
+from ._transports import (
+    SocketTransport,
+    SpawnTransport,
+    StreamsTransport,
+    Transport,
+    child_environment,
+    sidecar_command,
+)
 from ._types import RestartCallback, SidecarInfo
 
 if TYPE_CHECKING:
@@ -54,45 +63,69 @@ class Client(Requester):
             audio = await client.synthesize("Hello", voice="speaker.wav")
             audio.to_wav("hello.wav")
 
-    **Process.**  The sidecar runs as ``python -m indextts_sidecar`` under ``python``
-    (default: this interpreter), or under ``command`` (a replacement for that prefix,
-    e.g. ``["uv", "run", "python", "-m", "indextts_sidecar"]``); ``--engine``, the
-    ``engine_options`` (each as ``-o key=<json>``) and ``sidecar_args`` are appended.
-    ``env`` is added to this process's environment, or replaces it with
-    ``inherit_env=False``; ``cwd`` is its working directory.
+    Requests run concurrently over the one sidecar.  When it dies, pending requests fail
+    with :class:`CrashedError` and the next call starts a new one, within the restart
+    budget.  Its stderr goes to the ``indextts_client.sidecar`` logger, with Hugging Face
+    tokens, the values of secret-named environment variables (TOKEN, KEY, SECRET,
+    PASSWORD) and the strings in ``redact`` replaced by ``***``.
 
-    **Start and stop.**  :meth:`start` (or ``async with``) waits up to
-    ``ready_timeout`` seconds for ``ready`` and fails at once if the child exits first.
-    :meth:`aclose` sends ``shutdown``, then closes stdin and SIGTERMs the child's process
-    group, then SIGKILLs it, waiting at most ``shutdown_timeout`` seconds at each step,
-    shielded from cancellation.
+    The process:
 
-    **Busy.**  When the sidecar's queue is full (``--max-queue``) a request is refused
-    ``busy``; with ``pool_timeout`` set it waits instead until another request of this
-    client ends and is sent again (with none in flight: at once, then after pauses that
-    double up to 0.1 s), for up to ``pool_timeout`` seconds, and only then raises
-    :class:`BusyError` (None, the default: at once, as before).
+    * ``engine``: the engine's name (``--engine``); None leaves the sidecar's default.
+    * ``engine_options``: a mapping; each item is passed as ``-o key=<json>``.
+    * ``python``: the interpreter that runs ``-m indextts_sidecar`` (default: this one).
+    * ``command``: replaces ``[python, "-m", "indextts_sidecar"]``, e.g.
+      ``["uv", "run", "python", "-m", "indextts_sidecar"]``.
+    * ``sidecar_args``: appended to the command line.
+    * ``env``: added to this process's environment (the whole environment with
+      ``inherit_env=False``).
+    * ``inherit_env``: whether the child's environment starts from ``os.environ``.
+    * ``cwd``: the child's working directory.
+    * ``exit_with_parent``: the sidecar stops once this process is gone, even if a
+      process forked from it keeps the pipes open.
 
-    **Requests.**  ``timeout`` and ``idle_timeout`` are the defaults of every request
-    (None: no limit).  Requests run concurrently over the one sidecar.
+    A sidecar on a socket, instead of a process (``python -m indextts_sidecar --listen URL``):
 
-    **Supervision.**  When the sidecar dies, pending requests fail with
-    :class:`CrashedError`; the next call starts a new one, after a backoff of
-    ``restart_backoff`` seconds doubling per recent restart.  More than ``max_restarts``
-    restarts within ``restart_window`` seconds make the client dead: every call then
-    raises :class:`RestartLimitError`.  ``on_restart(attempt, reason)`` (a function or
-    coroutine function) hears of each restart before it happens.
+    * ``url``: ``"tcp://HOST:PORT"`` or ``"unix:///PATH"``; when the connection drops, the
+      next call reconnects, with the restart backoff and budget below.
+    * ``token``: the shared secret of its ``--token-file``; a refused one raises
+      :class:`AuthenticationError`.
+    * ``ssl_context``: TLS, for ``tcp://``.
 
-    **Logs.**  The sidecar's stderr goes to the ``indextts_client.sidecar`` logger, with
-    Hugging Face tokens, the values of secret-named environment variables (TOKEN, KEY,
-    SECRET, PASSWORD) and the strings in ``redact`` replaced by ``***``.
+    Starting and stopping:
 
-    **A sidecar on a socket.**  With ``url="tcp://HOST:PORT"`` or ``url="unix:///PATH"``
-    the client connects to a running ``python -m indextts_sidecar --listen URL`` instead
-    of spawning one (``token``: the shared secret of its ``--token-file``; ``ssl_context``:
-    TLS for ``tcp://``).  The API is the same.  When the connection drops, pending
-    requests fail with :class:`CrashedError`; the next call reconnects, with the restart
-    backoff and budget above.  A refused token raises :class:`AuthenticationError`.
+    * ``ready_timeout``: seconds :meth:`start` (and each restart) waits for ``ready``; it
+      fails at once if the child exits first.
+    * ``shutdown_timeout``: seconds each step of :meth:`aclose`'s stop ladder may take
+      (``shutdown``; closing stdin and SIGTERM to the process group; SIGKILL), shielded
+      from cancellation.
+
+    Requests:
+
+    * ``timeout``: every request's default overall deadline (None: no limit).
+    * ``idle_timeout``: every request's default deadline without a progress or audio frame.
+    * ``pool_timeout``: when the sidecar's queue is full (``--max-queue``), how long a
+      request waits for another request of this client to end and is sent again (with
+      none in flight: at once, then after pauses that double up to 0.1 s) before it raises
+      :class:`BusyError`; None: at once.
+    * ``frame_timeout``: seconds a started frame may take to arrive in full.
+    * ``max_buffered``: audio bytes one request may hold unconsumed before it alone fails
+      with :class:`BufferFullError`.
+    * ``redact``: more strings to hide in logs and error messages.
+    * ``shared_audio``: deprecated and ignored (a :class:`DeprecationWarning`).
+
+    Supervision:
+
+    * ``max_restarts``: automatic restarts allowed within ``restart_window`` seconds; one
+      more makes the client dead: every call raises :class:`RestartLimitError`.
+    * ``restart_window``: seconds.
+    * ``restart_backoff``: seconds before a restart, doubled per restart in the window.
+    * ``max_restart_backoff``: the cap on that delay.
+    * ``on_restart``: ``on_restart(attempt, reason)``, a function or coroutine function,
+      hears of each restart before it happens.
+    * ``heartbeat``: seconds between health pings (None: none).
+    * ``heartbeat_misses``: pings in a row without a pong after which the sidecar counts as
+      hung: a child is killed, a socket dropped.
     """
 
     def __init__(
@@ -127,17 +160,17 @@ class Client(Requester):
         token: Union[str, bytes, None] = None,
         ssl_context: Union[ssl.SSLContext, None] = None,
     ) -> None:
-        address = None
+        child_env = child_environment(env, inherit_env=inherit_env)
+        transport: Transport
         if url is not None:
-            from indextts_sidecar.protocol.address import parse_url
-
             if engine is not None or command is not None or python is not None:
                 raise ValueError("give url (a running sidecar) or engine/command/python (one to spawn), not both")
-            address = parse_url(url)
-            if ssl_context is not None and address.scheme != "tcp":
-                raise ValueError("ssl_context is for tcp:// addresses")
+            transport = SocketTransport(parse_url(url), ssl_context=ssl_context)
         elif token is not None or ssl_context is not None:
             raise ValueError("token and ssl_context are for a sidecar reached by url")
+        else:
+            argv = sidecar_command(engine, engine_options, python=python, command=command, sidecar_args=sidecar_args)
+            transport = SpawnTransport(argv, env=child_env, cwd=cwd, exit_with_parent=exit_with_parent)
         if shared_audio is not None:
             warnings.warn(
                 "Client(shared_audio=...) is ignored: audio always travels through the pipe "
@@ -145,47 +178,15 @@ class Client(Requester):
                 DeprecationWarning,
                 stacklevel=2,
             )
-        if command is not None and python is not None:
-            raise ValueError("give python or command, not both")
-        if max_restarts < 0:
-            raise ValueError("max_restarts must be >= 0")
-        if heartbeat is not None and not heartbeat > 0:
-            raise ValueError("heartbeat must be > 0 seconds or None")
-        if heartbeat_misses < 1:
-            raise ValueError("heartbeat_misses must be >= 1")
-        prefix = [os.fspath(part) for part in command] if command is not None else None
-        if prefix is None:
-            prefix = [os.fspath(python) if python is not None else sys.executable, "-m", "indextts_sidecar"]
-        argv = list(prefix)
-        if engine is not None:
-            argv += ["--engine", engine]
-        for key, value in (engine_options or {}).items():
-            argv += ["-o", f"{key}={msgspec.json.encode(value).decode()}"]
-        argv += list(sidecar_args)
-        if address is not None:
-            argv = []
-        child_env = dict(os.environ) if inherit_env else {}
-        child_env.update(env or {})
-        redactor = Redactor(child_env, redact)
-        if pool_timeout is not None and pool_timeout < 0:
-            raise ValueError("pool_timeout must be >= 0")
-        self._default_timeout = timeout
-        self._default_idle_timeout = idle_timeout
-        self._default_pool_timeout = pool_timeout
-        self._supervisor = Supervisor(
-            argv,
-            env=child_env,
-            cwd=cwd,
-            redact=redactor,
-            url=address,
-            token=token,
-            ssl_context=ssl_context,
+        settings = SidecarSettings(
+            redact=Redactor(child_env, redact),
             ready_timeout=ready_timeout,
             shutdown_timeout=shutdown_timeout,
             timeout=timeout,
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,
             max_buffered=max_buffered,
+            token=token,
             max_restarts=max_restarts,
             restart_window=restart_window,
             restart_backoff=restart_backoff,
@@ -193,8 +194,17 @@ class Client(Requester):
             on_restart=on_restart,
             heartbeat=heartbeat,
             heartbeat_misses=heartbeat_misses,
-            exit_with_parent=exit_with_parent,
         )
+        self._attach(Supervisor(transport, settings), pool_timeout)
+
+    def _attach(self, supervisor: Supervisor, pool_timeout: Union[float, None]) -> None:
+        """Take ``supervisor``'s sidecars; requests default to its settings' deadlines."""
+        if pool_timeout is not None and pool_timeout < 0:
+            raise ValueError("pool_timeout must be >= 0")
+        self._default_timeout = supervisor.settings.timeout
+        self._default_idle_timeout = supervisor.settings.idle_timeout
+        self._default_pool_timeout = pool_timeout
+        self._supervisor = supervisor
 
     @classmethod
     def connect(
@@ -213,33 +223,30 @@ class Client(Requester):
 
         The client owns the streams and closes them in :meth:`aclose`.  It cannot
         restart such a sidecar: after the stream ends, every call raises the error
-        that ended it.  ``pool_timeout`` is as for a spawned sidecar (see "Busy" above).
+        that ended it.  The arguments are as for a spawned sidecar.
         """
-        client = cls(
-            command=["<streams>"],
+        settings = SidecarSettings(
+            redact=Redactor({}, redact),
             ready_timeout=ready_timeout,
             timeout=timeout,
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,
-            redact=redact,
-            pool_timeout=pool_timeout,
-            inherit_env=False,
             max_restarts=0,
         )
-        client._supervisor.streams = (receive_stream, send_stream)
-        client._supervisor.argv = []
+        client = cls.__new__(cls)
+        client._attach(Supervisor(StreamsTransport(receive_stream, send_stream), settings), pool_timeout)
         return client
 
     # ------------------------------------------------------------- properties
 
     @property
     def argv(self) -> list[str]:
-        """The sidecar's command line."""
-        return self._supervisor.argv
+        """The sidecar's command line (empty for a sidecar on a socket or given streams)."""
+        return self._supervisor.transport.argv
 
     @argv.setter
     def argv(self, argv: list[str]) -> None:
-        self._supervisor.argv = argv
+        self._supervisor.transport.argv = argv
 
     @property
     def restarts(self) -> int:

@@ -6,10 +6,11 @@
 * stderr is always drained, so a chatty child never blocks on a full pipe.  Each line
   (over-long ones are split) is forwarded to the ``indextts_client.sidecar`` logger and
   the last lines are kept for error messages; secrets are redacted on the way.
-* :meth:`SidecarProcess.terminate` and :meth:`SidecarProcess.aclose` are the bounded,
-  cancellation-shielded stop ladder: ``shutdown`` (by the caller), close stdin + SIGTERM
-  to the group, SIGKILL to the group, each wait returning as soon as the child is gone;
-  then every stream is closed.
+* :func:`stop_sidecar` is the whole stop ladder, bounded and shielded from cancellation:
+  SIGCONT once, ``shutdown`` (the caller's request), closing stdin + SIGTERM to the group,
+  SIGKILL to the group, each wait returning as soon as the child is gone.
+  :meth:`SidecarProcess.aclose` then reaps it and closes every stream (it kills a child
+  still running only when the ladder was skipped: a session cancelled or failed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shlex
 import signal
 import subprocess
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Union
 
 import anyio
@@ -30,10 +31,11 @@ from anyio.lowlevel import cancel_shielded_checkpoint
 
 from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
+from ._defaults import DEFAULT_SHUTDOWN_TIMEOUT
 from ._exceptions import StartError
 from ._handshake import LossInfo
 
-__all__ = ["Redactor", "SidecarProcess", "StderrLog"]
+__all__ = ["Redactor", "SidecarProcess", "StderrLog", "stop_sidecar"]
 
 log = logging.getLogger("indextts_client")
 sidecar_log = logging.getLogger("indextts_client.sidecar")
@@ -198,7 +200,7 @@ class SidecarProcess:
         env: Mapping[str, str],
         cwd: Union[str, os.PathLike[str], None],
         redact: Redactor,
-        exit_grace: float = 2.0,
+        exit_grace: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ) -> SidecarProcess:
         """Spawn ``argv`` with a pipe each way for frames, and stderr drained into a log."""
         # The frame pipes are our own, read and written without blocking straight from
@@ -287,28 +289,12 @@ class SidecarProcess:
                 except ProcessLookupError:
                     pass
 
-    async def terminate(self, grace: float) -> None:
-        """Close stdin and SIGTERM the group, wait; then SIGKILL the group, wait.  Shielded, bounded."""
-        with anyio.CancelScope(shield=True):
-            if self.running:
-                try:
-                    await self.stdin.aclose()
-                except Exception:  # closing a broken pipe
-                    pass
-                self.signal_group(signal.SIGTERM)
-                # A stopped child acts on SIGTERM only once continued.
-                self.signal_group(signal.SIGCONT)
-                await self.wait(grace)
-            if self.running:
-                log.warning("sidecar pid %d ignored SIGTERM for %g s; killing it", self.pid, grace)
-                self.signal_group(signal.SIGKILL)
-                await self.wait(grace)
-            if not self.running:
-                # Helpers the sidecar left behind in its group die with it.
-                self.signal_group(signal.SIGKILL)
-
     async def aclose(self, grace: float) -> None:
-        """Make sure the child is gone, then close every stream.  Shielded, bounded."""
+        """Make sure the child is gone and reaped, then close every stream.  Shielded, bounded.
+
+        After :func:`stop_sidecar` the child is gone already; a child still running here
+        belongs to a session that was cancelled or failed, and is killed at once.
+        """
         if self._closed:
             return
         self._closed = True
@@ -332,3 +318,44 @@ class SidecarProcess:
             # descriptor outlives this call.
             await cancel_shielded_checkpoint()
             await cancel_shielded_checkpoint()
+
+
+async def stop_sidecar(
+    child: SidecarProcess,
+    grace: float,
+    *,
+    shutdown: Union[Callable[[], Awaitable[object]], None] = None,
+) -> None:
+    """The stop ladder; each rung waits at most ``grace`` s and the ladder ends once the child is gone.
+
+    1. SIGCONT to the group, once: a stopped child (SIGSTOP, a debugger) would act on
+       neither ``shutdown`` nor SIGTERM.
+    2. ``shutdown()``, when given (the protocol's request, which the sidecar acknowledges
+       before it exits), and wait.
+    3. Close stdin (the sidecar exits at end of input) and SIGTERM the group, and wait.
+    4. SIGKILL the group, and wait.
+    5. Once the child is gone, SIGKILL the group again: helpers it left behind die with it.
+
+    Shielded from cancellation, so a cancelled caller never leaves a child behind.
+    Closing the pipes and the process handle is :meth:`SidecarProcess.aclose`'s.
+    """
+    with anyio.CancelScope(shield=True):
+        if child.running:
+            child.signal_group(signal.SIGCONT)
+        if shutdown is not None and child.running:
+            with anyio.move_on_after(grace):
+                await shutdown()
+                await child.process.wait()
+        if child.running:
+            try:
+                await child.stdin.aclose()
+            except Exception:  # closing a broken pipe
+                pass
+            child.signal_group(signal.SIGTERM)
+            await child.wait(grace)
+        if child.running:
+            log.warning("sidecar pid %d ignored SIGTERM for %g s; killing it", child.pid, grace)
+            child.signal_group(signal.SIGKILL)
+            await child.wait(grace)
+        if not child.running:
+            child.signal_group(signal.SIGKILL)

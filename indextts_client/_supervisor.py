@@ -1,13 +1,16 @@
 """The client's supervisor: spawns the sidecar, restarts it within a budget, stops it cleanly.
 
-Each sidecar lifetime is a *session*, a task that spawns the child (or adopts the given
-streams), drains stderr, runs the :class:`Connection`, waits for ``ready``, and at the
-end runs the bounded, shielded stop ladder and reaps the child.  Sessions live in the
-task group of the supervisor's *root task*, which runs outside the caller's cancel scopes
-(a trio system task, or a plain asyncio task), so ``start()`` and ``aclose()`` need not
-be nested like a context manager, and a child is reaped even when the event loop ends
-without ``aclose()``.  Callers never run that machinery in their own task: they wait on
-the session's events, so cancelling a caller only ever abandons what it waited for.
+Each sidecar lifetime is a *session*, a task that opens the client's transport (spawns
+the child, connects to a socket, or adopts the given streams: ``_transports.py``), drains
+stderr, runs the :class:`Connection`, waits for ``ready``, and at the end runs the
+bounded, shielded stop ladder (``_process.py``) and leaves the transport, which reaps the
+child.  When a session ends on its own, the next call starts another as the restart
+budget (``_restarts.py``) allows.  Sessions live in the task group of the supervisor's
+*root task*, which runs outside the caller's cancel scopes (a trio system task, or a
+plain asyncio task), so ``start()`` and ``aclose()`` need not be nested like a context
+manager, and a child is reaped even when the event loop ends without ``aclose()``.
+Callers never run that machinery in their own task: they wait on the session's events,
+so cancelling a caller only ever abandons what it waited for.
 """
 
 from __future__ import annotations
@@ -17,18 +20,13 @@ import inspect
 import itertools
 import logging
 import math
-import os
 import signal
-import ssl
 import sys
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Union
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, TaskGroup
-
-from indextts_sidecar.protocol.defaults import PARENT_ENV
+from anyio.abc import TaskGroup
 
 from ._connection import Connection
 from ._exceptions import (
@@ -42,8 +40,11 @@ from ._exceptions import (
     unwrap,
 )
 from ._handshake import LossInfo
-from ._process import Redactor, SidecarProcess
-from ._types import RestartCallback, SidecarInfo
+from ._process import SidecarProcess, stop_sidecar
+from ._restarts import summary
+from ._settings import SidecarSettings
+from ._transports import Link, Transport
+from ._types import SidecarInfo
 
 if TYPE_CHECKING:
     from indextts_sidecar.protocol.address import Address
@@ -54,6 +55,8 @@ __all__ = ["Supervisor"]
 log = logging.getLogger("indextts_client")
 
 _NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "closing", "closed"
+#: Seconds the reader gets to read what a stopped or exited child wrote last, before it is aborted.
+_READER_DRAIN = 1.0
 
 
 async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
@@ -94,12 +97,6 @@ def _spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 _asyncio_roots: set[asyncio.Task[None]] = set()
-
-
-def _summary(exc: BaseException) -> str:
-    """One line about ``exc`` (without the stderr tail)."""
-    text = exc.message if isinstance(exc, SidecarError) else str(exc)
-    return f"{type(exc).__name__}: {text}"
 
 
 class _Session:
@@ -157,56 +154,11 @@ class Supervisor:
     ``last_pid``, :attr:`stderr_tail`.
     """
 
-    def __init__(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str],
-        cwd: Union[str, os.PathLike[str], None],
-        redact: Redactor,
-        url: Union[Address, None],
-        token: Union[str, bytes, None],
-        ssl_context: Union[ssl.SSLContext, None],
-        ready_timeout: Union[float, None],
-        shutdown_timeout: float,
-        timeout: Union[float, None],
-        idle_timeout: Union[float, None],
-        frame_timeout: Union[float, None],
-        max_buffered: int,
-        max_restarts: int,
-        restart_window: float,
-        restart_backoff: float,
-        max_restart_backoff: float,
-        on_restart: Union[RestartCallback, None],
-        heartbeat: Union[float, None],
-        heartbeat_misses: int,
-        exit_with_parent: bool,
-    ) -> None:
-        #: The sidecar's command line (empty when there is no process to spawn).
-        self.argv = argv
-        #: The streams of an already connected sidecar (``Client.connect``), or None.
-        self.streams: Union[tuple[ByteReceiveStream, ByteSendStream], None] = None
-        #: The address of a listening sidecar, or None.
-        self.url = url
-        self._token = token
-        self._ssl_context = ssl_context
-        self._env = env
-        self._cwd = cwd
-        self._redact = redact
-        self._ready_timeout = ready_timeout
-        self._shutdown_timeout = shutdown_timeout
-        self._timeout = timeout
-        self._idle_timeout = idle_timeout
-        self._frame_timeout = frame_timeout
-        self._max_buffered = max_buffered
-        self._max_restarts = max_restarts
-        self._restart_window = restart_window
-        self._restart_backoff = restart_backoff
-        self._max_restart_backoff = max_restart_backoff
-        self._on_restart = on_restart
-        self._heartbeat = heartbeat
-        self._heartbeat_misses = heartbeat_misses
-        self._exit_with_parent = exit_with_parent
+    def __init__(self, transport: Transport, settings: SidecarSettings) -> None:
+        #: How each session reaches the sidecar.
+        self.transport = transport
+        self.settings = settings
+        self._budget = settings.restart_budget()
         self._ids = itertools.count(1)
         #: new, starting, running, closing or closed.
         self.state = _NEW
@@ -218,17 +170,27 @@ class Supervisor:
         self._session: Union[_Session, None] = None
         self._sessions: set[_Session] = set()
         self._session_numbers = itertools.count(1)
-        self._restart_times: deque[float] = deque()
-        #: The error every call raises once the restart budget is spent, else None.
-        self.dead: Union[RestartLimitError, None] = None
-        #: When (``anyio.current_time()``) ``dead`` was last set, else None.
-        self.dead_at: Union[float, None] = None
         #: The latest ``ready`` frame's facts, and the latest child's pid.
         self.last_info: Union[SidecarInfo, None] = None
         self.last_pid: Union[int, None] = None
         self._last_tail = ""
         #: Restarts so far (not counting the first start).
         self.restarts = 0
+
+    @property
+    def url(self) -> Union[Address, None]:
+        """The address of a listening sidecar, or None."""
+        return self.transport.url
+
+    @property
+    def dead(self) -> Union[RestartLimitError, None]:
+        """The error every call raises once the restart budget is spent, else None."""
+        return self._budget.dead
+
+    @property
+    def dead_at(self) -> Union[float, None]:
+        """When (``anyio.current_time()``) ``dead`` was last set, else None."""
+        return self._budget.dead_at
 
     @property
     def closed(self) -> bool:
@@ -285,7 +247,7 @@ class Supervisor:
 
     async def restart(self) -> None:
         """Replace the current session now, with no backoff, and revive a dead client (:meth:`Client.restart`)."""
-        if self.streams is not None:
+        if not self.transport.restartable:
             raise RuntimeError("a client over given streams cannot restart its sidecar")
         if self.state in (_CLOSING, _CLOSED):
             raise ClosedError("the client is closed")
@@ -297,8 +259,7 @@ class Supervisor:
                 previous.stop_requested.set()
                 with anyio.CancelScope(shield=True):
                     await previous.finished.wait()
-            self.dead = self.dead_at = None
-            self._restart_times.clear()
+            self._budget.reset()
             log.info("restarting the sidecar on request")
             await self._spawn()
 
@@ -311,7 +272,7 @@ class Supervisor:
         """
         if self.state in (_CLOSING, _CLOSED):
             raise ClosedError("the client is closed")
-        if self.state != _RUNNING or self.streams is not None:
+        if self.state != _RUNNING or not self.transport.restartable:
             return
         async with self._spawn_lock:
             if self.dead is None:
@@ -330,16 +291,9 @@ class Supervisor:
             try:
                 await self._spawn()
             except SidecarError as exc:
-                self.dead = RestartLimitError(
-                    f"the sidecar could not be revived after its restart limit: {_summary(exc)}",
-                    max_restarts=self._max_restarts,
-                    restart_window=self._restart_window,
-                    last_error=exc,
-                )
-                self.dead_at = anyio.current_time()
+                self._budget.revive_failed(exc, anyio.current_time())
                 raise
-            self.dead = self.dead_at = None
-            self._restart_times.clear()
+            self._budget.reset()
 
     def is_alive(self) -> bool:
         """Whether the current session is ready and its child running (:meth:`Client.is_alive`)."""
@@ -409,39 +363,30 @@ class Supervisor:
         if previous is not None:
             reason = previous.reason or reason
             ended_at = previous.ended_at or ended_at
-        if self.streams is not None:
+        if not self.transport.restartable:
             raise fresh(reason) if isinstance(reason, SidecarError) else ClosedError(str(reason))
         if isinstance(reason, AuthenticationError):
             raise fresh(reason)  # the same token would be refused again
         now = anyio.current_time()
-        while self._restart_times and now - self._restart_times[0] >= self._restart_window:
-            self._restart_times.popleft()
-        if len(self._restart_times) >= self._max_restarts:
-            self.dead = RestartLimitError(
-                f"the sidecar failed {len(self._restart_times) + 1} times within {self._restart_window:g} s "
-                f"(max_restarts={self._max_restarts}); the client gave up. Last failure: {_summary(reason)}",
-                max_restarts=self._max_restarts,
-                restart_window=self._restart_window,
-                last_error=reason,
-            )
-            self.dead_at = anyio.current_time()
-            log.error("%s", self.dead.message)
-            raise fresh(self.dead) from reason
-        delay = min(self._max_restart_backoff, self._restart_backoff * 2 ** len(self._restart_times))
-        if ended_at + delay > now:
-            await anyio.sleep(ended_at + delay - now)
+        if self._budget.spent(now):
+            dead = self._budget.give_up(reason, now)
+            log.error("%s", dead.message)
+            raise fresh(dead) from reason
+        delay = self._budget.delay(now, ended_at)
+        if delay > 0:
+            await anyio.sleep(delay)
             self._check_state()
-        self._restart_times.append(anyio.current_time())
+        self._budget.record(anyio.current_time())
         self.restarts += 1
         log.warning(
             "%s (restart %d) after: %s",
             "restarting the sidecar" if self.url is None else f"reconnecting to {self.url}",
             self.restarts,
-            _summary(reason),
+            summary(reason),
         )
-        if self._on_restart is not None:
+        if self.settings.on_restart is not None:
             try:
-                result = self._on_restart(self.restarts, reason)
+                result = self.settings.on_restart(self.restarts, reason)
                 if inspect.isawaitable(result):
                     await result
             except Exception:
@@ -470,12 +415,11 @@ class Supervisor:
 
     async def _run_session(self, session: _Session) -> None:
         try:
-            if self.streams is not None:
-                await self._stream_session(session)
-            elif self.url is not None:
-                await self._socket_session(session)
-            else:
-                await self._process_session(session)
+            async with self.transport.open(self.settings) as link:
+                session.child = link.child
+                if link.child is not None:
+                    self.last_pid = link.child.pid
+                await self._serve(session, link)
         except Exception as exc:
             exc = unwrap(exc)  # type: ignore[assignment]
             if not isinstance(exc, SidecarError):
@@ -483,36 +427,72 @@ class Supervisor:
                 exc = StartError(f"internal error starting the sidecar: {exc!r}")
             session.fail(exc)
         finally:
+            if session.child is not None:
+                self._last_tail = session.child.stderr.tail()
             if session.failure is None and not session.resolved.is_set():
                 session.fail(ClosedError("the sidecar session ended before 'ready'"))
             session.resolved.set()
             self._sessions.discard(session)
             session.finished.set()
 
-    def _new_connection(
-        self, receive: ByteReceiveStream, send: ByteSendStream, child: Union[SidecarProcess, None]
-    ) -> Connection:
+    async def _serve(self, session: _Session, link: Link) -> None:
+        """Run the connection over ``link`` until it ends or a stop is asked; then stop the sidecar.
+
+        A child of ours goes down the stop ladder (``shutdown`` when the stop was asked);
+        a sidecar with no process of ours behind its streams is only disconnected.
+        """
+        child = link.child
+        conn = session.conn = self._new_connection(link)
+        try:
+            async with anyio.create_task_group() as tg:
+                if child is not None:
+                    tg.start_soon(child.pump_stderr)
+                tg.start_soon(conn.run)
+                if child is not None:
+                    tg.start_soon(self._watch_exit, child, conn)
+                graceful = False
+                if await self._handshake(session, conn, child):
+                    if self.settings.heartbeat is not None:
+                        tg.start_soon(self._beat, child, conn, self.settings.heartbeat)
+                    which = await _wait_any(conn.closed_event, session.stop_requested)
+                    graceful = which == 1 and not conn.closed
+                if child is not None:
+                    await self._stop_child(child, conn, graceful=graceful)
+                else:
+                    conn.mark_closing()
+                tg.cancel_scope.cancel()
+        finally:
+            if child is None:
+                with anyio.CancelScope(shield=True):
+                    await conn.aclose()
+
+    def _new_connection(self, link: Link) -> Connection:
+        child = link.child
+
         async def describe(kind: str) -> LossInfo:
             assert child is not None
             return await child.describe_loss(kind)
 
+        settings = self.settings
         return Connection(
-            receive,
-            send,
-            timeout=self._timeout,
-            idle_timeout=self._idle_timeout,
-            ready_timeout=self._ready_timeout,
-            frame_timeout=self._frame_timeout,
+            link.receive,
+            link.send,
+            timeout=settings.timeout,
+            idle_timeout=settings.idle_timeout,
+            ready_timeout=settings.ready_timeout,
+            frame_timeout=settings.frame_timeout,
             describe_loss=describe if child is not None else None,
-            redact=self._redact,
+            redact=settings.redact,
             ids=self._ids,
-            max_buffered=self._max_buffered,
-            token=self._token,
+            max_buffered=settings.max_buffered,
+            token=settings.token,
         )
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
         """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
-        which = await _wait_any(conn.ready_event, conn.closed_event, session.stop_requested, limit=self._ready_timeout)
+        which = await _wait_any(
+            conn.ready_event, conn.closed_event, session.stop_requested, limit=self.settings.ready_timeout
+        )
         if conn.ready is not None and not conn.closed and which == 0:
             self.last_info = conn.info
             session.resolved.set()
@@ -530,68 +510,30 @@ class Supervisor:
             tail = child.stderr.tail() if child is not None else ""
             session.fail(
                 StartError(
-                    f"the sidecar sent no 'ready' frame within {self._ready_timeout:g} s (ready_timeout)",
+                    f"the sidecar sent no 'ready' frame within {self.settings.ready_timeout:g} s (ready_timeout)",
                     stderr_tail=tail,
                 )
             )
         session.resolved.set()
         return False
 
-    async def _process_session(self, session: _Session) -> None:
-        env = self._env
-        if self._exit_with_parent:
-            # The sidecar stops once the spawning process is gone, even if a process forked
-            # from it keeps the pipes open. The pid at spawn time: a client may be created
-            # before a fork. An environment variable: older sidecars ignore it.
-            env = {**env, PARENT_ENV: str(os.getpid())}
-        child = await SidecarProcess.spawn(
-            self.argv,
-            env=env,
-            cwd=self._cwd,
-            redact=self._redact,
-            exit_grace=self._shutdown_timeout,
-        )
-        session.child = child
-        self.last_pid = child.pid
-        try:
-            conn = session.conn = self._new_connection(child.stdout, child.stdin, child)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(child.pump_stderr)
-                tg.start_soon(conn.run)
-                tg.start_soon(self._watch_exit, child, conn)
-                graceful = False
-                if await self._handshake(session, conn, child):
-                    if self._heartbeat is not None:
-                        tg.start_soon(self._beat, child, conn, self._heartbeat)
-                    which = await _wait_any(conn.closed_event, session.stop_requested)
-                    graceful = which == 1 and not conn.closed
-                await self._stop_child(child, conn, graceful=graceful)
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await child.aclose(self._shutdown_timeout)
-                self._last_tail = child.stderr.tail()
-                rc = child.process.returncode
-                log.debug("sidecar pid %d reaped (returncode %s)", child.pid, rc)
-
     async def _stop_child(self, child: SidecarProcess, conn: Connection, *, graceful: bool) -> None:
-        """The stop ladder: ``shutdown`` and wait; close stdin + SIGTERM and wait; SIGKILL and wait."""
+        """Stop a child of ours down the stop ladder (``shutdown`` first when ``graceful``).
+
+        Then the connection reads what is left (it ends at EOF) and stops.  When the stream
+        had ended first, ``describe_loss`` already gave the child time to exit.
+        """
+
+        async def shutdown() -> None:
+            try:
+                await conn.shutdown()
+            except SidecarError as exc:
+                log.debug("shutdown request failed: %s", exc)
+
         with anyio.CancelScope(shield=True):
             conn.mark_closing()
-            timeout = self._shutdown_timeout
-            if graceful and child.running:
-                # A stopped child (SIGSTOP, a debugger) could answer neither 'shutdown' nor SIGTERM.
-                child.signal_group(signal.SIGCONT)
-                with anyio.move_on_after(timeout):
-                    try:
-                        await conn.shutdown()
-                    except SidecarError as exc:
-                        log.debug("shutdown request failed: %s", exc)
-                    await child.process.wait()
-            # (When the stream ended, describe_loss already gave the child time to exit.)
-            await child.terminate(timeout)
-            # Let the reader read what is left: the connection ends at EOF.
-            with anyio.move_on_after(1.0):
+            await stop_sidecar(child, self.settings.shutdown_timeout, shutdown=shutdown if graceful else None)
+            with anyio.move_on_after(_READER_DRAIN):
                 await conn.closed_event.wait()
             conn.abort("the sidecar was stopped")
 
@@ -608,7 +550,7 @@ class Supervisor:
                 await conn.heartbeat(interval)
             except RequestTimeoutError:
                 misses += 1
-                if misses < self._heartbeat_misses:
+                if misses < self.settings.heartbeat_misses:
                     continue
                 if child is None:
                     reason = (
@@ -633,53 +575,6 @@ class Supervisor:
     async def _watch_exit(self, child: SidecarProcess, conn: Connection) -> None:
         """When the child exits, make sure the connection notices even if its stdout stays open."""
         await child.process.wait()
-        with anyio.move_on_after(1.0):
+        with anyio.move_on_after(_READER_DRAIN):
             await conn.reader_done.wait()
         conn.abort(f"the sidecar exited (returncode {child.process.returncode})")
-
-    async def _stream_session(self, session: _Session) -> None:
-        assert self.streams is not None
-        receive, send = self.streams
-        await self._serve_streams(session, receive, send, heartbeat=None)
-
-    async def _socket_session(self, session: _Session) -> None:
-        """Connect to a listening sidecar; then as a stream session."""
-        address = self.url
-        assert address is not None
-        stream: Union[ByteStream, None] = None
-        try:
-            with anyio.fail_after(math.inf if self._ready_timeout is None else self._ready_timeout):
-                if address.scheme == "unix":
-                    stream = await anyio.connect_unix(address.path)
-                elif self._ssl_context is not None:
-                    stream = await anyio.connect_tcp(
-                        address.host, address.port, ssl_context=self._ssl_context, tls_standard_compatible=False
-                    )
-                else:
-                    stream = await anyio.connect_tcp(address.host, address.port)
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            raise StartError(f"cannot connect to the sidecar at {address}: {exc or type(exc).__name__}") from None
-        await self._serve_streams(session, stream, stream, heartbeat=self._heartbeat)
-
-    async def _serve_streams(
-        self,
-        session: _Session,
-        receive: ByteReceiveStream,
-        send: ByteSendStream,
-        *,
-        heartbeat: Union[float, None],
-    ) -> None:
-        """A session over streams with no process behind them: until they end or a stop is asked."""
-        conn = session.conn = self._new_connection(receive, send, None)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(conn.run)
-                if await self._handshake(session, conn, None):
-                    if heartbeat is not None:
-                        tg.start_soon(self._beat, None, conn, heartbeat)
-                    await _wait_any(conn.closed_event, session.stop_requested)
-                conn.mark_closing()
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.aclose()
