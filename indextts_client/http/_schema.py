@@ -9,7 +9,7 @@ import msgspec
 
 from ._errors import HTTPError
 
-__all__ = ["FORMATS", "SpeechRequest", "VoiceRef", "decode_speech"]
+__all__ = ["FORMATS", "SpeechRequest", "VoiceRef", "check_instructions", "decode_speech"]
 
 #: OpenAI's response formats and their content types.
 FORMATS = {
@@ -83,12 +83,17 @@ def decode_speech(body: bytes, max_input: int) -> SpeechRequest:
             param="input",
             code="input_too_long",
         )
-    if request.instructions is not None and len(request.instructions) > max_input:
-        # The engine runs a model over them (IndexTTS-2's Qwen): the same bound as the input.
+    check_instructions(request.instructions, max_input)
+    return request
+
+
+def check_instructions(instructions: Union[str, None], max_input: int) -> None:
+    """400 when ``instructions`` are longer than the input may be: the engine runs a model over
+    them (IndexTTS-2's Qwen), so they have the same bound (the speech route and the WebSocket's)."""
+    if instructions is not None and len(instructions) > max_input:
         raise HTTPError(
             400,
-            f"instructions are {len(request.instructions)} characters; this server takes at most {max_input}",
+            f"instructions are {len(instructions)} characters; this server takes at most {max_input}",
             param="instructions",
             code="input_too_long",
         )
-    return request

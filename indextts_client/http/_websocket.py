@@ -29,10 +29,14 @@ import msgspec
 from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from indextts_sidecar.protocol import Emotion
+
 from .._exceptions import SidecarError
 from .._stream_text import SentenceChunk, SentenceEnd, TextFeed
+from ._emotion import emotion_for
 from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
+from ._schema import check_instructions
 from ._speech import PCM_RATE, _encode
 
 __all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
@@ -85,6 +89,11 @@ class _Settings(msgspec.Struct, kw_only=True, frozen=True):
     sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], msgspec.UnsetType, None] = msgspec.UNSET
     speed: Union[Annotated[float, msgspec.Meta(ge=0.25, le=4.0)], msgspec.UnsetType] = msgspec.UNSET
     options: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET
+    #: The speech route's emotion fields (:mod:`._emotion`), with the same meaning and checks.
+    instructions: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
+    emotion: Union[dict[str, float], msgspec.UnsetType, None] = msgspec.UNSET
+    emotion_reference: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
+    emotion_strength: Union[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)], msgspec.UnsetType, None] = msgspec.UNSET
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,10 @@ class Settings:
     sample_rate: Union[int, None] = None
     speed: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)
+    instructions: Union[str, None] = None
+    emotion: Union[dict[str, float], None] = None
+    emotion_reference: Union[str, None] = None
+    emotion_strength: Union[float, None] = None
 
 
 class SessionConfig(_Settings, tag="session.config", tag_field="type", kw_only=True, frozen=True):
@@ -394,23 +407,27 @@ class _Connection:
             voice = await self.route.resolve_voice(settings.voice)
             options = dict(settings.options)
             options.update(self.route.speed_options(settings.speed, options))
+            emotion = await self.route.emotion_of(settings)
         except HTTPError as exc:
             raise _EventError(exc.code, exc.message, context_id) from None
         context = _Context(context_id, settings, self.limits.max_pending_chars)
         self.contexts[context_id] = context
         assert self.task_group is not None
-        self.task_group.start_soon(self.speak, context, voice, options)
+        self.task_group.start_soon(self.speak, context, voice, emotion, options)
         return context
 
     # -------------------------------------------------------------- one context
 
-    async def speak(self, context: _Context, voice: Union[str, None], options: dict[str, Any]) -> None:
+    async def speak(
+        self, context: _Context, voice: Union[str, None], emotion: Union[Emotion, None], options: dict[str, Any]
+    ) -> None:
         settings = context.settings
         rate = settings.sample_rate or (PCM_RATE if settings.response_format == "pcm" else None)
         failure: Union[tuple[str, str], None] = None
         try:
             with context.scope:
-                stream = self.route.stream_text(_Reader(context), voice=voice, sample_rate=rate, **options)
+                reader = _Reader(context)
+                stream = self.route.stream_text(reader, voice=voice, emotion=emotion, sample_rate=rate, **options)
                 async with stream:
                     await self.deliver(context, stream, rate)
         except SidecarError as exc:
@@ -494,6 +511,11 @@ class WebSocketRoute:
         self.resolve_voice: Callable[[Union[str, None]], Any] = service.voices.resolve
         self.speed_options: Callable[..., dict[str, Any]] = service.speed_options
         self.connections = 0
+
+    async def emotion_of(self, settings: Settings) -> Union[Emotion, None]:
+        """The protocol emotion a context's settings ask for, checked as the speech route checks its body."""
+        check_instructions(settings.instructions, self.service.limits.max_input)
+        return await emotion_for(settings, self.service.backend.facts, self.resolve_voice)
 
     def key_ok(self, key: str) -> bool:
         return self.api_key is None or hmac.compare_digest(key.encode(), self.api_key.encode())

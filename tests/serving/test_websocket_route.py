@@ -1,0 +1,203 @@
+"""``/v1/audio/speech/stream``'s emotion fields and metrics, driven by the ``websockets`` client
+against a real ``serve`` process on the fake engine.
+
+The fake engine writes what it received to the file its ``record`` option names, so the
+mapping from a context's settings to the protocol's emotion is checked exactly; ``/metrics``
+is read with prometheus_client's own parser.  asyncio only: ``websockets``' client and the
+server (uvicorn) are asyncio libraries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import wave
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Union
+
+import anyio
+import httpx
+import pytest
+from http_support import AUTH, KEY, TIMEOUT, Server, server
+from websockets.asyncio.client import ClientConnection, connect
+
+from indextts_sidecar.engines.fake import render, render_bytes
+from indextts_sidecar.protocol import EMOTION_NAMES
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+ZERO = dict.fromkeys(EMOTION_NAMES, 0.0)
+#: Seconds any one wait may take before the test fails (the server answers in milliseconds).
+WAIT = 30.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def voice_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="module")
+def srv(voice_dir: Path) -> Iterator[Server]:
+    with server("--engine", "fake", "--api-key", KEY, "--voice-dir", str(voice_dir)) as running:
+        yield running
+
+
+class Socket:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+
+    async def send(self, type: str, **fields: Any) -> None:
+        await self.ws.send(json.dumps({"type": type, **fields}))
+
+    async def next(self) -> Union[dict[str, Any], tuple[str, bytes]]:
+        with anyio.fail_after(WAIT):
+            message = await self.ws.recv()
+        if isinstance(message, bytes):
+            n = message[0]
+            return message[1 : 1 + n].decode("ascii"), message[1 + n :]
+        event: dict[str, Any] = json.loads(message)
+        return event
+
+    async def until_end(self, context: str) -> list[Any]:
+        """Every message up to ``context``'s ``context.done`` or ``error``."""
+        got = []
+        while True:
+            item = await self.next()
+            got.append(item)
+            if (
+                isinstance(item, dict)
+                and item["type"] in ("context.done", "error")
+                and item.get("context_id") == context
+            ):
+                return got
+
+
+@asynccontextmanager
+async def session(s: Server) -> AsyncIterator[Socket]:
+    url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    async with connect(url, additional_headers=AUTH, open_timeout=WAIT) as ws:
+        sock = Socket(ws)
+        assert (await sock.next())["type"] == "session.ready"
+        yield sock
+
+
+async def speak(s: Server, record: Path, text: str = "Hello there.", **settings: Any) -> list[Any]:
+    """One context with ``settings`` speaks ``text``; the engine records what it received."""
+    options = {**settings.pop("options", {}), "record": str(record)}
+    async with session(s) as ws:
+        await ws.send("context.config", context_id="c", options=options, **settings)
+        await ws.send("input.text", context_id="c", text=text)
+        await ws.send("input.done", context_id="c")
+        return await ws.until_end("c")
+
+
+def audio_of(messages: list[Any]) -> bytes:
+    return b"".join(m[1] for m in messages if isinstance(m, tuple))
+
+
+def received(record: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(record.read_bytes())
+    return result
+
+
+# ------------------------------------------------------------------ emotion
+
+
+async def test_instructions_become_emotion_from_text(srv: Server, tmp_path: Path) -> None:
+    record = tmp_path / "received.json"
+    messages = await speak(srv, record, instructions="Speak cheerfully.", emotion_strength=0.25)
+    assert messages[-1] == {"type": "context.done", "context_id": "c"}
+    assert audio_of(messages) == render_bytes("Hello there.")
+    got = received(record)
+    assert got["emotion"] == {"kind": "text", "text": "Speak cheerfully.", "alpha": 0.25}
+    assert (got["text"], got["voice"]) == ("Hello there.", None)
+
+
+async def test_an_emotion_vector_by_name(srv: Server, tmp_path: Path) -> None:
+    record = tmp_path / "received.json"
+    await speak(srv, record, emotion={"happy": 0.6, "calm": 0.2})
+    assert received(record)["emotion"] == {"kind": "vector", **ZERO, "happy": 0.6, "calm": 0.2, "alpha": 1.0}
+
+
+async def test_the_session_gives_emotion_to_contexts_opened_later(srv: Server, tmp_path: Path) -> None:
+    record = tmp_path / "received.json"
+    async with session(srv) as ws:
+        await ws.send("session.config", emotion={"sad": 0.5}, emotion_strength=0.75)
+        await ws.send("input.text", context_id="later", text="Rain again.")
+        await ws.send("context.config", context_id="x", options={"record": str(record)})
+        await ws.send("input.text", context_id="x", text="Rain again.")
+        await ws.send("input.done", context_id="x")
+        messages = await ws.until_end("x")
+    assert messages[-1] == {"type": "context.done", "context_id": "x"}
+    assert received(record)["emotion"] == {"kind": "vector", **ZERO, "sad": 0.5, "alpha": 0.75}
+
+
+async def test_an_emotion_reference_is_an_uploaded_voice(srv: Server, voice_dir: Path, tmp_path: Path) -> None:
+    clip = tmp_path / "angry.wav"
+    with wave.open(str(clip), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(render("grr", 16000).tobytes())
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        uploaded = await http.post(
+            f"{srv.base}/v1/audio/voices",
+            headers=AUTH,
+            data={"name": "ws-angry"},
+            files={"audio_sample": ("angry.wav", clip.read_bytes(), "audio/wav")},
+        )
+    assert uploaded.status_code == 200, uploaded.text
+    record = tmp_path / "received.json"
+    messages = await speak(srv, record, emotion_reference=uploaded.json()["id"], emotion_strength=0.8)
+    assert messages[-1]["type"] == "context.done"
+    emotion = received(record)["emotion"]
+    assert set(emotion) == {"kind", "path", "alpha"} and (emotion["kind"], emotion["alpha"]) == ("audio", 0.8)
+    assert os.path.dirname(os.path.realpath(emotion["path"])).startswith(os.path.realpath(voice_dir))
+
+
+@pytest.mark.parametrize(
+    ("settings", "code", "words"),
+    [
+        ({"instructions": "calm", "emotion": {"calm": 0.5}}, "invalid_request_error", "give one of"),
+        ({"emotion_strength": 0.5}, "invalid_request_error", "emotion_strength needs"),
+        ({"emotion": {"gleeful": 0.5}}, "invalid_request_error", "unknown emotion 'gleeful'"),
+        ({"emotion": {"happy": 1.5}}, "invalid_request_error", "emotion.happy must be in [0, 1]"),
+        ({"emotion_reference": "no-such-voice"}, "unknown_voice", "emotion_reference voice"),
+        ({"instructions": "x" * 4097}, "input_too_long", "at most 4096"),
+    ],
+)
+async def test_refused_emotion_is_an_error_event_and_the_connection_goes_on(
+    srv: Server, tmp_path: Path, settings: dict[str, Any], code: str, words: str
+) -> None:
+    record = tmp_path / "received.json"
+    async with session(srv) as ws:
+        await ws.send("context.config", context_id="bad", **settings)
+        refusal = await ws.next()
+        assert isinstance(refusal, dict)
+        assert (refusal["type"], refusal["code"], refusal["context_id"]) == ("error", code, "bad")
+        assert words in refusal["message"]
+        await ws.send("context.config", context_id="good", options={"record": str(record)})
+        await ws.send("input.text", context_id="good", text="Still here.")
+        await ws.send("input.done", context_id="good")
+        messages = await ws.until_end("good")
+    assert messages[-1] == {"type": "context.done", "context_id": "good"}
+    assert received(record)["emotion"] is None  # the refused context reached no engine
+
+
+async def test_the_engine_validates_options_as_on_the_socket(srv: Server, tmp_path: Path) -> None:
+    record = tmp_path / "received.json"
+    messages = await speak(srv, record, options={"seconds_per_char": 0.03, "chunk_seconds": 0.01})
+    assert audio_of(messages) == render_bytes("Hello there.", seconds_per_char=0.03)
+    options = received(record)["options"]
+    assert (options["seconds_per_char"], options["chunk_seconds"]) == (0.03, 0.01)
+    unknown = await speak(srv, tmp_path / "unused.json", options={"no_such_option": 1})
+    error = unknown[-1]
+    assert (error["type"], error["code"], error["context_id"]) == ("error", "unknown_option", "c")
+    assert "no_such_option" in error["message"]
