@@ -22,11 +22,15 @@ whole response, in the ``speech.audio.done`` event of an SSE stream, and in the 
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Union
 
 import prometheus_client
+
+from .._stream_text import SentenceEnd
 
 __all__ = ["Clock", "LatencyMetrics"]
 
@@ -53,6 +57,17 @@ class Clock:
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
         self.engine_facts: dict[str, Any] = {}
+
+    @classmethod
+    def of_sentence(cls, end: SentenceEnd, rate: int, arrivals: Sequence[float]) -> Clock:
+        """A WebSocket sentence's times, from its request being sent: its stream measured them."""
+        clock = cls(0.0)
+        clock.first = end.time_to_first_audio
+        clock.ended = end.total_time
+        clock.samples, clock.rate = end.samples, rate
+        clock.segments = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+        clock.sidecar, clock.engine_facts = dict(end.timings), dict(end.facts)
+        return clock
 
     def chunk(self, samples: int, rate: int) -> float:
         """A chunk arrived: its arrival, in seconds since the request's."""

@@ -20,6 +20,7 @@ import logging
 import re
 import socket
 import struct
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
@@ -38,6 +39,7 @@ from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._schema import check_instructions
 from ._speech import PCM_RATE, _encode
+from ._timing import Clock, member_of
 
 __all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
 
@@ -456,9 +458,12 @@ class _Connection:
     async def deliver(self, context: _Context, stream: Any, rate: Union[int, None]) -> None:
         fmt = context.settings.response_format
         encoder: Union[Encoder, None] = None
-        sent = 0
+        sent, chunk_rate = 0, 0
+        arrivals: list[float] = []  # the sentence's chunks', for the metrics
         async for event in stream.events():
             if isinstance(event, SentenceChunk):
+                arrivals.append(time.perf_counter())
+                chunk_rate = event.sample_rate
                 if encoder is None:
                     encoder = make_encoder(fmt, event.sample_rate, streamed=True)
                     await self.start(context, event.sentence, event.text, event.sample_rate)
@@ -476,9 +481,10 @@ class _Connection:
                 sent += len(tail)
                 await self.send_bytes(context.prefix + tail)
             encoder = None
+            self.route.served(event, chunk_rate, arrivals)  # before audio.done: a client that saw it sees them
             done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
             await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
-            sent = 0
+            sent, chunk_rate, arrivals = 0, 0, []
 
     async def start(self, context: _Context, sentence: int, text: str, rate: int) -> None:
         await self.send_json(
@@ -516,6 +522,14 @@ class WebSocketRoute:
         """The protocol emotion a context's settings ask for, checked as the speech route checks its body."""
         check_instructions(settings.instructions, self.service.limits.max_input)
         return await emotion_for(settings, self.service.backend.facts, self.resolve_voice)
+
+    def served(self, end: SentenceEnd, rate: int, arrivals: list[float]) -> None:
+        """A sentence spoken to its end: the speech route's latency metrics, per sentence, from
+        its request being sent (the sentence cut) to its first chunk and its end."""
+        clock = Clock.of_sentence(end, rate, arrivals)
+        engine, member = self.service.backend.facts.name, member_of(end)
+        self.service.metrics.timing.first(engine, member, clock)
+        self.service.metrics.timing.served(engine, member, clock)
 
     def key_ok(self, key: str) -> bool:
         return self.api_key is None or hmac.compare_digest(key.encode(), self.api_key.encode())

@@ -201,3 +201,83 @@ async def test_the_engine_validates_options_as_on_the_socket(srv: Server, tmp_pa
     error = unknown[-1]
     assert (error["type"], error["code"], error["context_id"]) == ("error", "unknown_option", "c")
     assert "no_such_option" in error["message"]
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def _families(s: Server) -> dict[str, Any]:
+    from prometheus_client import parser
+
+    text = httpx.get(s.base + "/metrics", timeout=TIMEOUT).text
+    return {family.name: family for family in parser.text_string_to_metric_families(text)}
+
+
+def _counts(family: Any, suffix: str = "_count") -> dict[tuple[tuple[str, str], ...], float]:
+    """Each label set's ``_count`` (or the sample named with ``suffix``)."""
+    return {
+        tuple(sorted(sample.labels.items())): sample.value for sample in family.samples if sample.name.endswith(suffix)
+    }
+
+
+def _sums(family: Any) -> float:
+    return sum(_counts(family, "_sum").values())
+
+
+async def test_each_sentence_is_counted_as_a_request_per_engine_and_member(tmp_path: Path) -> None:
+    clip = tmp_path / "alice.wav"
+    clip.write_bytes(b"RIFF stand-in clip")
+    # Five characters a sentence, 0.3 s of audio in chunks of 0.1 s: three chunks, two gaps.
+    chunked = {"chunk_seconds": 0.1}
+    with server("--engine", "fake", "--size", "2", f"--voice=alice={clip}") as s:
+        url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        async with connect(url, open_timeout=WAIT) as raw:
+            ws = Socket(raw)
+            assert (await ws.next())["type"] == "session.ready"
+            await ws.send("context.config", context_id="a", voice="alice", options=chunked)
+            await ws.send("context.config", context_id="b", voice="alloy", options=chunked)
+            await ws.send("input.text", context_id="a", text="Abcd. Efgh. Ijkl.")
+            await ws.send("input.text", context_id="b", text="Mnop.")
+            await ws.send("input.done", context_id="a")
+            await ws.send("input.done", context_id="b")
+            ends = set()
+            while ends != {"a", "b"}:
+                item = await ws.next()
+                if isinstance(item, dict) and item["type"] not in ("audio.start", "audio.done"):
+                    assert item["type"] == "context.done", item
+                    ends.add(item["context_id"])
+        families = _families(s)
+    sentences = 4
+    totals = _counts(families["indextts_total_seconds"])
+    for name in (
+        "indextts_queue_wait_seconds",
+        "indextts_time_to_first_audio_seconds",
+        "indextts_total_seconds",
+        "indextts_real_time_factor",
+    ):
+        counts = _counts(families[name])
+        assert sum(counts.values()) == sentences, (name, counts)
+        assert {dict(labels)["engine"] for labels in counts} == {"fake"}
+        assert {dict(labels)["member"] for labels in counts} <= {"0", "1"}
+    assert sorted(totals.values()) in ([1.0, 3.0], [4.0])  # each context's sentences on its one member
+    assert sum(_counts(families["indextts_segment_seconds"]).values()) == 2 * sentences
+    # Each member loaded its model on its first sentence; the fake engine reports one stage.
+    phases: dict[str, float] = {}
+    for labels, count in _counts(families["indextts_sidecar_phase_seconds"]).items():
+        phases[dict(labels)["phase"]] = phases.get(dict(labels)["phase"], 0) + count
+    assert phases == {"queued": sentences, "synthesis": sentences, "load": len(totals)}
+    stages = _counts(families["indextts_engine_stage_seconds"])
+    assert {dict(labels)["stage"] for labels in stages} == {"render"} and sum(stages.values()) == sentences
+    # A sentence waits at most its time to first audio, which comes before its end.
+    queue_wait, first = (
+        _sums(families["indextts_queue_wait_seconds"]),
+        _sums(families["indextts_time_to_first_audio_seconds"]),
+    )
+    assert 0 <= queue_wait <= first < _sums(families["indextts_total_seconds"])
+    # alice's first sentence computed her conditioning, the next two reused it; alloy has none.
+    cache = {
+        sample.labels["result"]: sample.value
+        for sample in families["indextts_voice_cache"].samples
+        if sample.name == "indextts_voice_cache_total"
+    }
+    assert cache == {"miss": 1, "hit": 2}
