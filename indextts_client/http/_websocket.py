@@ -37,7 +37,7 @@ from .._stream_text import SentenceChunk, SentenceEnd, TextFeed
 from ._emotion import emotion_for
 from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
-from ._schema import check_instructions
+from ._schema import check_instructions, engine_options
 from ._speech import PCM_RATE, _encode
 from ._timing import Clock, member_of
 
@@ -407,7 +407,7 @@ class _Connection:
         try:
             check_available(settings.response_format)
             voice = await self.route.resolve_voice(settings.voice)
-            options = dict(settings.options)
+            options = engine_options(settings.options)
             options.update(self.route.speed_options(settings.speed, options))
             emotion = await self.route.emotion_of(settings)
         except HTTPError as exc:

@@ -281,3 +281,16 @@ async def test_each_sentence_is_counted_as_a_request_per_engine_and_member(tmp_p
         if sample.name == "indextts_voice_cache_total"
     }
     assert cache == {"miss": 1, "hit": 2}
+
+
+async def test_options_that_would_set_the_clients_own_arguments_are_refused(srv: Server) -> None:
+    async with session(srv) as ws:
+        for name in ("timeout", "idle_timeout", "lookahead", "max_sentence_chars"):
+            await ws.send("context.config", context_id="c", options={name: 1})
+            refusal = await ws.next()
+            assert refusal == {
+                "type": "error",
+                "code": "invalid_request_error",
+                "message": f"options.{name} is not an engine option",
+                "context_id": "c",
+            }
