@@ -30,7 +30,10 @@ from typing import Any, Union
 
 import prometheus_client
 
+from indextts_sidecar.protocol.segments import segment_span
+
 from .._stream_text import SentenceEnd
+from .._types import ProgressEvent
 
 __all__ = ["Clock", "LatencyMetrics"]
 
@@ -57,6 +60,16 @@ class Clock:
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
         self.engine_facts: dict[str, Any] = {}
+        #: The span of the request's text that the chunks from now on speak, as the engine
+        #: announced it (:mod:`indextts_sidecar.protocol.segments`); None where it names none.
+        self.span: Union[tuple[int, int], None] = None
+
+    def progress(self, event: ProgressEvent) -> None:
+        """The request's progress (its ``on_progress``): the segments' text spans."""
+        if event.stage == "synthesize":
+            span = segment_span(event.message)
+            if span is not None:
+                self.span = span
 
     @classmethod
     def of_sentence(cls, end: SentenceEnd, rate: int, arrivals: Sequence[float]) -> Clock:
