@@ -158,7 +158,7 @@ class SpeechRoute:
             voice=job.voice,
             emotion=job.emotion,
             sample_rate=job.rate,
-            on_progress=clock.progress if job.mode == "sse" else None,  # the segments' spans
+            on_progress=clock.progress,  # the engine's start and the segments' spans
             **job.options,
         )
         try:
