@@ -294,3 +294,29 @@ async def test_options_that_would_set_the_clients_own_arguments_are_refused(srv:
                 "message": f"options.{name} is not an engine option",
                 "context_id": "c",
             }
+
+
+async def test_an_engine_without_the_capability_refuses_that_emotion() -> None:
+    pytest.importorskip("espeakng_loader")
+    with server("--engine", "espeak") as s:
+        url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        async with connect(url, open_timeout=WAIT) as raw:
+            ws = Socket(raw)
+            assert (await ws.next())["type"] == "session.ready"
+            for field, value, what in (
+                ("instructions", "cheerful", "emotion from a description"),
+                ("emotion", {"happy": 0.5}, "emotion weights"),
+                ("emotion_reference", "alloy", "emotion from a reference clip"),
+            ):
+                await ws.send("context.config", context_id="e", **{field: value})
+                assert await ws.next() == {
+                    "type": "error",
+                    "code": "unsupported",
+                    "message": f"engine 'espeak' has no {what} ({field})",
+                    "context_id": "e",
+                }
+            await ws.send("input.text", context_id="e", text="Plain speech.")
+            await ws.send("input.done", context_id="e")
+            messages = await ws.until_end("e")
+    assert messages[-1] == {"type": "context.done", "context_id": "e"}
+    assert len(audio_of(messages)) > 0
