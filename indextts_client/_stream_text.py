@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Union
 
@@ -118,6 +119,17 @@ class SentenceEnd:
     text: str
     samples: int
     flushed: bool
+    #: The sentence's request as its ``done`` told (as on :class:`~indextts_client.Audio`): the
+    #: sidecar's seconds per phase and the engine's facts; empty where its stream has none (Ray).
+    #: (These facts of the request do not take part in ``==``: a sentence's end is its text and audio.)
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
+    facts: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: Seconds from the sentence's request being sent to its first chunk reaching the caller
+    #: (None without audio), and to its end: a sentence sent ahead waits for those before it.
+    time_to_first_audio: Union[float, None] = field(default=None, compare=False)
+    total_time: float = field(default=0.0, compare=False)
+    #: The index of the pool member that spoke it; None outside a pool.
+    member_index: Union[int, None] = field(default=None, compare=False)
 
 
 @dataclass
@@ -127,6 +139,8 @@ class _Sentence:
     flushed: bool
     context: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]
     chunks: AsyncIterator[AudioChunk]
+    sent_at: float = 0.0  # time.perf_counter() when its request was opened
+    first_at: Union[float, None] = None
     samples: int = 0
     seq: int = 0
     closed: bool = False
@@ -331,13 +345,14 @@ class TextStream:
             return
         assert self._opener is not None
         await self._slots.acquire()
+        sent_at = time.perf_counter()
         try:
             context = self._opener(text)
             chunks = await context.__aenter__()
         except BaseException:
             self._slots.release()
             raise
-        sentence = _Sentence(self._count, text, flushed, context, chunks)
+        sentence = _Sentence(self._count, text, flushed, context, chunks, sent_at)
         self._count += 1
         self._opened.append(sentence)
         self._send.send_nowait(sentence)
@@ -398,7 +413,9 @@ class TextStream:
                 self._opened.remove(current)
             with anyio.CancelScope(shield=True):
                 await self._close(current)
-            return SentenceEnd(current.index, current.text, current.samples, current.flushed)
+            return self._end_of(current)
+        if current.first_at is None:
+            current.first_at = time.perf_counter()
         result = SentenceChunk(
             samples=chunk.samples,
             sample_rate=chunk.sample_rate,
@@ -410,6 +427,20 @@ class TextStream:
         current.seq += 1
         current.samples += len(chunk.samples)
         return result
+
+    def _end_of(self, sentence: _Sentence) -> SentenceEnd:
+        first = None if sentence.first_at is None else sentence.first_at - sentence.sent_at
+        return SentenceEnd(
+            sentence.index,
+            sentence.text,
+            sentence.samples,
+            sentence.flushed,
+            timings=dict(getattr(sentence.context, "timings", {})),
+            facts=dict(getattr(sentence.context, "facts", {})),
+            time_to_first_audio=first,
+            total_time=time.perf_counter() - sentence.sent_at,
+            member_index=getattr(self._opener, "member_index", None),
+        )
 
 
 class _Events:
@@ -513,12 +544,22 @@ def pool_session(
         member = await pool._acquire(voice, set())
         served = False
         try:
-            yield open_on(member.client)
+            yield _MemberOpener(open_on(member.client), member.index)
             served = True
         finally:
             await pool._release(member, voice, served)
 
     return session
+
+
+class _MemberOpener:
+    """A pool member's opener, which tells the stream the member's index."""
+
+    def __init__(self, opener: Opener, member_index: int) -> None:
+        self.opener, self.member_index = opener, member_index
+
+    def __call__(self, text: str) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]:
+        return self.opener(text)
 
 
 class thread_fragments:

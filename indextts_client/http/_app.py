@@ -23,7 +23,7 @@ from ._errors import HTTPError, exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
 from ._playground import Playground
-from ._schema import VoiceRef, decode_speech
+from ._schema import VoiceRef, decode_speech, engine_options
 from ._speech import Job, SpeechRoute
 from ._voices import Voices
 from ._websocket import WebSocketLimits
@@ -70,7 +70,7 @@ class _Service:
         if media_type != "application/json":
             raise HTTPError(415, "the body must be application/json", code="bad_content_type")
         speech = decode_speech(await request.body(), self.limits.max_input)
-        options = dict(speech.options)
+        options = engine_options(speech.options)
         options.update(self.speed_options(speech.speed, options))
         emotion = await emotion_for(speech, self.backend.facts, self.voices.resolve)
         voice = speech.voice.id if isinstance(speech.voice, VoiceRef) else speech.voice

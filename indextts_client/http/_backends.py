@@ -107,6 +107,8 @@ class RayBackend:
         pass
 
     def stream(self, text: str, **kwargs: Any) -> Any:
+        # A callback would run on the replica, not here: behind Ray a request reports no progress.
+        kwargs.pop("on_progress", None)
         return self.client.stream(text, **kwargs)
 
     def stream_text(self, texts: Any, **kwargs: Any) -> Any:

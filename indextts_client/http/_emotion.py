@@ -18,15 +18,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Union
+from typing import Protocol, Union
 
 from indextts_sidecar.protocol import EMOTION_NAMES, Emotion, EmotionAudio, EmotionText, EmotionVector
 
 from ._backends import EngineFacts
 from ._errors import HTTPError
-from ._schema import SpeechRequest
 
-__all__ = ["emotion_for"]
+__all__ = ["EmotionFields", "emotion_for"]
+
+
+class EmotionFields(Protocol):
+    """The emotion fields of a request: the speech route's body, or a WebSocket context's settings."""
+
+    @property
+    def instructions(self) -> Union[str, None]: ...
+
+    @property
+    def emotion(self) -> Union[dict[str, float], None]: ...
+
+    @property
+    def emotion_reference(self) -> Union[str, None]: ...
+
+    @property
+    def emotion_strength(self) -> Union[float, None]: ...
+
 
 _NEEDS = {
     "instructions": ("emotion_text", "emotion from a description"),
@@ -36,7 +52,7 @@ _NEEDS = {
 
 
 async def emotion_for(
-    request: SpeechRequest, facts: EngineFacts, resolve: Callable[[str], Awaitable[Union[str, None]]]
+    request: EmotionFields, facts: EngineFacts, resolve: Callable[[str], Awaitable[Union[str, None]]]
 ) -> Union[Emotion, None]:
     """The protocol emotion ``request`` asks for, or None; 400 when it cannot be had here."""
     given = [name for name in _NEEDS if getattr(request, name) is not None]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from .._client import Client
 from ._errors import HTTPError
 
-__all__ = ["FORMATS", "SpeechRequest", "VoiceRef", "decode_speech"]
+__all__ = ["FORMATS", "SpeechRequest", "VoiceRef", "check_instructions", "decode_speech", "engine_options"]
 
 #: OpenAI's response formats and their content types.
 FORMATS = {
@@ -83,12 +86,39 @@ def decode_speech(body: bytes, max_input: int) -> SpeechRequest:
             param="input",
             code="input_too_long",
         )
-    if request.instructions is not None and len(request.instructions) > max_input:
-        # The engine runs a model over them (IndexTTS-2's Qwen): the same bound as the input.
+    check_instructions(request.instructions, max_input)
+    return request
+
+
+def check_instructions(instructions: Union[str, None], max_input: int) -> None:
+    """400 when ``instructions`` are longer than the input may be: the engine runs a model over
+    them (IndexTTS-2's Qwen), so they have the same bound (the speech route and the WebSocket's)."""
+    if instructions is not None and len(instructions) > max_input:
         raise HTTPError(
             400,
-            f"instructions are {len(request.instructions)} characters; this server takes at most {max_input}",
+            f"instructions are {len(instructions)} characters; this server takes at most {max_input}",
             param="instructions",
             code="input_too_long",
         )
-    return request
+
+
+def _client_parameters() -> frozenset[str]:
+    """The names the client's ``stream`` and ``stream_text`` take for themselves (``timeout``,
+    ``voice``...): the request's engine options travel in the same keyword arguments."""
+    names: set[str] = set()
+    for method in (Client.stream, Client.stream_text):
+        parameters = inspect.signature(method).parameters.values()
+        names.update(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(names)
+
+
+_CLIENT_PARAMETERS = _client_parameters()
+
+
+def engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as the engine's request options, or a 400: a name the client takes itself
+    would set the client's own argument (``timeout``, ``idle_timeout``: the server's bounds)."""
+    for name in options:
+        if name in _CLIENT_PARAMETERS:
+            raise HTTPError(400, f"options.{name} is not an engine option", param=f"options.{name}")
+    return dict(options)

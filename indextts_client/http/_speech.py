@@ -31,6 +31,8 @@ __all__ = ["PCM_RATE", "Job", "SpeechRoute"]
 
 log = logging.getLogger("indextts_client.http")
 
+#: Offsets into the input: the text a segment speaks.
+Span = tuple[int, int]
 #: The rate OpenAI's ``pcm`` format is defined at.
 PCM_RATE = 24000
 
@@ -89,11 +91,27 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-def _segment(seq: int, at: int, samples: int, rate: int, arrived: Union[float, None]) -> bytes:
-    """Marks one chunk as the sidecar sent it (an engine segment, unless one exceeds a frame)."""
-    event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
-    event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
-    return _sse(event)
+class _Segments:
+    """The ``speech.audio.segment`` events of one response: each marks one chunk as the sidecar
+    sent it (an engine segment, unless one exceeds a frame), with the text span the engine said
+    it speaks; the span's text goes with the first chunk of each span only, so that a segment
+    cut into many frames does not repeat its text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.last_span: Union[Span, None] = None
+
+    def event(self, seq: int, at: int, chunk: Any, arrived: Union[float, None], span: Union[Span, None]) -> bytes:
+        samples, rate = len(chunk.samples), chunk.sample_rate
+        event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
+        event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
+        if span is not None:
+            start, end = min(span[0], len(self.text)), min(span[1], len(self.text))
+            event.update(text_start=start, text_end=end)
+            if span != self.last_span:
+                event["text"] = self.text[start:end]
+        self.last_span = span
+        return _sse(event)
 
 
 def _delta(data: bytes) -> bytes:
@@ -113,12 +131,12 @@ class SpeechRoute:
         try:
             job = await self.prepare(request)
             check_available(job.fmt)
-            stream, chunks, first = await self._open(job)
+            clock = Clock(job.started)
+            stream, chunks, first = await self._open(job, clock)
         except HTTPError as exc:
             self.metrics.requests.labels(outcome=str(exc.status)).inc()
             return exc.response()
         self.metrics.first_audio.observe(time.perf_counter() - job.started)
-        clock = Clock(job.started)
         if first is not None:
             clock.chunk(len(first.samples), first.sample_rate)
         self.metrics.timing.first(self.backend.facts.name, member_of(stream), clock)
@@ -132,10 +150,16 @@ class SpeechRoute:
         clock.end(getattr(stream, "timings", {}), getattr(stream, "facts", {}))
         self.metrics.timing.served(self.backend.facts.name, member_of(stream), clock)
 
-    async def _open(self, job: Job) -> tuple[Any, Any, Any]:
+    async def _open(self, job: Job, clock: Clock) -> tuple[Any, Any, Any]:
         """The sidecar's stream, entered, and its first chunk: an error here still has a status."""
+        request = job.request
         stream = self.backend.stream(
-            job.request.input, voice=job.voice, emotion=job.emotion, sample_rate=job.rate, **job.options
+            request.input,
+            voice=job.voice,
+            emotion=job.emotion,
+            sample_rate=job.rate,
+            on_progress=clock.progress,  # the engine's start and the segments' spans
+            **job.options,
         )
         try:
             chunks = await stream.__aenter__()
@@ -178,9 +202,11 @@ class SpeechRoute:
         try:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=True)
             chunk, seq, at, arrived = first, 0, 0, clock.first_audio
+            segments = _Segments(job.request.input)
             while chunk is not None:
                 if sse:
-                    yield _segment(seq, at, len(chunk.samples), chunk.sample_rate, arrived)
+                    # clock.span is this chunk's: the next chunk's progress is heard when it is read.
+                    yield segments.event(seq, at, chunk, arrived, clock.span)
                 data = await _encode(encoder, encoder.feed, chunk.samples)
                 if data:
                     sent += len(data)

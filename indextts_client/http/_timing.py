@@ -6,7 +6,8 @@ Times are the HTTP server's, from the request's arrival (its body read and check
 - **time to first audio**: until the backend handed over the first chunk;
 - **queue wait**: until the engine started on the request, which is the time to first audio
   less the sidecar's own start-to-first-audio (``done.timings``: ``first_audio - queued``),
-  so it holds the wait for a pool member, the transport and the sidecar's queue;
+  so it holds the wait for a pool member, the transport and the sidecar's queue; or, where
+  the sidecar says so with a ``started`` progress, until that arrived;
 - **total**: until the last chunk; **real-time factor**: total over the audio's duration
   (below 1: faster than real time);
 - **segment**: between one chunk and the next (the first one's is the time to first audio);
@@ -16,22 +17,33 @@ Times are the HTTP server's, from the request's arrival (its body read and check
 - the engine's **voice cache**: ``done.facts["voice_cache"]``, ``hit`` or ``miss``.
 
 A streamed response's headers leave with its first audio, before the sidecar reports its
-timings: they carry the time to first audio only; the whole set is in the headers of a
-whole response, in the ``speech.audio.done`` event of an SSE stream, and in the histograms.
+timings: they carry the time to first audio (and the queue wait once a ``started`` came);
+the whole set is in the headers of a whole response, in the ``speech.audio.done`` event of
+an SSE stream, and in the histograms.  A WebSocket sentence is timed the same way from its
+request being sent (:meth:`Clock.of_sentence`).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Union
 
 import prometheus_client
 
-__all__ = ["Clock", "LatencyMetrics"]
+from indextts_sidecar.protocol.segments import segment_span
+
+from .._stream_text import SentenceEnd
+from .._types import ProgressEvent
+
+__all__ = ["STARTED", "Clock", "LatencyMetrics"]
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATIO = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+#: The progress stage that says the engine took the request off the sidecar's queue.
+STARTED = "started"
 #: The sidecar's phases that become ``indextts_sidecar_phase_seconds`` (``done.timings`` keys).
 PHASES = ("queued", "load", "synthesis")
 #: An engine's stage names (``done.facts["stages"]``: IndexTTS's ``gpt_gen``, ``gpt_forward``,
@@ -53,6 +65,33 @@ class Clock:
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
         self.engine_facts: dict[str, Any] = {}
+        #: The span of the request's text that the chunks from now on speak, as the engine
+        #: announced it (:mod:`indextts_sidecar.protocol.segments`); None where it names none.
+        self.span: Union[tuple[int, int], None] = None
+        #: When a ``started`` progress said the engine took the request (the last one: a pool
+        #: may retry it elsewhere).  No sidecar sends it yet; once one does, the queue wait is
+        #: known with the first audio, and a streamed response's headers carry it.
+        self.engine_started: Union[float, None] = None
+
+    def progress(self, event: ProgressEvent) -> None:
+        """The request's progress (its ``on_progress``): the engine's start, the segments' text spans."""
+        if event.stage == STARTED:
+            self.engine_started = time.perf_counter()
+        elif event.stage == "synthesize":
+            span = segment_span(event.message)
+            if span is not None:
+                self.span = span
+
+    @classmethod
+    def of_sentence(cls, end: SentenceEnd, rate: int, arrivals: Sequence[float]) -> Clock:
+        """A WebSocket sentence's times, from its request being sent: its stream measured them."""
+        clock = cls(0.0)
+        clock.first = end.time_to_first_audio
+        clock.ended = end.total_time
+        clock.samples, clock.rate = end.samples, rate
+        clock.segments = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+        clock.sidecar, clock.engine_facts = dict(end.timings), dict(end.facts)
+        return clock
 
     def chunk(self, samples: int, rate: int) -> float:
         """A chunk arrived: its arrival, in seconds since the request's."""
@@ -91,6 +130,8 @@ class Clock:
 
     @property
     def queue_wait(self) -> Union[float, None]:
+        if self.engine_started is not None:
+            return self.engine_started - self.started
         first, sidecar = self.first_audio, self.sidecar
         if first is None or "first_audio" not in sidecar or "queued" not in sidecar:
             return None

@@ -20,6 +20,7 @@ import logging
 import re
 import socket
 import struct
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
@@ -29,11 +30,16 @@ import msgspec
 from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from indextts_sidecar.protocol import Emotion
+
 from .._exceptions import SidecarError
 from .._stream_text import SentenceChunk, SentenceEnd, TextFeed
+from ._emotion import emotion_for
 from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
+from ._schema import check_instructions, engine_options
 from ._speech import PCM_RATE, _encode
+from ._timing import Clock, member_of
 
 __all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
 
@@ -85,6 +91,11 @@ class _Settings(msgspec.Struct, kw_only=True, frozen=True):
     sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], msgspec.UnsetType, None] = msgspec.UNSET
     speed: Union[Annotated[float, msgspec.Meta(ge=0.25, le=4.0)], msgspec.UnsetType] = msgspec.UNSET
     options: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET
+    #: The speech route's emotion fields (:mod:`._emotion`), with the same meaning and checks.
+    instructions: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
+    emotion: Union[dict[str, float], msgspec.UnsetType, None] = msgspec.UNSET
+    emotion_reference: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
+    emotion_strength: Union[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)], msgspec.UnsetType, None] = msgspec.UNSET
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,10 @@ class Settings:
     sample_rate: Union[int, None] = None
     speed: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)
+    instructions: Union[str, None] = None
+    emotion: Union[dict[str, float], None] = None
+    emotion_reference: Union[str, None] = None
+    emotion_strength: Union[float, None] = None
 
 
 class SessionConfig(_Settings, tag="session.config", tag_field="type", kw_only=True, frozen=True):
@@ -392,25 +407,29 @@ class _Connection:
         try:
             check_available(settings.response_format)
             voice = await self.route.resolve_voice(settings.voice)
-            options = dict(settings.options)
+            options = engine_options(settings.options)
             options.update(self.route.speed_options(settings.speed, options))
+            emotion = await self.route.emotion_of(settings)
         except HTTPError as exc:
             raise _EventError(exc.code, exc.message, context_id) from None
         context = _Context(context_id, settings, self.limits.max_pending_chars)
         self.contexts[context_id] = context
         assert self.task_group is not None
-        self.task_group.start_soon(self.speak, context, voice, options)
+        self.task_group.start_soon(self.speak, context, voice, emotion, options)
         return context
 
     # -------------------------------------------------------------- one context
 
-    async def speak(self, context: _Context, voice: Union[str, None], options: dict[str, Any]) -> None:
+    async def speak(
+        self, context: _Context, voice: Union[str, None], emotion: Union[Emotion, None], options: dict[str, Any]
+    ) -> None:
         settings = context.settings
         rate = settings.sample_rate or (PCM_RATE if settings.response_format == "pcm" else None)
         failure: Union[tuple[str, str], None] = None
         try:
             with context.scope:
-                stream = self.route.stream_text(_Reader(context), voice=voice, sample_rate=rate, **options)
+                reader = _Reader(context)
+                stream = self.route.stream_text(reader, voice=voice, emotion=emotion, sample_rate=rate, **options)
                 async with stream:
                     await self.deliver(context, stream, rate)
         except SidecarError as exc:
@@ -439,9 +458,12 @@ class _Connection:
     async def deliver(self, context: _Context, stream: Any, rate: Union[int, None]) -> None:
         fmt = context.settings.response_format
         encoder: Union[Encoder, None] = None
-        sent = 0
+        sent, chunk_rate = 0, 0
+        arrivals: list[float] = []  # the sentence's chunks', for the metrics
         async for event in stream.events():
             if isinstance(event, SentenceChunk):
+                arrivals.append(time.perf_counter())
+                chunk_rate = event.sample_rate
                 if encoder is None:
                     encoder = make_encoder(fmt, event.sample_rate, streamed=True)
                     await self.start(context, event.sentence, event.text, event.sample_rate)
@@ -459,9 +481,10 @@ class _Connection:
                 sent += len(tail)
                 await self.send_bytes(context.prefix + tail)
             encoder = None
+            self.route.served(event, chunk_rate, arrivals)  # before audio.done: a client that saw it sees them
             done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
             await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
-            sent = 0
+            sent, chunk_rate, arrivals = 0, 0, []
 
     async def start(self, context: _Context, sentence: int, text: str, rate: int) -> None:
         await self.send_json(
@@ -494,6 +517,19 @@ class WebSocketRoute:
         self.resolve_voice: Callable[[Union[str, None]], Any] = service.voices.resolve
         self.speed_options: Callable[..., dict[str, Any]] = service.speed_options
         self.connections = 0
+
+    async def emotion_of(self, settings: Settings) -> Union[Emotion, None]:
+        """The protocol emotion a context's settings ask for, checked as the speech route checks its body."""
+        check_instructions(settings.instructions, self.service.limits.max_input)
+        return await emotion_for(settings, self.service.backend.facts, self.resolve_voice)
+
+    def served(self, end: SentenceEnd, rate: int, arrivals: list[float]) -> None:
+        """A sentence spoken to its end: the speech route's latency metrics, per sentence, from
+        its request being sent (the sentence cut) to its first chunk and its end."""
+        clock = Clock.of_sentence(end, rate, arrivals)
+        engine, member = self.service.backend.facts.name, member_of(end)
+        self.service.metrics.timing.first(engine, member, clock)
+        self.service.metrics.timing.served(engine, member, clock)
 
     def key_ok(self, key: str) -> bool:
         return self.api_key is None or hmac.compare_digest(key.encode(), self.api_key.encode())

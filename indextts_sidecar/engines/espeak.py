@@ -22,9 +22,18 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ..protocol.segments import segment_message
 from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
 
-__all__ = ["EspeakEngine", "EspeakOptions", "EspeakRequestOptions", "split_sentences", "voice_known", "voice_table"]
+__all__ = [
+    "EspeakEngine",
+    "EspeakOptions",
+    "EspeakRequestOptions",
+    "sentence_spans",
+    "split_sentences",
+    "voice_known",
+    "voice_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +69,22 @@ def _unknown_voice(voice: str) -> str:
 
 def split_sentences(text: str) -> list[str]:
     """``text`` cut into sentences, punctuation kept, blank pieces dropped."""
-    return [s for s in (p.strip() for p in _SENTENCE_BREAK.split(text)) if s]
+    return [text[start:end] for start, end in sentence_spans(text)]
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Where :func:`split_sentences`' sentences lie in ``text``: ``(start, end)`` offsets."""
+    spans = []
+    start = 0
+    for pause in (*_SENTENCE_BREAK.finditer(text), None):
+        end = len(text) if pause is None else pause.start()
+        piece = text[start:end]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            spans.append((start + lead, start + len(piece.rstrip())))
+        if pause is not None:
+            start = pause.end()
+    return spans
 
 
 def _check_range(field: str, value: int, bounds: tuple[int, int]) -> None:
@@ -301,16 +325,18 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         lib.espeak_SetParameter(_RATE, opts.rate if opts.rate is not None else self.options.rate, 0)
         lib.espeak_SetParameter(_PITCH, opts.pitch if opts.pitch is not None else self.options.pitch, 0)
 
-        # espeak reads to the first NUL, so one inside the text would cut it short.
-        sentences = split_sentences(request.text.replace("\0", " "))
+        # espeak reads to the first NUL, so one inside the text would cut it short (a space
+        # for it keeps the offsets of the segment messages those of the request's text).
+        text = request.text.replace("\0", " ")
+        spans = sentence_spans(text)
         self._cancelled = cancelled
         try:
-            for done, sentence in enumerate(sentences, 1):
-                text = sentence.encode("utf-8")
+            for done, (start, end) in enumerate(spans, 1):
+                sentence = text[start:end].encode("utf-8")
                 self._samples = []
                 self._callback_error = None
                 status = lib.espeak_Synth(
-                    text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None
+                    sentence, len(sentence) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None
                 )
                 if self._callback_error is not None:
                     raise self._callback_error
@@ -325,9 +351,10 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
                     samples = array.array("h", audio)
                     samples.byteswap()
                     audio = samples.tobytes()
+                # Before the sentence's audio: the parent marks that audio with the sentence's span.
+                progress("synthesize", done / len(spans), segment_message(start, end))
                 if audio:
                     yield audio
-                progress("synthesize", done / len(sentences))
         finally:
             self._samples = []
             self._cancelled = lambda: False

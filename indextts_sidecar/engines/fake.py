@@ -3,7 +3,8 @@
 The audio is a function of the text alone: each character becomes ``seconds_per_char``
 of a sine tone whose pitch depends on the character (amplitude 8000, never silence).
 :func:`render` computes the exact samples a request produces, so a test can compare
-what it received byte for byte.
+what it received byte for byte.  The ``synthesize`` progress before each chunk names the
+characters whose tones the chunk holds (:mod:`indextts_sidecar.protocol.segments`).
 
 Per-request ``options`` inject faults at chunk boundaries: see :class:`FakeRequestOptions`.
 Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 import msgspec
 
 from ..protocol import EMOTION_NAMES, EmotionVector
+from ..protocol.segments import segment_message
 from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
 
 if TYPE_CHECKING:
@@ -236,6 +238,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self._request_facts["stages"] = {"render": time.perf_counter() - began}
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
         count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
+        char_samples = max(1, round(per_char * self.options.sample_rate))  # as render() lays them out
+        # A ``seconds`` longer than the text's own audio repeats the text: no span names that.
+        spans = bool(request.text) and len(audio) <= char_samples * len(request.text)
         for index in range(count):
             if opts.delay:
                 _sleep_unless_cancelled(opts.delay, cancelled)
@@ -253,8 +258,11 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             if cancelled():
                 raise Cancelled
-            progress("synthesize", (index + 1) / count)
-            yield audio[index * chunk : (index + 1) * chunk]
+            first, end = index * chunk, min((index + 1) * chunk, len(audio))
+            # The characters whose tones the chunk holds, the one its end cuts included.
+            message = segment_message(first // char_samples, -(-end // char_samples)) if spans else ""
+            progress("synthesize", (index + 1) / count, message)
+            yield audio[first:end]
 
 
 def _record(path: str, request: SynthesisRequest[FakeRequestOptions]) -> None:
