@@ -11,7 +11,6 @@ import fnmatch
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from harness import REPO
 
 PACKAGES = ("indextts_client", "indextts_sidecar")
@@ -185,11 +184,6 @@ def _protocol_may_import(module: str, target: str, name: str) -> bool:
     return not target.startswith("indextts_sidecar") or target.split(".")[:2] == ["indextts_sidecar", "protocol"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol/doctor.py imports EngineDescription from indextts_sidecar.engines; issue 24 point 5 "
-    "moves it into the protocol package (then remove this mark)",
-)
 def test_the_protocol_package_imports_nothing_of_the_sidecar_outside_it() -> None:
     protocol = ("indextts_sidecar.protocol", "indextts_sidecar.protocol.*")
     breaches = {

@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from client_support import FAKE_OPTIONS, RATE, expected
 from harness import spawn
-from test_client_support import FAKE_OPTIONS, RATE, expected
 
 from indextts_client import ClosedError, Connection, InvalidRequestError
 from indextts_client._exchange import ABANDONED, ENDED, Exchange

@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 import pytest
+from client_support import RATE, expected
 from harness import Peer, spawn
-from test_client_support import RATE, expected
 
 from indextts_client import CrashedError, RestartLimitError, StartError
 from indextts_client._settings import SidecarSettings
