@@ -33,7 +33,7 @@ import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 
 from indextts_sidecar import protocol
-from indextts_sidecar.protocol.framing import FrameReader, FramingError
+from indextts_sidecar.protocol.framing import FrameReader, FramingError, TruncatedFrame
 from indextts_sidecar.protocol.streams import loop_clock
 
 from ._deadlines import DeadlineAlarm
@@ -353,6 +353,13 @@ class Connection(Requester):
                     for action in deferred:
                         action()
                 return Loss("eof", "the sidecar's output stream ended")
+            except TruncatedFrame as exc:
+                if not exc.ended:  # stalled inside a frame: the sidecar is wedged mid-write
+                    return Loss("framing", f"framing lost on the sidecar's output: {exc}")
+                # The stream ended inside a frame: the sidecar died (or its socket dropped)
+                # mid-write.  That is the end of its output, not a breach of the protocol, so
+                # it fails pending requests as a crash does, which Pool retries elsewhere.
+                return Loss("eof", f"the sidecar's output stream ended inside a frame ({exc})")
             except FramingError as exc:
                 return Loss("framing", f"framing lost on the sidecar's output: {exc}")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):

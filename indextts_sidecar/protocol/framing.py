@@ -51,6 +51,8 @@ class TruncatedFrame(FramingError):
         super().__init__(f"stream {reason} after {received} bytes of a frame that needs {want}")
         self.received = received
         self.expected = expected
+        #: Whether the stream ended inside the frame (its writer is gone), not stalled in it.
+        self.ended = reason == "ended"
 
 
 class FrameSplitter:

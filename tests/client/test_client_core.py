@@ -340,6 +340,29 @@ async def test_end_of_stream_fails_every_pending_request() -> None:
                     await conn.ping()
 
 
+async def test_a_stream_that_ends_inside_a_frame_is_a_crash_not_a_protocol_error() -> None:
+    # A remote sidecar killed while writing a frame: its socket ends mid-frame.  Before, that was
+    # a ProtocolError ("framing lost"), which Pool does not retry on another member.
+    audio = protocol.frame(protocol.Audio(id=1, seq=0, sample_rate=RATE, pcm=pcm(*range(100))))
+    half = len(audio) // 2
+    ours, theirs = await socket_pair()
+
+    async def peer() -> None:
+        async with theirs:
+            await FrameWriter(theirs).send(fake_ready())
+            assert isinstance(await next_request(FrameReader(theirs)), protocol.Synthesize)
+            await theirs.send(audio[:half])
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(peer)
+            async with Connection(ours, ours, ids=iter([1])) as conn:
+                with pytest.raises(CrashedError) as caught:
+                    await conn.synthesize("a")
+    assert caught.value.exit_code is None and caught.value.signal is None
+    assert f"ended inside a frame (stream ended after {half} bytes" in str(caught.value), caught.value
+
+
 async def test_undecodable_frame_is_fatal() -> None:
     async def peer(reader: FrameReader, writer: FrameWriter) -> None:
         await writer.send(fake_ready())
