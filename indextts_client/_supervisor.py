@@ -59,22 +59,22 @@ _NEW, _STARTING, _RUNNING, _CLOSING, _CLOSED = "new", "starting", "running", "cl
 _READER_DRAIN = 1.0
 
 
-async def _wait_any(*events: anyio.Event, limit: Union[float, None] = None) -> Union[int, None]:
-    """Index of the first event set, or None on timeout."""
-    for index, event in enumerate(events):
+async def _first_set(*events: anyio.Event, limit: Union[float, None] = None) -> Union[anyio.Event, None]:
+    """The first of ``events`` to be set (the earliest listed if several are), or None on timeout."""
+    for event in events:
         if event.is_set():
-            return index
-    result: list[int] = []
+            return event
+    result: list[anyio.Event] = []
     with anyio.move_on_after(math.inf if limit is None else limit):
         async with anyio.create_task_group() as tg:
 
-            async def watch(index: int, event: anyio.Event) -> None:
+            async def watch(event: anyio.Event) -> None:
                 await event.wait()
-                result.append(index)
+                result.append(event)
                 tg.cancel_scope.cancel()
 
-            for index, event in enumerate(events):
-                tg.start_soon(watch, index, event)
+            for event in events:
+                tg.start_soon(watch, event)
     return result[0] if result else None
 
 
@@ -454,8 +454,8 @@ class Supervisor:
                 if await self._handshake(session, conn, child):
                     if self.settings.heartbeat is not None:
                         tg.start_soon(self._beat, child, conn, self.settings.heartbeat)
-                    which = await _wait_any(conn.closed_event, session.stop_requested)
-                    graceful = which == 1 and not conn.closed
+                    first = await _first_set(conn.closed_event, session.stop_requested)
+                    graceful = first is session.stop_requested and not conn.closed
                 if child is not None:
                     await self._stop_child(child, conn, graceful=graceful)
                 else:
@@ -490,21 +490,21 @@ class Supervisor:
 
     async def _handshake(self, session: _Session, conn: Connection, child: Union[SidecarProcess, None]) -> bool:
         """Wait for ``ready``; on failure record it in the session.  Returns whether ready."""
-        which = await _wait_any(
+        first = await _first_set(
             conn.ready_event, conn.closed_event, session.stop_requested, limit=self.settings.ready_timeout
         )
-        if conn.ready is not None and not conn.closed and which == 0:
+        if conn.ready is not None and not conn.closed and first is conn.ready_event:
             self.last_info = conn.info
             session.resolved.set()
             log.info(
                 "sidecar ready: engine %s, pid %d, protocol %d", conn.ready.engine, conn.ready.pid, conn.ready.protocol
             )
             return True
-        if which == 1 or conn.closed:
+        if first is conn.closed_event or conn.closed:
             error = conn.error
             assert error is not None
             session.fail(fresh(error))
-        elif which == 2:
+        elif first is session.stop_requested:
             session.fail(ClosedError("the client was closed while the sidecar was starting"))
         else:
             tail = child.stderr.tail() if child is not None else ""
