@@ -56,6 +56,9 @@ class AudioChunk(_HasSamples):
     seq: int
     offset_samples: int
     request_id: int = 0
+    #: The part of the request's text this chunk speaks, as ``text[start:end]`` offsets, where
+    #: the engine says so (the fake and espeak engines do; IndexTTS does not); else None.
+    text_span: Union[tuple[int, int], None] = None
 
     @property
     def last_sample(self) -> int:
@@ -240,14 +243,16 @@ class AudioAssembler:
                 f"earlier ones at {self._sample_rate} Hz"
             )
 
-    def add(self, seq: int, sample_rate: int, pcm: memoryview) -> AudioChunk:
-        """Record one frame; return it as a chunk (a zero-copy, read-only view)."""
+    def add(
+        self, seq: int, sample_rate: int, pcm: memoryview, text_span: Union[tuple[int, int], None] = None
+    ) -> AudioChunk:
+        """Record one frame; return it as a chunk (a zero-copy, read-only view) speaking ``text_span``."""
         view = pcm.cast("B") if pcm.format != "B" else pcm
         offset = self.samples
         self.absorb(seq, sample_rate, view)
         samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
         samples.flags.writeable = False
-        return AudioChunk(samples, sample_rate, seq, offset, self.request_id)
+        return AudioChunk(samples, sample_rate, seq, offset, self.request_id, text_span)
 
     def absorb(self, seq: int, sample_rate: int, pcm: memoryview, *, transient: bool = False) -> None:
         """Record one frame, kept for :meth:`assemble` only (no chunk for anyone).

@@ -19,6 +19,7 @@ from typing import Any, Union
 import anyio
 
 from indextts_sidecar import protocol
+from indextts_sidecar.protocol.segments import segment_span
 
 from ._audio import Audio, AudioAssembler, AudioChunk
 from ._exceptions import (
@@ -397,6 +398,8 @@ class Synthesis(_RequestRun):
         )
         self._keep = keep_audio
         self._assembler: Union[AudioAssembler, None] = None
+        #: The text span the engine last announced (protocol.segments): the coming chunks speak it.
+        self._text_span: Union[tuple[int, int], None] = None
         #: synthesize()'s, which never hands out chunks: the connection's reader assembles
         #: the audio as frames arrive (see Exchange.assemble_audio).
         self._assemble_in_reader = assemble_in_reader
@@ -419,8 +422,10 @@ class Synthesis(_RequestRun):
         if self._assembler is None:
             self._assembler = AudioAssembler(self._ex.id, keep=self._keep)
         if isinstance(reply, protocol.Audio):
-            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm)
+            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, self._text_span)
         if isinstance(reply, protocol.Progress):
+            if reply.stage == "synthesize" and reply.message:  # it may name the text the audio after it speaks
+                self._text_span = segment_span(reply.message) or self._text_span
             event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
             await self._notify(event)
             return event

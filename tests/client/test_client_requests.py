@@ -557,3 +557,21 @@ async def test_voices_of_an_engine_without_named_voices_are_refused_at_once() ->
                 await client.voices()
             assert caught.value.code == "invalid_input" and "has no named voices" in caught.value.message
             assert not (await client.ping()).loaded
+
+
+async def test_each_chunk_names_the_part_of_the_text_it_speaks() -> None:
+    # 0.1 s a character (800 samples at 8 kHz) in chunks of 0.25 s (2,000): two and a half
+    # characters a chunk, so the character a chunk's end cuts belongs to both chunks' spans.
+    with anyio.fail_after(30):
+        async with fake_client() as client:
+            async with client.stream("abcdefgh", seconds_per_char=0.1, chunk_seconds=0.25) as stream:
+                chunks = [chunk async for chunk in stream]
+            assert [(c.offset_samples, c.last_sample, c.text_span) for c in chunks] == [
+                (0, 1999, (0, 3)),
+                (2000, 3999, (2, 5)),
+                (4000, 5999, (5, 8)),
+                (6000, 6399, (7, 8)),
+            ]
+            # Audio longer than the text's own repeats it: no span names that.
+            async with client.stream("ab", seconds=1.0) as stream:
+                assert {chunk.text_span async for chunk in stream} == {None}
