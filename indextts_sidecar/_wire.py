@@ -73,11 +73,15 @@ class MsgpackWire:
 
 
 #: The ``--wire`` names.
-WIRE_NAMES = ("msgpack",)
+WIRE_NAMES = ("msgpack", "seed")
 
 
 def wire_named(name: str, max_frame_size: int) -> Wire:
     """A fresh wire of that name for one connection (a wire may hold per-connection state)."""
+    if name == "seed":
+        from ._seedwire import SeedWire
+
+        return SeedWire(max_frame_size)
     if name == "msgpack":
         return MsgpackWire()
     raise LookupError(f"unknown wire {name!r}; known: {', '.join(WIRE_NAMES)}")
