@@ -302,8 +302,9 @@ def main(argv: Union[list[str], None] = None) -> int:
     except OSError as exc:  # fd 0 or 1 closed: there is no stream to serve, nor one to say so on
         sys.stderr.write(f"indextts_sidecar: standard input and output must be open: {exc.strerror}\n")
         return EXIT_USAGE
-    # A listening sidecar's stdout is one text line ("listening on URL"), never frames.
-    frame_fd = write_fd if args.listen is None else -1
+    # A listening sidecar's stdout is one text line ("listening on URL"), never frames; a seed
+    # parent, which reads frames whatever the arguments, is told why this one does not start.
+    frame_fd = write_fd if args.listen is None or args.wire == "seed" else -1
     if args.max_frame_size is None:
         from ._seedwire import SEED_MAX_FRAME_SIZE
 
@@ -367,8 +368,9 @@ def main(argv: Union[list[str], None] = None) -> int:
 def _parent_pid(args: Any) -> Union[int, None]:
     """The process whose end stops this one: ``--parent-pid``, else the environment's."""
     named_parent = os.environ.pop(PARENT_ENV, None)
-    if args.parent_pid is not None or not named_parent:
-        return args.parent_pid  # type: ignore[no-any-return]
+    given: Union[int, None] = args.parent_pid
+    if given is not None or not named_parent:
+        return given
     parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
     if parent_pid is None:
         sys.stderr.write(f"indextts_sidecar: ignoring {PARENT_ENV}={named_parent!r}: not a process id\n")

@@ -10,7 +10,7 @@ many bytes of UTF-8 JSON; the sidecar first says ``{"op": "ready", "engine", "sa
 request ids: one request at a time, answered in order.
 
 :class:`SeedParent` is such a parent: blocking pipes, ``struct`` and ``json``, nothing of
-this project's client or protocol package.
+this project's client or protocol package.  The last tests check the translation alone, in process.
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
 
+import pytest
 from harness import REPO, STANDIN, make_checkpoints, sidecar_command
 
+from indextts_sidecar._seedwire import SeedWire
+from indextts_sidecar._wire import InvalidRequest
 from indextts_sidecar.engines.fake import render_bytes
+from indextts_sidecar.protocol import EmotionAudio, EmotionText, EmotionVector, Error, Ok, Progress
 
 #: Seconds any one reply may take; the fake engine answers in milliseconds.
 TIMEOUT = 30.0
@@ -270,3 +274,62 @@ def test_the_seeds_fields_reach_indextts2_as_the_seed_forwarded_them(tmp_path: P
     assert infer[0] == {**base, "use_random": True}
     assert infer[1] == {**base, "emo_audio_prompt": str(clip), "emo_alpha": 0.75}
     assert infer[2] == {**base, "use_emo_text": True, "emo_text": "wistful", "emo_alpha": 0.9}
+
+
+def test_a_sidecar_that_cannot_start_says_so_in_a_seed_error_frame() -> None:
+    for args, code, field in (
+        (["--engine", "no-such-engine"], "unknown_engine", "--engine"),
+        (["--listen", "unix:///nonexistent/x.sock"], "invalid_option", "--wire"),
+    ):
+        command = [*sidecar_command("fake", "--wire", "seed"), *args]
+        out = subprocess.run(command, input=b"", capture_output=True, timeout=TIMEOUT, check=False)
+        assert out.returncode == 2, out.stderr
+        (size,) = struct.unpack("!I", out.stdout[:4])
+        assert len(out.stdout) == 4 + size
+        error = json.loads(out.stdout[4:])
+        assert (error["op"], error["stage"], error["code"], error["field"]) == ("error", "startup", code, field)
+
+
+# ------------------------------------------------ the translation alone, without a process
+
+
+def _decode(message: dict[str, Any]) -> Any:
+    return SeedWire().decode(memoryview(json.dumps(message).encode()))
+
+
+def test_the_emotion_fields_become_one_emotion_text_first_then_vector_then_audio() -> None:
+    vector = [0.5, 0, 0, 0, 0, 0, 0.25, 0]
+    both = _decode({"op": "synthesize", "text": "t", "emo_vector": vector, "emo_audio": "e.wav", "emo_alpha": 0.5})
+    assert both.emotion == EmotionVector(happy=0.5, surprised=0.25, alpha=0.5)
+    text = _decode({"op": "synthesize", "text": "t", "emo_vector": vector, "emo_text": "calm"})
+    assert text.emotion == EmotionText(text="calm", alpha=1.0)
+    ignored = _decode({"op": "synthesize", "text": "t", "emo_text": "calm", "use_emo_text": False})
+    assert ignored.emotion is None  # upstream reads emo_text only with use_emo_text
+    audio = _decode({"op": "synthesize", "text": "t", "emo_audio_prompt": "e.wav"})
+    assert audio.emotion == EmotionAudio(path="e.wav", alpha=1.0)
+    request = _decode({"op": "synthesize", "text": "t", "ref_audio": "v.wav", "use_random": True})
+    assert (request.voice, request.options) == ("v.wav", {"use_random": True})
+    assert _decode({"op": "synthesize", "text": "t", "use_random": False}).options == {}
+
+
+def test_requests_get_increasing_ids_and_bad_fields_name_their_path() -> None:
+    wire = SeedWire()
+    ids = [wire.decode(memoryview(json.dumps({"op": op}).encode())).id for op in ("ping", "ping", "shutdown")]
+    assert ids == [1, 2, 3]
+    with pytest.raises(InvalidRequest) as caught:
+        wire.decode(memoryview(b'{"op": "synthesize", "text": "t", "emo_vector": [1, 2]}'))
+    assert caught.value.error.detail == {"stage": "synthesize", "field": "$.emo_vector"}
+
+
+def test_replies_without_a_seed_frame_are_not_sent_and_paths_never_shown() -> None:
+    wire = SeedWire()
+    assert wire.encode(Progress(id=1, stage="synthesize", fraction=None)) is None
+    assert wire.encode(Ok(id=1)) is None
+    assert wire.encode(Error(code="shutting_down", message="stopping")) is None
+    (frame,) = wire.encode(Error(code="engine_error", id=4, message="OSError: '/srv/models/x.bin' is gone")) or ()
+    assert json.loads(frame[4:]) == {
+        "op": "error",
+        "stage": "synthesize",
+        "code": "engine_error",
+        "message": "engine_error: OSError: '<path>' is gone",
+    }
