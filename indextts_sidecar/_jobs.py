@@ -13,7 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
@@ -21,7 +21,6 @@ from .protocol import Done, Error, Ok, Progress
 
 if TYPE_CHECKING:
     from ._outbox import Outbox
-    from ._scheduler import Scheduler
     from ._wire import FrameParts, Wire
 
 __all__ = ["CancelFlag", "Job", "JobOutput", "cancelled_error", "error_for", "execute", "shutting_down"]
@@ -98,6 +97,17 @@ AUDIO_FRAME_OVERHEAD = 1024
 AUDIO_FRAME_BYTES = 4 * 1024 * 1024
 
 
+class JobBoard(Protocol):
+    """What a job's output needs of the scheduler (:class:`~._scheduler.Scheduler`)."""
+
+    #: Guards every queue and every ``Job.finished``.
+    lock: threading.RLock
+
+    def waiting_jobs(self, kind: str) -> Iterator[tuple[JobOutput, Job]]:
+        """Every waiting job of ``kind``, on every connection, with its output.  Under the lock."""
+        ...
+
+
 class JobOutput:
     """Where the jobs of one connection write: its frames, in its wire format, through its outbox.
 
@@ -111,7 +121,7 @@ class JobOutput:
         self,
         outbox: Outbox,
         wire: Wire,
-        scheduler: Scheduler,
+        scheduler: JobBoard,
         live: MutableMapping[int, Job],
         *,
         max_frame_size: int,

@@ -13,7 +13,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
@@ -22,7 +22,25 @@ from ._version import __version__
 from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
 
+if TYPE_CHECKING:
+    from ._wire import Wire
+
 EXIT_USAGE = 2
+#: The ``--wire`` names (see :func:`wire_named`).
+WIRE_NAMES = ("msgpack", "seed")
+
+
+def wire_named(name: str, max_frame_size: int) -> Wire:
+    """A fresh wire of that name, for one connection (a wire may keep state of its connection)."""
+    if name == "seed":
+        from ._seedwire import SeedWire
+
+        return SeedWire(max_frame_size)
+    if name == "msgpack":
+        from ._wire import MsgpackWire
+
+        return MsgpackWire()
+    raise LookupError(f"unknown wire {name!r}; known: {', '.join(WIRE_NAMES)}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--wire",
-        choices=("msgpack", "seed"),
+        choices=WIRE_NAMES,
         default="msgpack",
         help="the frames' format: msgpack, protocol v1 (default); seed, the length-prefixed JSON of the "
         "one-file sidecar this project grew from, one request at a time (stdin/stdout only; docs/protocol.md)",
@@ -227,8 +245,6 @@ def _startup_error(write_fd: int, wire: str, code: str, message: str, field: Uni
     detail = {"field": field} if field else {}
     if write_fd < 0:
         return EXIT_USAGE
-    from ._wire import wire_named
-
     error = protocol.Error(
         code=code, message=message, detail={**detail, "stage": "startup"} if wire == "seed" else detail
     )
@@ -394,7 +410,6 @@ def _serve(
 
     from ._paths import PathPolicy
     from ._server import Scheduler, Server
-    from ._wire import wire_named
 
     parent_pid = _parent_pid(args)
     private: Union[str, None] = None

@@ -5,7 +5,8 @@ frame body into a request and each reply into the bytes of a frame.  Every wire 
 same framing (a 4-byte big-endian length, then the body; :mod:`.protocol.framing`), so only
 the bodies differ.  Two wires exist: :class:`MsgpackWire`, protocol v1 (the default), and
 :class:`~._seedwire.SeedWire`, the length-prefixed JSON of the one-file sidecar this
-project grew from (``--wire seed``; docs/protocol.md, "The seed's wire").
+project grew from (``--wire seed``; docs/protocol.md, "The seed's wire").  ``_main``
+picks one per connection by its ``--wire`` name.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import msgspec
 
 from . import protocol
 
-__all__ = ["InvalidRequest", "MsgpackWire", "Wire", "wire_named"]
+__all__ = ["FrameParts", "InvalidRequest", "MsgpackWire", "Wire"]
 
 #: A frame as the outbox writes it: parts written back to back, the length prefix included.
 FrameParts = Union[tuple[bytes], tuple[bytes, memoryview]]
@@ -70,18 +71,3 @@ class MsgpackWire:
 
     def audio(self, request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> tuple[bytes, memoryview]:
         return protocol.audio_frame_parts(request_id, seq, sample_rate, pcm)
-
-
-#: The ``--wire`` names.
-WIRE_NAMES = ("msgpack", "seed")
-
-
-def wire_named(name: str, max_frame_size: int) -> Wire:
-    """A fresh wire of that name for one connection (a wire may hold per-connection state)."""
-    if name == "seed":
-        from ._seedwire import SeedWire
-
-        return SeedWire(max_frame_size)
-    if name == "msgpack":
-        return MsgpackWire()
-    raise LookupError(f"unknown wire {name!r}; known: {', '.join(WIRE_NAMES)}")
