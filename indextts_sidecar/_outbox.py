@@ -160,7 +160,7 @@ class Outbox:
             else:
                 try:
                     written = self._direct.try_send_parts(parts)
-                except Exception:  # a broken stream (or one that writes nothing so): the writer task reports it
+                except Exception:  # a broken stream, or one that lacks the write it declared: the writer task has it
                     written = 0
                 if written == sum(map(len, parts)):
                     if audio:
