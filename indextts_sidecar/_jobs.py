@@ -1,42 +1,221 @@
-"""What a job does on the engine thread: load, unload or synthesize, and the frames it makes.
+"""A job and what it does on the engine thread: load, unload or synthesize, and the frames it makes.
 
 :func:`execute` runs one job against the engine and returns its terminal message; the
-frames on the way (progress, audio) go to an :class:`Output`, the connection's
-(:class:`~._server.Server`), which writes them or drops them once the job has ended.
+frames on the way (progress, audio) go to its connection's :class:`JobOutput`, which
+writes them through the connection's :class:`~._outbox.Outbox` in the connection's wire
+format (:mod:`._wire`), or drops them once the job has ended.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, Union
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
-from ._scheduler import Job
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
-from .protocol import Done, Error, Ok
+from .protocol import Done, Error, Ok, Progress
 
-__all__ = ["Output", "cancelled_error", "error_for", "execute", "shutting_down"]
+if TYPE_CHECKING:
+    from ._outbox import Outbox
+    from ._wire import FrameParts, Wire
+
+__all__ = ["CancelFlag", "Job", "JobOutput", "cancelled_error", "error_for", "execute", "shutting_down"]
 
 log = logging.getLogger("indextts_sidecar")
 
 
-class Output(Protocol):
-    """Where a running job's frames go."""
+class CancelFlag:
+    """Set by the event loop to stop a job, polled by the engine between steps.
 
-    #: PCM bytes per ``audio`` frame at most (a bigger chunk is split).
-    frame_bytes: int
+    ``threading.Event`` without its Condition: nobody waits on it, and the poll is one attribute read.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class Job:
+    """One queued or running ``synthesize``, ``load`` or ``unload``."""
+
+    __slots__ = (
+        "cancel",
+        "cancel_code",
+        "enqueued",
+        "finished",
+        "id",
+        "kind",
+        "last_frame",
+        "progress_wanted",
+        "request",
+        "started",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        kind: str,
+        request: Union[SynthesisRequest[Any], None] = None,
+        *,
+        progress_wanted: bool = True,
+    ) -> None:
+        self.id = request_id
+        self.kind = kind
+        self.request = request
+        #: Set to stop the job; engines poll it between steps.
+        self.cancel = CancelFlag()
+        #: The error code the job ends with once ``cancel`` is set.
+        self.cancel_code = "cancelled"
+        self.enqueued = time.monotonic()
+        self.started = 0.0
+        #: Its terminal frame is sent (guarded by the scheduler's lock).
+        self.finished = False
+        #: False: the parent asked for no progress; only a sign of life after a quiet spell goes out.
+        self.progress_wanted = progress_wanted
+        #: When the last frame of the job went out (``time.monotonic``), for the sign of life.
+        self.last_frame = self.enqueued
+
+
+#: Bytes of an ``audio`` frame besides its samples, kept free below ``--max-frame-size``: the
+#: msgpack map of ``op``, ``id``, ``seq``, ``sample_rate`` and the ``pcm`` bin header takes
+#: under 80; the rest is room for fields a later version adds, so that every audio frame
+#: fits the limit the parent was told in ``ready``.
+AUDIO_FRAME_OVERHEAD = 1024
+#: PCM bytes per ``audio`` frame at most, whatever the frame limit: a parent holds a frame
+#: whole before it hands any of it on, so smaller frames reach it sooner.
+AUDIO_FRAME_BYTES = 4 * 1024 * 1024
+
+
+class JobBoard(Protocol):
+    """What a job's output needs of the scheduler (:class:`~._scheduler.Scheduler`)."""
+
+    #: Guards every queue and every ``Job.finished``.
+    lock: threading.RLock
+
+    def waiting_jobs(self, kind: str) -> Iterator[tuple[JobOutput, Job]]:
+        """Every waiting job of ``kind``, on every connection, with its output.  Under the lock."""
+        ...
+
+
+class JobOutput:
+    """Where the jobs of one connection write: its frames, in its wire format, through its outbox.
+
+    Every terminal frame goes through :meth:`finish`, which sends it once: a job ended by
+    the event loop (cancelled while queued, shutdown) and by the engine thread at the same
+    time gets one.  ``live`` is the connection's map of request ids in flight; the reader
+    checks it without the lock, so an id leaves it only after its terminal frame is queued.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        wire: Wire,
+        scheduler: JobBoard,
+        live: MutableMapping[int, Job],
+        *,
+        max_frame_size: int,
+        write_timeout: Union[float, None],
+        on_stalled: Callable[[str], None],
+    ) -> None:
+        self._outbox = outbox
+        self._wire = wire
+        self._scheduler = scheduler
+        self._lock: threading.RLock = scheduler.lock
+        self.live = live
+        self.write_timeout = write_timeout
+        self._on_stalled = on_stalled
+        #: PCM bytes per audio frame at most (whole int16 samples).
+        self.frame_bytes = max(2, min(AUDIO_FRAME_BYTES, max_frame_size - AUDIO_FRAME_OVERHEAD) // 2 * 2)
+
+    @property
+    def post(self) -> Callable[..., None]:
+        """Runs a callback on this connection's event loop, from any thread."""
+        return self._outbox.post
+
+    def send(self, message: protocol.Reply) -> None:
+        """Send a frame that belongs to no running job's stream; never blocks, never waits behind audio."""
+        parts = self._wire.encode(message)
+        if parts is not None:
+            self._outbox.put(parts)
+
+    def finish(self, job: Job, message: protocol.Reply) -> None:
+        """Send ``job``'s terminal frame, unless it has one already.  From any thread."""
+        with self._lock:
+            if job.finished:
+                return
+            job.finished = True
+            # The terminal frame is in the outbox before the id leaves ``live``: the event
+            # loop checks that map without this lock, and once it finds the id free its
+            # answer to a frame reusing the id (a pong, an error, a new request's audio)
+            # must come after this frame on the wire, never before it.
+            self.send(message)
+            self.live.pop(job.id, None)
+
+    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview) -> bool:
+        """An audio frame of a running job: written at once when no frame waits before it;
+        otherwise queued once one of the outbox's audio slots is free (a slow parent).  A job
+        that has its terminal frame already (shutdown) drops it.  False: cancelled meanwhile.
+        """
+        parts = self._wire.audio(job.id, seq, rate, pcm)
+        if parts is None:  # the wire keeps the samples for the terminal frame
+            return True
+        outbox = self._outbox
+        if not job.progress_wanted:
+            job.last_frame = time.monotonic()
+        with self._lock:
+            if job.finished or outbox.put_if_free(parts):
+                return True
+        return self._audio_when_free(job, parts)
+
+    def _audio_when_free(self, job: Job, parts: FrameParts) -> bool:
+        """Queue an audio frame once an audio slot is free; False if the job was cancelled first."""
+        outbox = self._outbox
+        since = time.monotonic()
+        limit = self.write_timeout
+        while not outbox.audio_slots.acquire(timeout=0.05):
+            if job.cancel.is_set():
+                return False
+            if limit is not None and outbox.stalled_for(since) > limit:
+                # Never wait on for a connection that takes nothing: the others wait on this thread.
+                job.cancel.set()
+                outbox.post(self._on_stalled, f"a connection took no reply bytes for {limit:g} s")
+                return False
+        with self._lock:
+            if not job.finished:
+                outbox.put(parts, audio=True)
+                return True
+        outbox.audio_slots.release()
+        return True
 
     def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
-        """A progress frame (from the engine thread or a heartbeat thread)."""
+        """A progress frame of a running job; from the engine thread or a heartbeat thread."""
+        with self._lock:
+            if job.finished:
+                return
+            send = job.progress_wanted
+            if not send and (now := time.monotonic()) - job.last_frame >= protocol.QUIET_PROGRESS_INTERVAL:
+                job.last_frame = now  # a sign of life after a quiet spell
+                send = True
+            if send:
+                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+            if stage == "load":
+                # Every request queued behind this one, on any connection, waits on the same load.
+                for output, waiting in self._scheduler.waiting_jobs("synthesize"):
+                    output.send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
-    def audio(self, job: Job, parts: tuple[bytes, memoryview]) -> bool:
-        """An audio frame; may wait for room.  False: the job was cancelled while it waited."""
 
-
-def execute(engine: Engine[Any, Any], job: Job, out: Output) -> protocol.Reply:
+def execute(engine: Engine[Any, Any], job: Job, out: JobOutput) -> protocol.Reply:
     """Run ``job`` on ``engine``; returns its terminal message.  On the engine thread."""
 
     def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
@@ -94,7 +273,7 @@ def _synthesize(
     request: SynthesisRequest[Any],
     progress: Callable[..., None],
     timings: dict[str, float],
-    out: Output,
+    out: JobOutput,
 ) -> protocol.Reply:
     native = engine.sample_rate
     if native is None:
@@ -123,7 +302,7 @@ def _synthesize(
             for start in range(0, len(view), step):
                 piece = view[start : start + step]
                 # The samples are written from the engine's own buffer: no copy here.
-                if not out.audio(job, protocol.audio_frame_parts(job.id, seq, rate, piece)):
+                if not out.audio(job, seq, rate, piece):
                     return cancelled_error(job)  # while it waited for a slow parent
                 seq += 1
                 samples += len(piece) // 2

@@ -3,7 +3,7 @@
 Every accepted connection is authenticated first when a token is configured (see
 :mod:`.protocol.auth`), then gets ``ready`` and a :class:`~._server.Server` of its own: its
 own request ids, its own queue, its own writer.  All of them feed one
-:class:`~._server.Scheduler`, so there is one engine thread, and the queues are served
+:class:`~._scheduler.Scheduler`, so there is one engine thread, and the queues are served
 round robin.  A connection that ends (closed, lost, framing broken, ``shutdown``) ends
 its own requests only; the sidecar keeps listening until SIGTERM or SIGINT.
 """

@@ -13,7 +13,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
@@ -22,7 +22,25 @@ from ._version import __version__
 from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
 
+if TYPE_CHECKING:
+    from ._wire import Wire
+
 EXIT_USAGE = 2
+#: The ``--wire`` names (see :func:`wire_named`).
+WIRE_NAMES = ("msgpack", "seed")
+
+
+def wire_named(name: str, max_frame_size: int) -> Wire:
+    """A fresh wire of that name, for one connection (a wire may keep state of its connection)."""
+    if name == "seed":
+        from ._seedwire import SeedWire
+
+        return SeedWire(max_frame_size)
+    if name == "msgpack":
+        from ._wire import MsgpackWire
+
+        return MsgpackWire()
+    raise LookupError(f"unknown wire {name!r}; known: {', '.join(WIRE_NAMES)}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,8 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-frame-size",
         type=int,
-        default=protocol.DEFAULT_MAX_FRAME_SIZE,
-        help=f"largest frame accepted or sent, in bytes (default {protocol.DEFAULT_MAX_FRAME_SIZE})",
+        default=None,
+        help=f"largest frame accepted or sent, in bytes (default {protocol.DEFAULT_MAX_FRAME_SIZE}; "
+        "with --wire seed 67108864, the seed's)",
+    )
+    parser.add_argument(
+        "--wire",
+        choices=WIRE_NAMES,
+        default="msgpack",
+        help="the frames' format: msgpack, protocol v1 (default); seed, the length-prefixed JSON of the "
+        "one-file sidecar this project grew from, one request at a time (stdin/stdout only; docs/protocol.md)",
     )
     parser.add_argument(
         "--frame-timeout",
@@ -97,6 +123,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PID",
         help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
     )
+    _add_socket_arguments(parser)
+    _add_other_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
+    return parser
+
+
+def _add_socket_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `--listen`: addresses, authentication, TLS, and each connection's bounds."""
     sockets = parser.add_argument_group("sockets (see docs/protocol.md, 'Sockets')")
     sockets.add_argument(
         "--listen",
@@ -161,6 +195,10 @@ def _parser() -> argparse.ArgumentParser:
         default=300.0,
         help="longest clip register_voice takes, in seconds of audio (default 300)",
     )
+
+
+def _add_other_arguments(parser: argparse.ArgumentParser) -> None:
+    """Logging, and the commands that print and exit instead of serving."""
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--list-engines", action="store_true", help="print the known engine names and exit")
     parser.add_argument(
@@ -174,8 +212,6 @@ def _parser() -> argparse.ArgumentParser:
         help="print a JSON report on this venv (torch, GPUs, indextts, checkpoints) and exit; see docs/indextts.md",
     )
     parser.add_argument("--model-dir", help="checkpoint directory for --doctor to check")
-    parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
-    return parser
 
 
 def _drop_shared_audio(flag: Union[str, None]) -> None:
@@ -202,22 +238,27 @@ def _fd_number(text: str) -> Union[int, None]:
     return number if number < 2**31 else None
 
 
-def _startup_error(write_fd: int, code: str, message: str, field: Union[str, None]) -> int:
-    """Report a failure to start: one ``error`` frame (no id), the same text on stderr, exit 2."""
+def _startup_error(write_fd: int, wire: str, code: str, message: str, field: Union[str, None]) -> int:
+    """Report a failure to start: one ``error`` frame (no id) in the wire's format, the same text on stderr, exit 2."""
     sys.stderr.write(f"indextts_sidecar: {message}\n")
     sys.stderr.flush()
     detail = {"field": field} if field else {}
     if write_fd < 0:
         return EXIT_USAGE
+    error = protocol.Error(
+        code=code, message=message, detail={**detail, "stage": "startup"} if wire == "seed" else detail
+    )
+    frame = wire_named(wire, protocol.DEFAULT_MAX_FRAME_SIZE).encode(error)
     try:
-        os.write(write_fd, protocol.frame(protocol.Error(code=code, message=message, detail=detail)))
+        if frame is not None:
+            os.write(write_fd, frame[0])
     except OSError:
         pass
     return EXIT_USAGE
 
 
-def main(argv: Union[list[str], None] = None) -> int:
-    args = _parser().parse_args(argv)
+def _info(args: Any) -> Union[int, None]:
+    """Run ``--list-engines``, ``--doctor`` or ``--describe-engines``, if asked for; their exit status."""
     if args.list_engines:
         from .engines import engine_names
 
@@ -232,6 +273,44 @@ def main(argv: Union[list[str], None] = None) -> int:
 
         sys.stdout.buffer.write(msgspec.json.encode([describe_engine(name) for name in engine_names()]) + b"\n")
         return 0
+    return None
+
+
+def _check_arguments(args: Any) -> Union[tuple[str, str], None]:
+    """The first problem with the serving arguments, as (message, option); None if there is none."""
+    if args.wire == "seed" and args.listen is not None:
+        return "--wire seed serves standard input and output only, not --listen", "--wire"
+    for directory in args.voice_dir:
+        if not os.path.isdir(directory):
+            return f"--voice-dir {directory!r} is not a directory", "--voice-dir"
+    counts = (
+        ("--max-text", args.max_text),
+        ("--max-outgoing", args.max_outgoing),
+        ("--max-voice-bytes", args.max_voice_bytes),
+        ("--max-connections", args.max_connections),
+        ("--max-voices", args.max_voices),
+        ("--max-voice-total-bytes", args.max_voice_total_bytes),
+        ("--max-voice-names", args.max_voice_names),
+        ("--max-handshakes", args.max_handshakes),
+    )
+    for name, value in counts:
+        if value < 1:
+            return f"{name} must be at least 1", name
+    for name, seconds in (
+        ("--max-voice-seconds", args.max_voice_seconds),
+        ("--handshake-timeout", args.handshake_timeout),
+        ("--write-timeout", args.write_timeout),
+    ):
+        if not (math.isfinite(seconds) and seconds > 0):
+            return f"{name} must be more than 0 and finite", name
+    return None
+
+
+def main(argv: Union[list[str], None] = None) -> int:
+    args = _parser().parse_args(argv)
+    informed = _info(args)
+    if informed is not None:
+        return informed
     from ._fds import take_over_stdio
 
     try:
@@ -239,34 +318,20 @@ def main(argv: Union[list[str], None] = None) -> int:
     except OSError as exc:  # fd 0 or 1 closed: there is no stream to serve, nor one to say so on
         sys.stderr.write(f"indextts_sidecar: standard input and output must be open: {exc.strerror}\n")
         return EXIT_USAGE
-    # A listening sidecar's stdout is one text line ("listening on URL"), never frames.
-    frame_fd = write_fd if args.listen is None else -1
-    for directory in args.voice_dir:
-        if not os.path.isdir(directory):
-            return _startup_error(
-                frame_fd, "invalid_option", f"--voice-dir {directory!r} is not a directory", "--voice-dir"
-            )
-    limits = (("--max-text", args.max_text), ("--max-outgoing", args.max_outgoing))
-    more = (("--max-voice-bytes", args.max_voice_bytes), ("--max-connections", args.max_connections))
-    voice_limits = (
-        ("--max-voices", args.max_voices),
-        ("--max-voice-total-bytes", args.max_voice_total_bytes),
-        ("--max-voice-names", args.max_voice_names),
-        ("--max-handshakes", args.max_handshakes),
-    )
-    for name, value in (*limits, *more, *voice_limits):
-        if value < 1:
-            return _startup_error(frame_fd, "invalid_option", f"{name} must be at least 1", name)
-    for name, seconds in (
-        ("--max-voice-seconds", args.max_voice_seconds),
-        ("--handshake-timeout", args.handshake_timeout),
-        ("--write-timeout", args.write_timeout),
-    ):
-        if not (math.isfinite(seconds) and seconds > 0):
-            return _startup_error(frame_fd, "invalid_option", f"{name} must be more than 0 and finite", name)
+    # A listening sidecar's stdout is one text line ("listening on URL"), never frames; a seed
+    # parent, which reads frames whatever the arguments, is told why this one does not start.
+    frame_fd = write_fd if args.listen is None or args.wire == "seed" else -1
+    if args.max_frame_size is None:
+        from ._seedwire import SEED_MAX_FRAME_SIZE
+
+        args.max_frame_size = SEED_MAX_FRAME_SIZE if args.wire == "seed" else protocol.DEFAULT_MAX_FRAME_SIZE
+    problem = _check_arguments(args)
+    if problem is not None:
+        return _startup_error(frame_fd, args.wire, "invalid_option", *problem)
     if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
+            args.wire,
             "invalid_option",
             f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}",
             "--max-frame-size",
@@ -275,7 +340,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     if args.listen is not None:
         checked = _check_listen(args)
         if isinstance(checked, tuple):
-            return _startup_error(frame_fd, "invalid_option", *checked)
+            return _startup_error(frame_fd, args.wire, "invalid_option", *checked)
         listen = checked
     from .engines import engine_class
 
@@ -283,19 +348,13 @@ def main(argv: Union[list[str], None] = None) -> int:
     try:
         cls = engine_class(args.engine)
     except LookupError as exc:
-        return _startup_error(frame_fd, "unknown_engine", str(exc), "--engine")
+        return _startup_error(frame_fd, args.wire, "unknown_engine", str(exc), "--engine")
     try:
         options = msgspec.convert(parse_options(args.option), cls.Options, strict=False)
     except (ValueError, msgspec.ValidationError) as exc:
-        return _startup_error(frame_fd, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
+        return _startup_error(frame_fd, args.wire, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
     engine = cls(options)
     _drop_shared_audio(args.shared_audio_fd)
-    parent_pid = args.parent_pid
-    named_parent = os.environ.pop(PARENT_ENV, None)
-    if parent_pid is None and named_parent:
-        parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
-        if parent_pid is None:
-            sys.stderr.write(f"indextts_sidecar: ignoring {PARENT_ENV}={named_parent!r}: not a process id\n")
     # A socket without --voice-dir: requests name no files; clips are uploaded (register_voice)
     # into a private directory made below, removed at exit.
     uploads_only = listen is not None and not args.voice_dir
@@ -319,12 +378,40 @@ def main(argv: Union[list[str], None] = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
+    return _serve(args, engine, ready, listen, uploads_only, read_fd, write_fd, frame_fd)
+
+
+def _parent_pid(args: Any) -> Union[int, None]:
+    """The process whose end stops this one: ``--parent-pid``, else the environment's."""
+    named_parent = os.environ.pop(PARENT_ENV, None)
+    given: Union[int, None] = args.parent_pid
+    if given is not None or not named_parent:
+        return given
+    parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
+    if parent_pid is None:
+        sys.stderr.write(f"indextts_sidecar: ignoring {PARENT_ENV}={named_parent!r}: not a process id\n")
+    return parent_pid
+
+
+def _serve(
+    args: Any,
+    engine: Any,
+    ready: protocol.Ready,
+    listen: Any,
+    uploads_only: bool,
+    read_fd: int,
+    write_fd: int,
+    frame_fd: int,
+) -> int:
+    """Serve stdin/stdout, or the socket of ``--listen``, until the end; the exit status."""
+    import logging
+
     import anyio
 
     from ._paths import PathPolicy
     from ._server import Scheduler, Server
-    from .protocol.streams import FdReceiveStream, FdSendStream
 
+    parent_pid = _parent_pid(args)
     private: Union[str, None] = None
     if uploads_only:
         import tempfile
@@ -338,20 +425,9 @@ def main(argv: Union[list[str], None] = None) -> int:
     paths = PathPolicy(voice_dirs, args.max_voice_bytes)
     voices = None
     if voice_dirs:
-        from ._voices import RegisteredVoices
-        from .voicestore import VoiceLimits, VoiceStoreError
-
-        store_limits = VoiceLimits(
-            max_clip_bytes=args.max_voice_bytes,
-            max_clips=args.max_voices,
-            max_total_bytes=args.max_voice_total_bytes,
-            max_names=args.max_voice_names,
-            max_clip_seconds=args.max_voice_seconds,
-        )
-        try:
-            voices = RegisteredVoices(voice_dirs[0], store_limits)
-        except (OSError, VoiceStoreError) as exc:
-            return _startup_error(frame_fd, "invalid_option", f"the voice store in --voice-dir: {exc}", "--voice-dir")
+        voices = _voice_store(args, voice_dirs[0])
+        if isinstance(voices, str):
+            return _startup_error(frame_fd, args.wire, "invalid_option", voices, "--voice-dir")
 
     def make_server(scheduler: Union[Scheduler, None] = None) -> Server:
         return Server(
@@ -366,46 +442,66 @@ def main(argv: Union[list[str], None] = None) -> int:
             voices=voices,
             write_timeout=args.write_timeout if listen is not None else None,
             path_voices=not uploads_only,
+            wire=wire_named(args.wire, args.max_frame_size),
         )
 
     if listen is not None:
         from ._listen import serve_socket
 
         try:
-            listen_code: int = anyio.run(
-                serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid
-            )
+            code: int = anyio.run(serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
         finally:
             if private is not None:
                 import shutil
 
                 shutil.rmtree(private, ignore_errors=True)
-        sys.stderr.flush()
-        if engine_thread_busy():
-            os._exit(listen_code)
-        return listen_code
-
-    async def serve() -> int:
-        from ._parent import stop_on_signal, stop_without_parent
-
-        server = make_server()
-        async with anyio.create_task_group() as tg:
-            await tg.start(stop_on_signal, server)  # SIGTERM stops it cleanly from ``ready`` on
-            if parent_pid is not None and parent_pid > 0:
-                tg.start_soon(stop_without_parent, server, parent_pid)
-            # ``ready`` goes out from the serving server: a request sent after it is read at once.
-            receive = FdReceiveStream(read_fd)
-            # Requests from a file (or /dev/null), not a parent: all of them run, then the sidecar ends.
-            server.drain_at_eof = not receive.pollable
-            code = await server.serve(receive, FdSendStream(write_fd), ready)
-            tg.cancel_scope.cancel()
-        return code
-
-    code: int = anyio.run(serve)
+    else:
+        code = anyio.run(_serve_stdio, make_server, ready, read_fd, write_fd, parent_pid)
     sys.stderr.flush()
     if engine_thread_busy():
         # An engine stuck in native code must not hold the exit hostage.
         os._exit(code)
+    return code
+
+
+def _voice_store(args: Any, directory: str) -> Any:
+    """The store of registered voices in ``directory``, or what is wrong with it (a str)."""
+    from ._voices import RegisteredVoices
+    from .voicestore import VoiceLimits, VoiceStoreError
+
+    store_limits = VoiceLimits(
+        max_clip_bytes=args.max_voice_bytes,
+        max_clips=args.max_voices,
+        max_total_bytes=args.max_voice_total_bytes,
+        max_names=args.max_voice_names,
+        max_clip_seconds=args.max_voice_seconds,
+    )
+    try:
+        return RegisteredVoices(directory, store_limits)
+    except (OSError, VoiceStoreError) as exc:
+        return f"the voice store in --voice-dir: {exc}"
+
+
+async def _serve_stdio(
+    make_server: Any, ready: protocol.Ready, read_fd: int, write_fd: int, parent_pid: Union[int, None]
+) -> int:
+    """Serve the one connection of stdin/stdout; the exit status."""
+    import anyio
+
+    from ._parent import stop_on_signal, stop_without_parent
+    from .protocol.streams import FdReceiveStream, FdSendStream
+
+    server = make_server()  # in the event loop: it makes its cancel scope
+    async with anyio.create_task_group() as tg:
+        await tg.start(stop_on_signal, server)  # SIGTERM stops it cleanly from ``ready`` on
+        if parent_pid is not None and parent_pid > 0:
+            tg.start_soon(stop_without_parent, server, parent_pid)
+        # ``ready`` goes out from the serving server: a request sent after it is read at once.
+        receive = FdReceiveStream(read_fd)
+        # Requests from a file (or /dev/null), not a parent: all of them run, then the sidecar ends.
+        server.drain_at_eof = not receive.pollable
+        code: int = await server.serve(receive, FdSendStream(write_fd), ready)
+        tg.cancel_scope.cancel()
     return code
 
 

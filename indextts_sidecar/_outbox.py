@@ -5,7 +5,7 @@ audio, progress and terminal frames from the engine thread.  Each frame goes out
 and in the order it was put, never interleaved with another.
 
 Fast path: when nothing is waiting to be written and the stream can write without
-blocking (a pipe, :meth:`FdSendStream.try_send_parts`), the producing thread writes the
+blocking (a pipe: :class:`~.protocol.streams.NonBlockingSend`), the producing thread writes the
 frame itself, at once: no hand-off to the event loop, no task switch.  Whatever does not
 fit (a full pipe, a slow parent) waits in the backlog, which one writer task on the event
 loop drains; while the backlog holds anything, every frame joins it, so order holds.
@@ -31,6 +31,7 @@ from anyio.abc import ByteSendStream
 from anyio.lowlevel import current_token
 
 from .protocol.framing import FrameWriter
+from .protocol.streams import NonBlockingSend
 
 __all__ = ["LoopPoster", "Outbox"]
 
@@ -108,7 +109,8 @@ class Outbox:
         #: ``time.monotonic()`` when bytes were last written (or the outbox made): what the
         #: engine thread, waiting for an audio slot, measures a stall from.
         self.progressed = time.monotonic()
-        self._direct: Union[Callable[[Sequence[_Part]], int], None] = getattr(stream, "try_send_parts", None)
+        #: The stream, where it writes from the producing thread (checked once, here).
+        self._direct: Union[NonBlockingSend, None] = stream if isinstance(stream, NonBlockingSend) else None
         self._lock = threading.Lock()
         #: Frames not yet written (parts, holds an audio slot); only the writer task removes them.
         self._backlog: deque[tuple[Sequence[_Part], bool]] = deque()
@@ -157,8 +159,8 @@ class Outbox:
                     return False
             else:
                 try:
-                    written = self._direct(parts)
-                except Exception:  # a broken stream: the writer task reports it
+                    written = self._direct.try_send_parts(parts)
+                except Exception:  # a broken stream, or one that lacks the write it declared: the writer task has it
                     written = 0
                 if written == sum(map(len, parts)):
                     if audio:

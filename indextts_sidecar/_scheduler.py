@@ -2,100 +2,67 @@
 
 Engines wrap libraries that are not thread-safe and that keep per-thread state (CUDA
 streams, caches), so one long-lived thread makes every engine call, one at a time.  It
-takes its next job itself, round robin over the queues of the connections attached
+takes its next job itself, round robin over the :class:`Lane` of each connection attached
 (over stdio one; over a socket one per connection), so no connection starves another
 and no event loop turn is spent between two jobs.
 
-One lock, :attr:`Scheduler.lock`, guards every queue and every job's ``finished`` flag:
-the event loop (dispatch, cancel, stop) and the engine thread (start, finish) decide
-under it.  What they write under it goes through the :class:`~._outbox.Outbox`, which
-never blocks; waiting for room (an audio slot) happens outside it.
+The scheduler owns every lane: a connection queues, cancels and stops its jobs through
+:meth:`Scheduler.enqueue`, :meth:`~Scheduler.cancel` and :meth:`~Scheduler.stop_all`, and
+reads its depth and running job from its lane.  One lock, :attr:`Scheduler.lock`, guards
+every lane and every job's ``finished`` flag: the event loop (enqueue, cancel, stop) and
+the engine thread (pick, finish) decide under it.  What they write under it goes through
+the connection's :class:`~._outbox.Outbox`, which never blocks; waiting for room (an
+audio slot) happens outside it.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
-from typing import Any, Protocol, Union
+from collections.abc import Iterator
+from typing import Any, Union
 
-from . import protocol
-from .engines import Engine, SynthesisRequest
+import anyio
 
-__all__ = ["Flag", "Job", "Scheduler"]
+from ._jobs import Job, JobOutput, execute, shutting_down
+from .engines import Engine
+from .protocol import Error
 
+__all__ = ["Job", "Lane", "Scheduler"]
 
-class Flag:
-    """A flag one thread sets and another polls (``threading.Event`` without its Condition: nobody waits on it)."""
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
+log = logging.getLogger("indextts_sidecar")
 
 
-class Job:
-    """One queued or running ``synthesize``, ``load`` or ``unload``."""
+class Lane:
+    """One connection's jobs at the scheduler: those waiting, in order, and the one running."""
 
-    __slots__ = (
-        "cancel",
-        "cancel_code",
-        "enqueued",
-        "finished",
-        "id",
-        "kind",
-        "last_frame",
-        "quiet",
-        "request",
-        "started",
-    )
+    __slots__ = ("idle_waiter", "output", "running", "waiting")
 
-    def __init__(
-        self, request_id: int, kind: str, request: Union[SynthesisRequest[Any], None] = None, *, quiet: bool = False
-    ) -> None:
-        self.id = request_id
-        self.kind = kind
-        self.request = request
-        #: Set to stop the job; engines poll it between steps.
-        self.cancel = Flag()
-        #: The error code the job ends with once ``cancel`` is set.
-        self.cancel_code = "cancelled"
-        self.enqueued = time.monotonic()
-        self.started = 0.0
-        #: Its terminal frame is sent (guarded by the scheduler's lock).
-        self.finished = False
-        #: The parent asked for no progress: only a sign of life after a quiet spell goes out.
-        self.quiet = quiet
-        #: When the last frame of the job went out (``time.monotonic``), for ``quiet``.
-        self.last_frame = self.enqueued
+    def __init__(self, output: JobOutput) -> None:
+        self.output = output
+        #: Waiting for the engine thread, oldest first.
+        self.waiting: dict[int, Job] = {}
+        self.running: Union[Job, None] = None
+        #: Set (on the event loop) when the running job ends, if the event loop waits for that.
+        self.idle_waiter: Union[anyio.Event, None] = None
 
-
-class Served(Protocol):
-    """What the scheduler needs of a connection (:class:`~._server.Server`)."""
-
-    queue: dict[int, Job]
-    active: Union[Job, None]
-
-    def run_job(self, job: Job) -> None: ...
-
-    def send(self, message: protocol.Reply) -> None: ...
+    @property
+    def depth(self) -> int:
+        """Jobs waiting, not counting the running one (read without the lock: a health figure)."""
+        return len(self.waiting)
 
 
 class Scheduler:
-    """One engine thread, fed round robin from the queues of the connections attached to it."""
+    """One engine thread, fed round robin from the lanes of the connections attached to it."""
 
     def __init__(self, engine: Engine[Any, Any]) -> None:
         self.engine = engine
         self.started = time.monotonic()
-        #: Guards every attached queue, each connection's ``active`` job and every ``Job.finished``.
+        #: Guards every lane and every ``Job.finished``.
         self.lock = threading.RLock()
-        self.servers: list[Served] = []
+        self._lanes: list[Lane] = []
         self._turn = 0
         self._closed = False
         # One token per job queued (or on close): the engine thread sleeps in a C-level
@@ -103,20 +70,21 @@ class Scheduler:
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="indextts-engine", daemon=True)
 
-    def attach(self, server: Served) -> None:
+    # ------------------------------------------------------- connections
+
+    def attach(self, output: JobOutput) -> Lane:
+        """A lane for a new connection, whose jobs write to ``output``; starts the engine thread."""
+        lane = Lane(output)
         with self.lock:
-            self.servers.append(server)
+            self._lanes.append(lane)
             if not self._thread.is_alive() and not self._closed:
                 self._thread.start()
+        return lane
 
-    def detach(self, server: Served) -> None:
+    def detach(self, lane: Lane) -> None:
         with self.lock:
-            if server in self.servers:
-                self.servers.remove(server)
-
-    def notify(self) -> None:
-        """A queue gained a job."""
-        self._tokens.put(None)
+            if lane in self._lanes:
+                self._lanes.remove(lane)
 
     def close(self) -> None:
         """Let the engine thread end after its current job."""
@@ -124,18 +92,84 @@ class Scheduler:
             self._closed = True
         self._tokens.put(None)
 
-    def _pick(self) -> Union[tuple[Served, Job], None]:
-        count = len(self.servers)
+    # -------------------------------------------------------------- jobs
+
+    def enqueue(self, lane: Lane, job: Job, limit: int) -> Union[int, None]:
+        """Queue ``job`` behind ``lane``'s others; None when queued, else the depth that refused it."""
+        with self.lock:
+            if len(lane.waiting) >= limit:
+                return len(lane.waiting)
+            lane.waiting[job.id] = job
+        self._tokens.put(None)
+        return None
+
+    def cancel(self, lane: Lane, job_id: int, reason: Union[Error, None] = None) -> bool:
+        """Stop job ``job_id`` of ``lane``; False if it is neither waiting nor running.
+
+        A waiting job leaves the queue and ends at once, with ``reason`` (default: cancelled
+        while queued); a running one is told to stop and ends on the engine thread, in order.
+        """
+        with self.lock:
+            job = lane.waiting.pop(job_id, None)
+            if job is not None:
+                if reason is None:
+                    reason = Error(code="cancelled", id=job_id, message="cancelled while queued")
+                lane.output.finish(job, reason)
+                return True
+            running = lane.running
+            if running is not None and running.id == job_id and not running.finished:
+                running.cancel.set()
+                return True
+        return False
+
+    def stop_all(self, lane: Lane, code: str = "shutting_down") -> Union[anyio.Event, None]:
+        """End ``lane``'s waiting jobs (``shutting_down``) and tell its running one to stop.
+
+        Returns an event set once the running job has ended, or None when none runs.  Loop thread.
+        """
+        with self.lock:
+            for job in list(lane.waiting.values()):
+                del lane.waiting[job.id]
+                lane.output.finish(job, shutting_down(job))
+            running = lane.running
+            if running is None:
+                return None
+            running.cancel_code = code
+            running.cancel.set()
+            return self._idle_event(lane)
+
+    def until_idle(self, lane: Lane) -> Union[anyio.Event, None]:
+        """None if ``lane`` has nothing waiting or running; else an event set when its running job ends
+        (wait, then ask again).  Loop thread."""
+        with self.lock:
+            if not lane.waiting and lane.running is None:
+                return None
+            return self._idle_event(lane)
+
+    def _idle_event(self, lane: Lane) -> anyio.Event:
+        idle = lane.idle_waiter = anyio.Event()
+        return idle
+
+    def waiting_jobs(self, kind: str) -> Iterator[tuple[JobOutput, Job]]:
+        """Every waiting job of ``kind``, on every connection, with its output.  Under the lock."""
+        for lane in self._lanes:
+            for job in lane.waiting.values():
+                if job.kind == kind:
+                    yield lane.output, job
+
+    # ------------------------------------------------------ engine thread
+
+    def _pick(self) -> Union[tuple[Lane, Job], None]:
+        count = len(self._lanes)
         for step in range(count):
             index = (self._turn + step) % count
-            server = self.servers[index]
-            if server.queue:
+            lane = self._lanes[index]
+            if lane.waiting:
                 # The next turn starts after this connection: round robin.
                 self._turn = index + 1
-                job_id = next(iter(server.queue))
-                job = server.queue.pop(job_id)
-                server.active = job
-                return server, job
+                job = lane.waiting.pop(next(iter(lane.waiting)))
+                lane.running = job
+                return lane, job
         return None
 
     def _main(self) -> None:
@@ -147,5 +181,19 @@ class Scheduler:
                     return
                 picked = self._pick()
             if picked is not None:
-                server, job = picked
-                server.run_job(job)
+                self._run(*picked)
+
+    def _run(self, lane: Lane, job: Job) -> None:
+        """Run one job to its end and send its terminal frame; on the engine thread."""
+        job.started = time.monotonic()
+        try:
+            terminal = execute(self.engine, job, lane.output)
+        except Exception as exc:  # a bug here must still end the request
+            log.exception("internal error running request %d", job.id)
+            terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
+        with self.lock:
+            lane.running = None
+            lane.output.finish(job, terminal)
+            idle, lane.idle_waiter = lane.idle_waiter, None
+        if idle is not None:
+            lane.output.post(idle.set)

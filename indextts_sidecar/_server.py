@@ -1,10 +1,11 @@
-"""The sidecar server: one connection's reader and dispatcher, its queue, its jobs' output.
+"""The sidecar server: one connection's reader and dispatcher.
 
-The event loop never runs engine code.  The reader decodes frames and answers
-``ping`` and ``cancel`` at once; ``synthesize``, ``load`` and ``unload`` go into this
-connection's bounded FIFO, from which the :class:`~._scheduler.Scheduler`'s engine
-thread takes them, one at a time (:meth:`Server.run_job`, which runs
-:func:`~._jobs.execute` with this server as the job's output).
+The event loop never runs engine code.  The reader decodes frames (through the
+connection's :class:`~._wire.Wire`) and answers ``ping`` and ``cancel`` at once;
+``synthesize``, ``load`` and ``unload`` are checked (:func:`~._validate.validate_synthesis`)
+and go into this connection's bounded FIFO, a :class:`~._scheduler.Lane` the
+:class:`~._scheduler.Scheduler` owns and its engine thread takes them from, one at a time,
+running each with this connection's :class:`~._jobs.JobOutput`.
 Every frame leaves through the connection's :class:`~._outbox.Outbox`, so frames never
 interleave; the engine thread writes its audio and terminal frames itself when the
 stream takes them at once, without a turn of the event loop.
@@ -25,36 +26,23 @@ from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 import anyio.to_thread
-import msgspec
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from . import protocol
-from ._jobs import error_for, execute, shutting_down
+from ._jobs import Job, JobOutput, error_for, shutting_down
 from ._outbox import Outbox, WriteStalled
 from ._paths import PathPolicy
-from ._scheduler import Job, Scheduler
-from .engines import Engine, EngineError, RequestError, SynthesisRequest
-from .protocol import (
-    REGISTERED_PREFIX,
-    Cancel,
-    EmotionAudio,
-    Error,
-    Load,
-    Ok,
-    Ping,
-    Pong,
-    Progress,
-    RegisterVoice,
-    Shutdown,
-    Synthesize,
-    Unload,
-)
+from ._scheduler import Lane, Scheduler
+from ._validate import DEFAULT_MAX_TEXT, RequestLimits, validate_synthesis
+from ._wire import InvalidRequest, MsgpackWire, Wire
+from .engines import Engine, EngineError
+from .protocol import Cancel, Error, Load, Ok, Ping, Pong, RegisterVoice, Shutdown, Synthesize, Unload, Voices
 from .protocol.framing import FrameReader, FramingError
 
 if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores voices
     from ._voices import RegisteredVoices
 
-__all__ = ["Scheduler", "Server"]
+__all__ = ["DEFAULT_MAX_TEXT", "Scheduler", "Server"]
 
 log = logging.getLogger("indextts_sidecar")
 
@@ -63,16 +51,8 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FRAMING = 3
 
-#: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
-DEFAULT_MAX_TEXT = 100_000
 #: Frames queued for the parent past which the reader stops reading requests (``--max-outgoing``).
 DEFAULT_MAX_OUTGOING = 1024
-
-_AUDIO_FRAME_BYTES = 4 * 1024 * 1024
-_UPLOADS_ONLY = (
-    "this sidecar takes no file paths (it listens without --voice-dir): upload the clip with register_voice "
-    "and name it as 'registered:NAME'"
-)
 
 
 class _Statm:
@@ -103,7 +83,7 @@ _statm = _Statm()
 
 
 class Server:
-    """Serves one connection: any pair of anyio byte streams carrying protocol v1."""
+    """Serves one connection: any pair of anyio byte streams carrying protocol v1 (or another :class:`Wire`)."""
 
     def __init__(
         self,
@@ -121,16 +101,21 @@ class Server:
         write_timeout: Union[float, None] = None,
         path_voices: bool = True,
         drain_at_eof: bool = False,
+        wire: Union[Wire, None] = None,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
         self._owns_scheduler = scheduler is None
         self.scheduler = scheduler if scheduler is not None else Scheduler(engine)
         self.voices = voices
+        self.wire: Wire = wire if wire is not None else MsgpackWire()
         #: A ``register_voice`` read and not yet carried out: the read loop runs it in a thread.
         self._pending_voice: Union[RegisterVoice, None] = None
-        self.paths = paths if paths is not None else PathPolicy()
-        self.max_text = max_text
+        #: A job was queued on a one-at-a-time wire: the read loop reads on once it has ended.
+        self._awaiting_answer = False
+        self.limits = RequestLimits(
+            max_text=max_text, paths=paths if paths is not None else PathPolicy(), path_voices=path_voices
+        )
         self.max_outgoing = max_outgoing
         self.max_queue = max_queue
         self.max_frame_size = max_frame_size
@@ -140,21 +125,16 @@ class Server:
         #: then its running request is cancelled and it is closed, so that the engine thread,
         #: which waits for this connection's audio to go out, goes on to the others.
         self.write_timeout = write_timeout
-        #: Whether requests may name files (``voice``, an emotion ``path``); False: uploads only.
-        self.path_voices = path_voices
         #: At the end of input, run what is queued before ending (input from a file, which
         #: ends where its writer stopped) instead of ending it ``shutting_down`` (a parent gone).
         self.drain_at_eof = drain_at_eof
         self._stalled = False
+        #: The connection's request ids in flight (queued or running), each with its job.
         self._inflight: dict[int, Job] = {}
-        #: Jobs waiting for the engine thread, and the one it runs (guarded by the scheduler's lock).
-        self.queue: dict[int, Job] = {}
-        self.active: Union[Job, None] = None
-        #: Set by the engine thread when the active job ends, if the event loop waits for that.
-        self._idle_waiter: Union[anyio.Event, None] = None
+        #: Made by :meth:`serve`: the way out, what jobs write to, the queue at the scheduler.
         self._outbox: Union[Outbox, None] = None
-        #: PCM bytes per audio frame at most (the Output protocol of _jobs.py).
-        self.frame_bytes = max(2, min(_AUDIO_FRAME_BYTES, (max_frame_size - 1024)) // 2 * 2)
+        self._output: Union[JobOutput, None] = None
+        self._lane: Union[Lane, None] = None
         self._read_scope = anyio.CancelScope()
         self._shutdown_requested = False
         self._writer_done = anyio.Event()
@@ -163,22 +143,9 @@ class Server:
 
     def send(self, message: protocol.Reply) -> None:
         """Send a frame that belongs to no running job's stream; never blocks, never waits behind audio."""
-        outbox = self._outbox
-        if outbox is not None:
-            outbox.put((protocol.frame(message),))
-
-    def _finish(self, job: Job, message: protocol.Reply) -> None:
-        """Send ``job``'s terminal frame, unless it already has one.  From any thread."""
-        with self.scheduler.lock:
-            if job.finished:
-                return
-            job.finished = True
-            # The terminal frame is in the outbox before the id leaves ``_inflight``: the
-            # event loop checks that set without this lock, and once it finds the id free
-            # its answer to a frame reusing the id (a pong, an error, a new request's
-            # audio) must come after this frame on the wire, never before it.
-            self.send(message)
-            self._inflight.pop(job.id, None)
+        output = self._output
+        if output is not None:
+            output.send(message)
 
     async def _writer(self, outbox: Outbox, stop: anyio.CancelScope) -> None:
         try:
@@ -204,10 +171,10 @@ class Server:
             return
         self._stalled = True
         log.warning("%s (--write-timeout); cancelling its requests and closing it", why)
-        with self.scheduler.lock:
-            active = self.active
-            if active is not None:
-                active.cancel.set()
+        lane = self._lane
+        running = None if lane is None else lane.running
+        if lane is not None and running is not None:
+            self.scheduler.cancel(lane, running.id)
         self._read_scope.cancel()
 
     async def serve(
@@ -215,9 +182,18 @@ class Server:
     ) -> int:
         """Serve until shutdown, end of input or framing loss; return the exit code."""
         outbox = self._outbox = Outbox(send, max_outgoing=self.max_outgoing, write_timeout=self.write_timeout)
+        self._output = JobOutput(
+            outbox,
+            self.wire,
+            self.scheduler,
+            self._inflight,
+            max_frame_size=self.max_frame_size,
+            write_timeout=self.write_timeout,
+            on_stalled=self._close_stalled,
+        )
         reader = FrameReader(receive, max_frame_size=self.max_frame_size, frame_timeout=self.frame_timeout)
         code = EXIT_OK
-        self.scheduler.attach(self)
+        self._lane = lane = self.scheduler.attach(self._output)
         if ready is not None:  # the engine thread runs, and the reader starts just below
             self.send(ready)
         try:
@@ -244,7 +220,7 @@ class Server:
                             await self._writer_done.wait()
                         tg.cancel_scope.cancel()
         finally:
-            self.scheduler.detach(self)
+            self.scheduler.detach(lane)
             if self._owns_scheduler:
                 self.scheduler.close()
             with anyio.CancelScope(shield=True):
@@ -254,42 +230,31 @@ class Server:
 
     async def _stop_jobs(self) -> None:
         """End every request with a terminal frame; give the running one a grace period."""
-        with self.scheduler.lock:
-            for job in list(self.queue.values()):
-                del self.queue[job.id]
-                self._finish(job, shutting_down(job))
-            active = self.active
-            idle = None
-            if active is not None:
-                active.cancel_code = "shutting_down"
-                active.cancel.set()
-                idle = self._idle_waiter = anyio.Event()
+        assert self._lane is not None and self._output is not None
+        idle = self.scheduler.stop_all(self._lane)
         if idle is not None:
             with anyio.move_on_after(self.shutdown_grace):
                 await idle.wait()
         with self.scheduler.lock:
             for job in list(self._inflight.values()):
-                self._finish(job, shutting_down(job))
+                self._output.finish(job, shutting_down(job))
 
     async def _wait_idle(self) -> None:
         """Until no job of this connection is queued or running."""
-        while True:
-            with self.scheduler.lock:
-                if not self.queue and self.active is None:
-                    return
-                idle = self._idle_waiter = anyio.Event()
+        assert self._lane is not None
+        while (idle := self.scheduler.until_idle(self._lane)) is not None:
             await idle.wait()
 
     async def _read_loop(self, reader: FrameReader, outbox: Outbox) -> int:
         shutdown: list[Shutdown] = []
 
         def on_frame(body: memoryview) -> bool:
-            """Handle one request frame; True stops the pump (a shutdown, or too much unwritten)."""
+            """Handle one request frame; True stops the pump (a shutdown, too much unwritten, a wait)."""
             message = self._on_frame(body)
             if isinstance(message, Shutdown):
                 shutdown.append(message)
                 return True
-            return len(outbox) >= self.max_outgoing or self._pending_voice is not None
+            return len(outbox) >= self.max_outgoing or self._pending_voice is not None or self._awaiting_answer
 
         while True:
             while len(outbox) >= self.max_outgoing:
@@ -316,6 +281,9 @@ class Server:
             if self._pending_voice is not None:
                 await self._register_voice(self._pending_voice)
                 self._pending_voice = None
+            if self._awaiting_answer:
+                await self._wait_idle()
+                self._awaiting_answer = False
             if shutdown:
                 self._shutdown_requested = True
                 await self._stop_jobs()
@@ -341,11 +309,10 @@ class Server:
     def _on_frame(self, body: memoryview) -> Union[Shutdown, None]:
         """Decode and dispatch one request; a ``shutdown`` is returned for the read loop to carry out."""
         try:
-            message = protocol.decode_request(body)
-        except (msgspec.MsgspecError, RecursionError) as exc:
-            # RecursionError: nested deeper than msgspec can follow. One bad message
-            # costs that message only, never the connection.
-            self._reject(protocol.describe_invalid(body, exc))
+            message = self.wire.decode(body)
+        except InvalidRequest as exc:
+            # One bad message costs that message only, never the connection.
+            self._reject(exc.error)
             return None
         if message.id in self._inflight:
             # Checked first, for every op: a ping, cancel or shutdown reusing a live
@@ -375,14 +342,11 @@ class Server:
         except Exception as exc:  # a bug (in the sidecar, or an engine's check()) costs this request only
             log.exception("internal error dispatching request %d", message.id)
             error = Error(code="internal", id=message.id, message=f"{type(exc).__name__}: {exc}")
-            with self.scheduler.lock:
-                job = self._inflight.get(message.id)
-                if job is None:
-                    self.send(error)
-                elif self.queue.pop(message.id, None) is not None:
-                    self._finish(job, error)
-                else:  # the engine thread took it already: it ends as cancelled, in order
-                    job.cancel.set()
+            if message.id not in self._inflight:
+                self.send(error)
+            else:  # a waiting job ends with the error; one the engine thread took ends as cancelled, in order
+                assert self._lane is not None
+                self.scheduler.cancel(self._lane, message.id, reason=error)
         return None
 
     # ----------------------------------------------------------- dispatch
@@ -394,205 +358,82 @@ class Server:
         self.send(error)
 
     def _dispatch(self, message: protocol.Request) -> None:
-        if isinstance(message, Ping):
-            self.send(self._pong(message.id))
-            return
-        if isinstance(message, Cancel):
-            found = self._cancel(message.target)
-            self.send(Ok(id=message.id, info={"found": found}))
-            return
-        if isinstance(message, protocol.Voices):
-            self.send(_voices_reply(self.engine, message.id))
-            return
-        if isinstance(message, RegisterVoice):
-            if self.voices is None:
-                self.send(
-                    Error(
-                        code="invalid_input",
-                        id=message.id,
-                        message="this sidecar stores no voices: start it with --voice-dir",
-                        detail={"field": "$.audio"},
+        """Answer ``message`` at once (ping, cancel, voices), or queue its job."""
+        assert self._lane is not None
+        match message:
+            case Ping(id=request_id):
+                self.send(self._pong(request_id))
+            case Cancel(id=request_id, target=target):
+                found = self.scheduler.cancel(self._lane, target)
+                self.send(Ok(id=request_id, info={"found": found}))
+            case Voices(id=request_id):
+                self.send(_voices_reply(self.engine, request_id))
+            case RegisterVoice():
+                if self.voices is None:
+                    self.send(
+                        Error(
+                            code="invalid_input",
+                            id=message.id,
+                            message="this sidecar stores no voices: start it with --voice-dir",
+                            detail={"field": "$.audio"},
+                        )
                     )
-                )
-                return
-            # Decoding the clip takes up to a second: the read loop does it in a worker
-            # thread, and reads this connection's next frame once it is answered.
-            self._pending_voice = message
+                    return
+                # Decoding the clip takes up to a second: the read loop does it in a worker
+                # thread, and reads this connection's next frame once it is answered.
+                self._pending_voice = message
+            case Synthesize():
+                try:
+                    request = validate_synthesis(self.engine, message, self.limits, self.voices)
+                except EngineError as exc:
+                    self.send(error_for(message.id, exc))
+                    return
+                self._queue(Job(message.id, "synthesize", request, progress_wanted=message.progress))
+            case Load(id=request_id):
+                self._queue(Job(request_id, "load"))
+            case Unload(id=request_id):
+                self._queue(Job(request_id, "unload"))
+            case Shutdown():  # pragma: no cover - _on_frame hands it to the read loop
+                raise AssertionError(message)
+
+    def _queue(self, job: Job) -> None:
+        """Queue ``job`` on this connection's lane, or answer ``busy``."""
+        assert self._lane is not None
+        # Live before it is queued: the engine thread may end it at once.
+        self._inflight[job.id] = job
+        depth = self.scheduler.enqueue(self._lane, job, self.max_queue)
+        if depth is None:
+            if self.wire.one_at_a_time:
+                self._awaiting_answer = True
             return
-        job: Job
-        if isinstance(message, Synthesize):
-            try:
-                job = Job(message.id, "synthesize", self._synthesis_request(message), quiet=not message.progress)
-            except EngineError as exc:
-                self.send(error_for(message.id, exc))
-                return
-        elif isinstance(message, (Load, Unload)):
-            job = Job(message.id, message.__struct_config__.tag)  # type: ignore[arg-type]
-        else:  # pragma: no cover - the union is exhausted above
-            raise AssertionError(message)
-        with self.scheduler.lock:
-            if len(self.queue) < self.max_queue:
-                self._inflight[job.id] = job
-                self.queue[job.id] = job
-                self.scheduler.notify()
-                return
-            depth = len(self.queue)
+        del self._inflight[job.id]
         self.send(
             Error(
                 code="busy",
-                id=message.id,
+                id=job.id,
                 retryable=True,
                 message=f"the request queue is full ({self.max_queue} waiting); retry later",
                 detail={"queue_depth": depth},
             )
         )
 
-    def _synthesis_request(self, message: Synthesize) -> SynthesisRequest[Any]:
-        engine = self.engine
-        try:
-            options = msgspec.convert(message.options, engine.RequestOptions)
-        except msgspec.ValidationError as exc:
-            text = str(exc)
-            code = "unknown_option" if "unknown field" in text else "invalid_option"
-            raise EngineError(f"options: {text}", code=code, field=protocol.field_of(exc, "$.options")) from None
-        if len(message.text) > self.max_text:
-            raise EngineError(
-                f"text of {len(message.text)} characters is longer than the limit of {self.max_text} (--max-text)",
-                code="invalid_input",
-                field="$.text",
-            )
-        if message.sample_rate is not None and not 1000 <= message.sample_rate <= 384000:
-            raise EngineError(
-                f"sample_rate {message.sample_rate} is outside 1000..384000 Hz",
-                code="invalid_option",
-                field="$.sample_rate",
-            )
-        voice = message.voice
-        if voice is not None and voice.startswith(REGISTERED_PREFIX):
-            voice = self._registered(voice, "$.voice")
-        elif voice is not None and engine.reads_paths and not self.path_voices:
-            raise RequestError(_UPLOADS_ONLY, field="$.voice")
-        if isinstance(message.emotion, EmotionAudio):
-            if message.emotion.path.startswith(REGISTERED_PREFIX):
-                path = self._registered(message.emotion.path, "$.emotion.path")
-                message.emotion = EmotionAudio(path=path, alpha=message.emotion.alpha)
-            elif engine.reads_paths and not self.path_voices:
-                raise RequestError(_UPLOADS_ONLY, field="$.emotion.path")
-        if engine.reads_paths:
-            if voice is not None:
-                self.paths.check(voice, "$.voice", "voice reference")
-            if isinstance(message.emotion, EmotionAudio):
-                self.paths.check(message.emotion.path, "$.emotion.path", "emotion reference")
-        request = SynthesisRequest(
-            id=message.id,
-            text=message.text,
-            voice=voice,
-            emotion=message.emotion,
-            options=options,
-            sample_rate=message.sample_rate,
-        )
-        engine.check(request)
-        return request
-
-    def _registered(self, value: str, field: str) -> str:
-        if self.voices is None:
-            raise RequestError(f"{value!r} names a registered voice, but this sidecar has no --voice-dir", field=field)
-        return self.voices.resolve(value, field)
-
-    def _cancel(self, target: int) -> bool:
-        with self.scheduler.lock:
-            job = self.queue.pop(target, None)
-            if job is not None:
-                self._finish(job, Error(code="cancelled", id=target, message="cancelled while queued"))
-                return True
-            active = self.active
-            if active is not None and active.id == target and not active.finished:
-                active.cancel.set()
-                return True
-        return False
-
     def _pong(self, request_id: int) -> Pong:
+        assert self._lane is not None
         memory = {"rss": _statm.rss()}
         try:
             memory.update(self.engine.memory())
         except Exception as exc:  # a broken memory report must not break health checks
             log.warning("engine memory report failed: %s", exc)
-        active = self.active
+        running = self._lane.running
         return Pong(
             id=request_id,
             loaded=self.engine.loaded,
-            queue_depth=len(self.queue),
-            active=None if active is None else active.id,
+            queue_depth=self._lane.depth,
+            active=None if running is None else running.id,
             memory=memory,
             uptime=round(time.monotonic() - self.scheduler.started, 3),
             dropped_options=list(self.engine.dropped_options),
         )
-
-    # ------------------------------------------------------------- worker
-
-    def run_job(self, job: Job) -> None:
-        """Run one of this connection's jobs; on the engine thread (called by the scheduler)."""
-        job.started = time.monotonic()
-        try:
-            terminal = execute(self.engine, job, self)
-        except Exception as exc:  # a bug here must still end the request
-            log.exception("internal error running request %d", job.id)
-            terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
-        with self.scheduler.lock:
-            self.active = None
-            self._finish(job, terminal)
-            idle, self._idle_waiter = self._idle_waiter, None
-        if idle is not None and self._outbox is not None:
-            self._outbox.post(idle.set)
-
-    # ------------------------------------------------- a running job's output
-
-    def audio(self, job: Job, parts: tuple[bytes, memoryview]) -> bool:
-        """An audio frame of a running job: written at once when no frame waits before it;
-        otherwise queued once one of the outbox's audio slots is free (a slow parent).  A job
-        that has its terminal frame already (shutdown) drops it.  False: cancelled meanwhile.
-        """
-        outbox = self._outbox
-        if job.quiet:
-            job.last_frame = time.monotonic()
-        with self.scheduler.lock:
-            if outbox is None or job.finished or outbox.put_if_free(parts):
-                return True
-        since = time.monotonic()
-        limit = self.write_timeout
-        while not outbox.audio_slots.acquire(timeout=0.05):
-            if job.cancel.is_set():
-                return False
-            if limit is not None and outbox.stalled_for(since) > limit:
-                # Never wait on for a connection that takes nothing: the others wait on this thread.
-                job.cancel.set()
-                why = f"a connection took no reply bytes for {limit:g} s"
-                outbox.post(self._close_stalled, why)
-                return False
-        with self.scheduler.lock:
-            if not job.finished:
-                outbox.put(parts, audio=True)
-                return True
-        outbox.audio_slots.release()
-        return True
-
-    def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
-        """A progress frame of a running job; from the engine thread or a heartbeat thread."""
-        with self.scheduler.lock:
-            if job.finished:
-                return
-            send = not job.quiet
-            if not send and (now := time.monotonic()) - job.last_frame >= protocol.QUIET_PROGRESS_INTERVAL:
-                job.last_frame = now  # a sign of life after a quiet spell
-                send = True
-            if send:
-                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
-            if stage == "load":
-                # Every request queued behind this one, on any connection, waits on the same load.
-                for server in self.scheduler.servers:
-                    for waiting in server.queue.values():
-                        if waiting.kind == "synthesize":
-                            server.send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
 
 def _voices_reply(engine: Engine[Any, Any], request_id: int) -> protocol.Reply:

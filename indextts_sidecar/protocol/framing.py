@@ -13,7 +13,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from indextts_sidecar import protocol
 
-from .streams import loop_clock
+from .streams import ReadinessCallback, ReceiveInto, VectoredSend, loop_clock
 
 __all__ = ["FrameReader", "FrameSplitter", "FrameTooLarge", "FrameWriter", "FramingError", "TruncatedFrame"]
 
@@ -165,6 +165,9 @@ class FrameReader:
         frame_timeout: Union[float, None] = None,
     ) -> None:
         self._stream = stream
+        #: The stream's faster ways in, where it declares them (see .streams).
+        self._into: Union[ReceiveInto, None] = stream if isinstance(stream, ReceiveInto) else None
+        self._readiness: Union[ReadinessCallback, None] = stream if isinstance(stream, ReadinessCallback) else None
         self._splitter = FrameSplitter(max_frame_size)
         self._timeout = math.inf if frame_timeout is None else frame_timeout
         #: Complete frames not yet handed out.
@@ -210,10 +213,9 @@ class FrameReader:
         """One read from the stream into the splitter; False at the end of the stream."""
         frames: list[memoryview] = []
         into = self._splitter.pending_into()
-        receive_into = getattr(self._stream, "receive_into", None)
         try:
-            if into is not None and receive_into is not None:
-                self._splitter.filled(await receive_into(into), frames)
+            if into is not None and self._into is not None:
+                self._splitter.filled(await self._into.receive_into(into), frames)
             else:
                 self._feed(await self._stream.receive(), frames)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -271,16 +273,15 @@ class FrameReader:
                 return True
         if self._failed is not None:
             raise self._failed
-        watch = getattr(self._stream, "when_readable", None)
-        fileno = getattr(self._stream, "fileno", None)
-        if watch is None or fileno is None:
+        readiness = self._readiness
+        if readiness is None:
             while True:
                 body = await self.receive()
                 if body is None:
                     return False
                 if on_frame(body):
                     return True
-        fd: int = fileno()
+        fd = readiness.fileno()
         splitter = self._splitter
         outcome: list[bool] = []
 
@@ -329,7 +330,7 @@ class FrameReader:
             return self._deadline()
 
         try:
-            await watch(readable, self._deadline())
+            await readiness.when_readable(readable, self._deadline())
         except TimeoutError:
             raise self._truncated(f"stalled for {self._timeout:g} s") from None
         return outcome[0] if outcome else False
@@ -344,15 +345,15 @@ class FrameWriter:
 
     def __init__(self, stream: ByteSendStream) -> None:
         self._stream = stream
+        self._vectored: Union[VectoredSend, None] = stream if isinstance(stream, VectoredSend) else None
 
     async def send(self, message: Union[protocol.Request, protocol.Reply]) -> None:
         await self._stream.send(protocol.frame(message))
 
     async def send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> None:
         """Write ``parts`` back to back: with one ``writev`` where the stream offers it."""
-        send_parts = getattr(self._stream, "send_parts", None)
-        if send_parts is not None:
-            await send_parts(parts)
+        if self._vectored is not None:
+            await self._vectored.send_parts(parts)
             return
         for part in parts:
             # anyio's byte streams take any bytes-like object; only the annotation says bytes.

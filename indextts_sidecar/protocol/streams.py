@@ -1,8 +1,16 @@
-"""Non-blocking anyio byte streams over the private frame pipes.
+"""Non-blocking anyio byte streams over the private frame pipes, and the features they declare.
 
 Reading ``sys.stdin.buffer`` from a worker thread cannot be cancelled, and a buffered
 file object blocks until its buffer fills, so the sidecar reads and writes the raw
 file descriptors without blocking and waits for readiness on the event loop.
+
+Beyond anyio's ``ByteReceiveStream`` and ``ByteSendStream`` these streams offer faster
+ways in and out.  Each is a :class:`typing.Protocol` below (:class:`NonBlockingSend`,
+:class:`VectoredSend`, :class:`ReceiveInto`, :class:`ReadinessCallback`), checked once
+where a stream is wrapped (``isinstance``: the :class:`~.framing.FrameReader`,
+:class:`~.framing.FrameWriter` and the sidecar's outbox), so that any stream (a socket, a
+TLS stream, a test's) works with anyio's methods alone and the code that uses a feature
+is typed against it.
 """
 
 from __future__ import annotations
@@ -12,18 +20,65 @@ import math
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, Union
+from typing import Protocol, TypeVar, Union, runtime_checkable
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
-__all__ = ["FdReceiveStream", "FdSendStream", "loop_clock"]
+__all__ = [
+    "FdReceiveStream",
+    "FdSendStream",
+    "NonBlockingSend",
+    "ReadinessCallback",
+    "ReceiveInto",
+    "VectoredSend",
+    "loop_clock",
+]
 
 _IOV_MAX = 512
 
 
 T = TypeVar("T")
+_Parts = Sequence[Union[bytes, memoryview]]
+
+
+@runtime_checkable
+class NonBlockingSend(Protocol):
+    """A send stream that writes what fits now, from any thread, without waiting (a pipe)."""
+
+    def try_send(self, item: Union[bytes, memoryview]) -> int:
+        """Bytes of ``item`` written now (0: full); raises anyio's Closed/BrokenResourceError."""
+        ...
+
+    def try_send_parts(self, parts: _Parts) -> int:
+        """Bytes of ``parts`` written now, with one gathered write; raises as :meth:`try_send`."""
+        ...
+
+
+@runtime_checkable
+class VectoredSend(Protocol):
+    """A send stream that writes several buffers back to back without joining them first."""
+
+    async def send_parts(self, parts: _Parts) -> None: ...
+
+
+@runtime_checkable
+class ReceiveInto(Protocol):
+    """A receive stream that reads straight into a caller's buffer."""
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        """Bytes read into ``buffer``; raises ``anyio.EndOfStream`` at the end."""
+        ...
+
+
+@runtime_checkable
+class ReadinessCallback(Protocol):
+    """A receive stream over a descriptor, calling back on each readiness (:meth:`FdReceiveStream.when_readable`)."""
+
+    def fileno(self) -> int: ...
+
+    async def when_readable(self, callback: Callable[[], Union[float, None]], deadline: float = math.inf) -> None: ...
 
 
 def loop_clock() -> Callable[[], float]:
