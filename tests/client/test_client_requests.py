@@ -138,7 +138,8 @@ async def test_request_events_then_result() -> None:
     progress = [e for e in events if isinstance(e, ProgressEvent)]
     chunks = [e for e in events if isinstance(e, AudioChunk)]
     assert {e.request_id for e in progress} == {req.request_id}
-    assert [e.stage for e in progress if e.stage != "load"] == ["synthesize"] * len(chunks)
+    # "started" the moment the engine took it (the load, if any, follows), then one per chunk.
+    assert [e.stage for e in progress if e.stage != "load"] == ["started"] + ["synthesize"] * len(chunks)
     fractions = [e.fraction for e in progress if e.stage == "synthesize"]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert b"".join(c.samples.tobytes() for c in chunks) == expected(text)
@@ -159,10 +160,10 @@ async def test_progress_callbacks_sync_and_async() -> None:
             first = await client.synthesize("abc", on_progress=seen_sync.append, chunk_seconds=0.01)
             second = await client.synthesize("abcd", on_progress=async_callback, chunk_seconds=0.01)
     # The first request loaded the model: its load progress came to it.
-    assert [e.stage for e in seen_sync if e.stage == "load"] == ["load"] * 11
+    assert [e.stage for e in seen_sync if e.stage != "synthesize"] == ["started"] + ["load"] * 11
     assert [e.fraction for e in seen_sync if e.stage == "synthesize"] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert {e.request_id for e in seen_sync} == {first.request_id}
-    assert [e.stage for e in seen_async] == ["synthesize"] * 4
+    assert [e.stage for e in seen_async] == ["started"] + ["synthesize"] * 4
     assert {e.request_id for e in seen_async} == {second.request_id}
 
 
