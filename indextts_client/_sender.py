@@ -9,6 +9,8 @@ from typing import Union
 import anyio
 from anyio.abc import ByteSendStream
 
+from indextts_sidecar.protocol.streams import NonBlockingSend
+
 from ._exchange import Exchange
 
 __all__ = ["FrameSender"]
@@ -26,7 +28,10 @@ class FrameSender:
 
     def __init__(self, stream: ByteSendStream, frame_timeout: Union[float, None]) -> None:
         self.stream = stream
-        self._try_send: Union[Callable[[bytes], int], None] = getattr(stream, "try_send", None)
+        #: Where the stream declares a non-blocking write (a pipe), checked once, here.
+        self._try_send: Union[Callable[[bytes], int], None] = (
+            stream.try_send if isinstance(stream, NonBlockingSend) else None
+        )
         self._limit = math.inf if frame_timeout is None else frame_timeout
         self._lock = anyio.Lock()
         #: The event loop's clock (the connection sets it once running).

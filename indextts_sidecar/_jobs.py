@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from . import protocol
 from .engines import Cancelled, Engine, EngineError, SynthesisRequest
 from .protocol import Done, Error, Ok, Progress
+from .protocol.defaults import STAGE_STARTED
 
 if TYPE_CHECKING:
     from ._outbox import Outbox
@@ -226,6 +227,10 @@ def execute(engine: Engine[Any, Any], job: Job, out: JobOutput) -> protocol.Repl
     cancelled = job.cancel.is_set
     timings: dict[str, float] = {"queued": job.started - job.enqueued}
     try:
+        if job.kind == "synthesize" and job.progress_wanted:
+            # The queue wait is over: the parent may say so before any audio.  Never a sign of
+            # life for a request that asked for no progress (synthesize()'s fast path).
+            progress(STAGE_STARTED)
         if job.kind == "unload":
             engine.unload()
             return Ok(id=job.id, info={"loaded": engine.loaded})

@@ -33,6 +33,7 @@ from typing import Any, Union
 
 import prometheus_client
 
+from indextts_sidecar.protocol.defaults import STAGE_STARTED
 from indextts_sidecar.protocol.segments import segment_span
 
 from .._stream_text import SentenceEnd
@@ -43,7 +44,7 @@ __all__ = ["STARTED", "Clock", "LatencyMetrics"]
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATIO = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 #: The progress stage that says the engine took the request off the sidecar's queue.
-STARTED = "started"
+STARTED = STAGE_STARTED
 #: The sidecar's phases that become ``indextts_sidecar_phase_seconds`` (``done.timings`` keys).
 PHASES = ("queued", "load", "synthesis")
 #: An engine's stage names (``done.facts["stages"]``: IndexTTS's ``gpt_gen``, ``gpt_forward``,
