@@ -18,6 +18,13 @@ from typing import TYPE_CHECKING, Any, Union
 import msgspec
 
 from . import protocol
+from ._defaults import (
+    DEFAULT_FRAME_TIMEOUT,
+    DEFAULT_MAX_OUTGOING,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_TEXT,
+    DEFAULT_MAX_VOICE_BYTES,
+)
 from ._version import __version__
 from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
@@ -62,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         help="engine option; VALUE is read as JSON when it parses, else as a string (repeatable)",
     )
     parser.add_argument(
-        "--max-queue", type=int, default=64, help="requests waiting for the engine before 'busy' (default 64)"
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help=f"requests waiting for the engine before 'busy' (default {DEFAULT_MAX_QUEUE})",
     )
     parser.add_argument(
         "--max-frame-size",
@@ -81,8 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--frame-timeout",
         type=float,
-        default=10.0,
-        help="seconds a started frame may take to arrive in full before framing counts as lost (default 10)",
+        default=DEFAULT_FRAME_TIMEOUT,
+        help="seconds a started frame may take to arrive in full before framing counts as lost "
+        f"(default {DEFAULT_FRAME_TIMEOUT:g})",
     )
     parser.add_argument(
         "--shared-audio-fd",
@@ -91,16 +102,33 @@ def _parser() -> argparse.ArgumentParser:
         help=argparse.SUPPRESS,  # from older clients: the descriptor is closed, audio uses the pipe
     )
     parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
+    )
+    _add_limit_arguments(parser)
+    _add_socket_arguments(parser)
+    _add_other_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
+    return parser
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request, and the parent's unread replies, may take."""
+    parser.add_argument(
         "--max-text",
         type=int,
-        default=100_000,
-        help="longest request text in characters; longer ones get invalid_input (default 100000)",
+        default=DEFAULT_MAX_TEXT,
+        help=f"longest request text in characters; longer ones get invalid_input (default {DEFAULT_MAX_TEXT})",
     )
     parser.add_argument(
         "--max-outgoing",
         type=int,
-        default=1024,
-        help="replies queued for a parent that does not read them before requests stop being read (default 1024)",
+        default=DEFAULT_MAX_OUTGOING,
+        help="replies queued for a parent that does not read them before requests stop being read "
+        f"(default {DEFAULT_MAX_OUTGOING})",
     )
     parser.add_argument(
         "--voice-dir",
@@ -113,20 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-voice-bytes",
         type=int,
-        default=10 * 1024 * 1024,
-        help="largest voice or emotion reference file, named or registered, in bytes (default 10 MiB)",
+        default=DEFAULT_MAX_VOICE_BYTES,
+        help="largest voice or emotion reference file, named or registered, in bytes "
+        f"(default {DEFAULT_MAX_VOICE_BYTES // 2**20} MiB)",
     )
-    parser.add_argument(
-        "--parent-pid",
-        type=int,
-        default=None,
-        metavar="PID",
-        help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
-    )
-    _add_socket_arguments(parser)
-    _add_other_arguments(parser)
-    parser.add_argument("--version", action="version", version=f"indextts-sidecar {__version__}")
-    return parser
 
 
 def _add_socket_arguments(parser: argparse.ArgumentParser) -> None:

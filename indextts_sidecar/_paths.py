@@ -13,12 +13,13 @@ import os
 import stat
 from collections.abc import Iterable
 
+from ._defaults import DEFAULT_MAX_VOICE_BYTES
 from .engines import RequestError
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "PathPolicy"]
 
 #: Largest file a request may name (``--max-voice-bytes``): reference clips are seconds long.
-DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_FILE_BYTES = DEFAULT_MAX_VOICE_BYTES
 #: Pseudo-filesystems whose "regular files" are not data (``/proc/self/mem``...).
 _SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 

@@ -29,11 +29,12 @@ import anyio.to_thread
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from . import protocol
+from ._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_OUTGOING, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TEXT
 from ._jobs import Job, JobOutput, error_for, shutting_down
 from ._outbox import Outbox, WriteStalled
 from ._paths import PathPolicy
 from ._scheduler import Lane, Scheduler
-from ._validate import DEFAULT_MAX_TEXT, RequestLimits, validate_synthesis
+from ._validate import RequestLimits, validate_synthesis
 from ._wire import InvalidRequest, MsgpackWire, Wire
 from .engines import Engine, EngineError
 from .protocol import Cancel, Error, Load, Ok, Ping, Pong, RegisterVoice, Shutdown, Synthesize, Unload, Voices
@@ -50,9 +51,6 @@ log = logging.getLogger("indextts_sidecar")
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FRAMING = 3
-
-#: Frames queued for the parent past which the reader stops reading requests (``--max-outgoing``).
-DEFAULT_MAX_OUTGOING = 1024
 
 
 class _Statm:
@@ -89,9 +87,9 @@ class Server:
         self,
         engine: Engine[Any, Any],
         *,
-        max_queue: int = 64,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
-        frame_timeout: Union[float, None] = 10.0,
+        frame_timeout: Union[float, None] = DEFAULT_FRAME_TIMEOUT,
         shutdown_grace: float = 0.5,
         max_text: int = DEFAULT_MAX_TEXT,
         max_outgoing: int = DEFAULT_MAX_OUTGOING,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Union
 import msgspec
 
 from . import protocol
+from ._defaults import DEFAULT_MAX_TEXT
 from ._paths import PathPolicy
 from .engines import Engine, EngineError, RequestError, SynthesisRequest
 from .protocol import REGISTERED_PREFIX, EmotionAudio, Synthesize
@@ -24,7 +25,6 @@ if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores vo
 __all__ = ["DEFAULT_MAX_TEXT", "RequestLimits", "validate_synthesis"]
 
 #: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
-DEFAULT_MAX_TEXT = 100_000
 #: Output rates a request may ask for, in Hz.
 MIN_SAMPLE_RATE = 1000
 MAX_SAMPLE_RATE = 384000
