@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import wave
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-import anyio
 import httpx
 import pytest
 from http_support import AUTH, KEY, TIMEOUT, Server, server
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
+from ws_support import WAIT, Socket, session
 
 from indextts_sidecar.engines.fake import render, render_bytes
 from indextts_sidecar.protocol import EMOTION_NAMES
@@ -29,8 +28,6 @@ from indextts_sidecar.protocol import EMOTION_NAMES
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 ZERO = dict.fromkeys(EMOTION_NAMES, 0.0)
-#: Seconds any one wait may take before the test fails (the server answers in milliseconds).
-WAIT = 30.0
 
 
 @pytest.fixture
@@ -49,45 +46,6 @@ def srv(voice_dir: Path) -> Iterator[Server]:
         yield running
 
 
-class Socket:
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-
-    async def send(self, type: str, **fields: Any) -> None:
-        await self.ws.send(json.dumps({"type": type, **fields}))
-
-    async def next(self) -> Union[dict[str, Any], tuple[str, bytes]]:
-        with anyio.fail_after(WAIT):
-            message = await self.ws.recv()
-        if isinstance(message, bytes):
-            n = message[0]
-            return message[1 : 1 + n].decode("ascii"), message[1 + n :]
-        event: dict[str, Any] = json.loads(message)
-        return event
-
-    async def until_end(self, context: str) -> list[Any]:
-        """Every message up to ``context``'s ``context.done`` or ``error``."""
-        got = []
-        while True:
-            item = await self.next()
-            got.append(item)
-            if (
-                isinstance(item, dict)
-                and item["type"] in ("context.done", "error")
-                and item.get("context_id") == context
-            ):
-                return got
-
-
-@asynccontextmanager
-async def session(s: Server) -> AsyncIterator[Socket]:
-    url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
-    async with connect(url, additional_headers=AUTH, open_timeout=WAIT) as ws:
-        sock = Socket(ws)
-        assert (await sock.next())["type"] == "session.ready"
-        yield sock
-
-
 async def speak(s: Server, record: Path, text: str = "Hello there.", **settings: Any) -> list[Any]:
     """One context with ``settings`` speaks ``text``; the engine records what it received."""
     options = {**settings.pop("options", {}), "record": str(record)}
@@ -95,7 +53,7 @@ async def speak(s: Server, record: Path, text: str = "Hello there.", **settings:
         await ws.send("context.config", context_id="c", options=options, **settings)
         await ws.send("input.text", context_id="c", text=text)
         await ws.send("input.done", context_id="c")
-        return await ws.until_end("c")
+        return await ws.until_done("c")
 
 
 def audio_of(messages: list[Any]) -> bytes:
@@ -134,7 +92,7 @@ async def test_the_session_gives_emotion_to_contexts_opened_later(srv: Server, t
         await ws.send("context.config", context_id="x", options={"record": str(record)})
         await ws.send("input.text", context_id="x", text="Rain again.")
         await ws.send("input.done", context_id="x")
-        messages = await ws.until_end("x")
+        messages = await ws.until_done("x")
     assert messages[-1] == {"type": "context.done", "context_id": "x"}
     assert received(record)["emotion"] == {"kind": "vector", **ZERO, "sad": 0.5, "alpha": 0.75}
 
@@ -186,7 +144,7 @@ async def test_refused_emotion_is_an_error_event_and_the_connection_goes_on(
         await ws.send("context.config", context_id="good", options={"record": str(record)})
         await ws.send("input.text", context_id="good", text="Still here.")
         await ws.send("input.done", context_id="good")
-        messages = await ws.until_end("good")
+        messages = await ws.until_done("good")
     assert messages[-1] == {"type": "context.done", "context_id": "good"}
     assert received(record)["emotion"] is None  # the refused context reached no engine
 
@@ -317,6 +275,6 @@ async def test_an_engine_without_the_capability_refuses_that_emotion() -> None:
                 }
             await ws.send("input.text", context_id="e", text="Plain speech.")
             await ws.send("input.done", context_id="e")
-            messages = await ws.until_end("e")
+            messages = await ws.until_done("e")
     assert messages[-1] == {"type": "context.done", "context_id": "e"}
     assert len(audio_of(messages)) > 0
