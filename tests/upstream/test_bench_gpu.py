@@ -75,6 +75,7 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         for text in ("short", "medium", "long")
     }
     assert keys == expected and len(by_kind["throughput"]) == len(expected)
+    reached: set[str] = set()
     for cell in by_kind["throughput"]:
         if cell["precision"] != "fp32":
             assert cell["status"] == "skipped" and "off on the CPU" in cell["reason"]
@@ -82,16 +83,21 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
             assert cell["status"] == "skipped" and "CUDA" in cell["reason"]
         else:
             assert cell["status"] == "ok", cell
-            # Random weights run to the budget: the audio is the text's natural length (one segment).
-            # (--small asks for a tenth of it: config["scale"]).
+            # The budget is the text's natural length (one segment; --small asks for a tenth of it,
+            # config["scale"]): the audio never exceeds it.  Random weights run to it unless they
+            # sample the stop token first (once in a CI run here: 1.00 s of 1.43), so each model must reach
+            # it on at least one of its three texts, below.
             natural = config["texts"][cell["text"]]["natural_seconds"] * config["scale"]
             assert config["scale"] == 0.1
-            assert cell["audio_seconds"]["min"] == pytest.approx(natural, rel=0.15, abs=0.05), cell
+            assert 0 < cell["audio_seconds"]["max"] <= natural * 1.15 + 0.05, cell
+            if cell["audio_seconds"]["min"] == pytest.approx(natural, rel=0.15, abs=0.05):
+                reached.add(cell["model"])
             assert cell["audio_per_second"]["median"] > 0
             assert {"gpt", "s2mel", "vocoder", "total"} <= set(cell["stages"]), cell["stages"]
             assert cell["stages"]["total"]["median"] > 0
             assert cell["memory"]["rss"] > 0
 
+    assert reached == {"2", "2.5"}, "no text of a model ran to its token budget"
     for model in ("2", "2.5"):
         (stream,) = [c for c in by_kind["stream"] if c["model"] == model]
         assert stream["status"] == "ok" and stream["segments"] >= 2
