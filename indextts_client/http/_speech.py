@@ -158,7 +158,7 @@ class SpeechRoute:
             voice=job.voice,
             emotion=job.emotion,
             sample_rate=job.rate,
-            on_progress=clock.progress,  # the engine's start and the segments' spans
+            on_progress=clock.progress,  # the engine's start
             **job.options,
         )
         try:
@@ -205,8 +205,7 @@ class SpeechRoute:
             segments = _Segments(job.request.input)
             while chunk is not None:
                 if sse:
-                    # clock.span is this chunk's: the next chunk's progress is heard when it is read.
-                    yield segments.event(seq, at, chunk, arrived, clock.span)
+                    yield segments.event(seq, at, chunk, arrived, chunk.text_span)
                 data = await _encode(encoder, encoder.feed, chunk.samples)
                 if data:
                     sent += len(data)

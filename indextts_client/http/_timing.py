@@ -34,7 +34,6 @@ from typing import Any, Union
 import prometheus_client
 
 from indextts_sidecar.protocol.defaults import STAGE_STARTED
-from indextts_sidecar.protocol.segments import segment_span
 
 from .._stream_text import SentenceEnd
 from .._types import ProgressEvent
@@ -66,22 +65,15 @@ class Clock:
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
         self.engine_facts: dict[str, Any] = {}
-        #: The span of the request's text that the chunks from now on speak, as the engine
-        #: announced it (:mod:`indextts_sidecar.protocol.segments`); None where it names none.
-        self.span: Union[tuple[int, int], None] = None
         #: When a ``started`` progress said the engine took the request (the last one: a pool
-        #: may retry it elsewhere).  No sidecar sends it yet; once one does, the queue wait is
-        #: known with the first audio, and a streamed response's headers carry it.
+        #: may retry it elsewhere): the queue wait is then known with the first audio, and a
+        #: streamed response's headers carry it.
         self.engine_started: Union[float, None] = None
 
     def progress(self, event: ProgressEvent) -> None:
-        """The request's progress (its ``on_progress``): the engine's start, the segments' text spans."""
+        """The request's progress (its ``on_progress``): the engine's start."""
         if event.stage == STARTED:
             self.engine_started = time.perf_counter()
-        elif event.stage == "synthesize":
-            span = segment_span(event.message)
-            if span is not None:
-                self.span = span
 
     @classmethod
     def of_sentence(cls, end: SentenceEnd, rate: int, arrivals: Sequence[float]) -> Clock:

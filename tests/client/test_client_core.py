@@ -340,6 +340,31 @@ async def test_end_of_stream_fails_every_pending_request() -> None:
                     await conn.ping()
 
 
+async def test_a_chunks_span_is_the_last_announced_and_other_messages_keep_it() -> None:
+    async def peer(reader: FrameReader, writer: FrameWriter) -> None:
+        await writer.send(fake_ready())
+        request = await next_request(reader)
+        i = request.id
+
+        def mark(stage: str, message: str) -> protocol.Progress:
+            return protocol.Progress(id=i, stage=stage, message=message)
+
+        await writer.send(mark("synthesize", "text[0:5]"))
+        await writer.send(protocol.Audio(id=i, seq=0, sample_rate=RATE, pcm=pcm(1)))
+        await writer.send(mark("synthesize", "segment 2 ready"))  # a message that names no span
+        await writer.send(mark("prepare", "text[9:10]"))  # another stage: not a segment mark
+        await writer.send(protocol.Audio(id=i, seq=1, sample_rate=RATE, pcm=pcm(2)))
+        await writer.send(mark("synthesize", "text[5:12]"))
+        await writer.send(protocol.Audio(id=i, seq=2, sample_rate=RATE, pcm=pcm(3)))
+        await writer.send(protocol.Done(id=i, samples=3, chunks=3, sample_rate=RATE))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            stream = await scripted_peer(tg, peer)
+            async with Connection(stream, stream) as conn, conn.stream("spans") as chunks:
+                assert [chunk.text_span async for chunk in chunks] == [(0, 5), (0, 5), (5, 12)]
+
+
 async def test_a_stream_that_ends_inside_a_frame_is_a_crash_not_a_protocol_error() -> None:
     # A remote sidecar killed while writing a frame: its socket ends mid-frame.  Before, that was
     # a ProtocolError ("framing lost"), which Pool does not retry on another member.

@@ -52,15 +52,3 @@ def test_the_last_started_mark_counts_a_retry_elsewhere_restarts_the_wait(monkey
     assert clock.queue_wait == 1.0
     clock.progress(_event("started"))  # the pool's retry on another member
     assert clock.queue_wait == 3.5
-
-
-def test_spans_are_the_last_announced_and_other_messages_keep_them() -> None:
-    clock = Clock(time.perf_counter())
-    assert clock.span is None
-    clock.progress(_event("synthesize", "text[0:5]"))
-    assert clock.span == (0, 5)
-    clock.progress(_event("synthesize", "segment 2 ready"))  # a message that names no span
-    clock.progress(_event("prepare", "text[9:10]"))  # another stage: not a segment mark
-    assert clock.span == (0, 5)
-    clock.progress(_event("synthesize", "text[5:12]"))
-    assert clock.span == (5, 12)
