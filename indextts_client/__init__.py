@@ -23,7 +23,7 @@ import logging
 from indextts_sidecar import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
-from ._audio import Audio, AudioChunk
+from ._audio import Audio, AudioChunk, TextSegment
 from ._blocking import BlockingClient, BlockingStream
 from ._client import Client
 from ._connection import Connection
@@ -92,6 +92,7 @@ __all__ = [
     "StartError",
     "Synthesis",
     "TextFeed",
+    "TextSegment",
     "TextStream",
     "VersionMismatchError",
     "__version__",

@@ -19,7 +19,16 @@ import numpy.typing as npt
 
 from ._exceptions import ProtocolError
 
-__all__ = ["FORMATS", "SAMPLE_DTYPE", "Audio", "AudioAssembler", "AudioChunk", "format_for_path", "format_of"]
+__all__ = [
+    "FORMATS",
+    "SAMPLE_DTYPE",
+    "Audio",
+    "AudioAssembler",
+    "AudioChunk",
+    "TextSegment",
+    "format_for_path",
+    "format_of",
+]
 
 #: Little-endian int16: the wire format and the dtype of every ``samples`` array.
 SAMPLE_DTYPE = np.dtype("<i2")
@@ -42,6 +51,23 @@ class _HasSamples:
         return len(self.samples)
 
 
+@dataclass(frozen=True)
+class TextSegment:
+    """The text one of the engine's segments speaks, as the engine announced it.
+
+    ``text`` is the segment's words.  Where the engine cut its segments from the request's
+    text as it is (espeak: a sentence each; the fake engine), ``span`` gives their place in
+    it as ``(start, end)`` offsets, ``text == request_text[start:end]``.  IndexTTS cuts its
+    segments from the text as its normaliser rewrote it (numbers spelled out, punctuation
+    mapped, IndexTTS-2 upper-cases): ``text`` is that text and ``span`` is None.
+    """
+
+    #: 0, 1, ...: the order the engine announced its segments in.
+    index: int
+    text: str
+    span: Union[tuple[int, int], None] = None
+
+
 @dataclass(frozen=True, eq=False)
 class AudioChunk(_HasSamples):
     """One ``audio`` frame as it arrived.
@@ -56,9 +82,16 @@ class AudioChunk(_HasSamples):
     seq: int
     offset_samples: int
     request_id: int = 0
-    #: The part of the request's text this chunk speaks, as ``text[start:end]`` offsets, where
-    #: the engine says so (the fake and espeak engines do; IndexTTS does not); else None.
-    text_span: Union[tuple[int, int], None] = None
+    #: The engine segment this chunk belongs to and the text it speaks, where the engine says
+    #: (the fake, espeak and IndexTTS engines do); else None.
+    segment: Union[TextSegment, None] = None
+
+    @property
+    def text_span(self) -> Union[tuple[int, int], None]:
+        """The part of the request's text this chunk speaks, as ``text[start:end]`` offsets,
+        where the engine gives offsets (the fake and espeak engines do; IndexTTS gives its own
+        text instead: see :attr:`segment`); else None."""
+        return self.segment.span if self.segment is not None else None
 
     @property
     def last_sample(self) -> int:
@@ -243,16 +276,14 @@ class AudioAssembler:
                 f"earlier ones at {self._sample_rate} Hz"
             )
 
-    def add(
-        self, seq: int, sample_rate: int, pcm: memoryview, text_span: Union[tuple[int, int], None] = None
-    ) -> AudioChunk:
-        """Record one frame; return it as a chunk (a zero-copy, read-only view) speaking ``text_span``."""
+    def add(self, seq: int, sample_rate: int, pcm: memoryview, segment: Union[TextSegment, None] = None) -> AudioChunk:
+        """Record one frame; return it as a chunk (a zero-copy, read-only view) of ``segment``."""
         view = pcm.cast("B") if pcm.format != "B" else pcm
         offset = self.samples
         self.absorb(seq, sample_rate, view)
         samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
         samples.flags.writeable = False
-        return AudioChunk(samples, sample_rate, seq, offset, self.request_id, text_span)
+        return AudioChunk(samples, sample_rate, seq, offset, self.request_id, segment)
 
     def absorb(self, seq: int, sample_rate: int, pcm: memoryview, *, transient: bool = False) -> None:
         """Record one frame, kept for :meth:`assemble` only (no chunk for anyone).

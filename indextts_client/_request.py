@@ -126,6 +126,7 @@ class Requester:
             on_progress=on_progress,
             pool_timeout=self._default_pool_timeout,
             assemble_in_reader=assemble_in_reader,
+            text=text,
         )
 
     def request(

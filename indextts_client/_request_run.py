@@ -19,9 +19,9 @@ from typing import Any, Union
 import anyio
 
 from indextts_sidecar import protocol
-from indextts_sidecar.protocol.segments import segment_span
+from indextts_sidecar.protocol.segments import read_segment
 
-from ._audio import Audio, AudioAssembler, AudioChunk
+from ._audio import Audio, AudioAssembler, AudioChunk, TextSegment
 from ._exceptions import (
     ClosedError,
     Deadline,
@@ -387,6 +387,7 @@ class Synthesis(_RequestRun):
         on_progress: Union[ProgressCallback, None],
         pool_timeout: Union[float, None] = None,
         assemble_in_reader: bool = False,
+        text: str = "",
     ) -> None:
         super().__init__(
             opener,
@@ -398,8 +399,10 @@ class Synthesis(_RequestRun):
         )
         self._keep = keep_audio
         self._assembler: Union[AudioAssembler, None] = None
-        #: The text span the engine last announced (protocol.segments): the coming chunks speak it.
-        self._text_span: Union[tuple[int, int], None] = None
+        #: The request's text, which an engine's segment spans point into.
+        self._text = text
+        #: The segment the engine last announced (protocol.segments): the coming chunks speak it.
+        self._segment: Union[TextSegment, None] = None
         #: synthesize()'s, which never hands out chunks: the connection's reader assembles
         #: the audio as frames arrive (see Exchange.assemble_audio).
         self._assemble_in_reader = assemble_in_reader
@@ -416,16 +419,28 @@ class Synthesis(_RequestRun):
         """Whether the request ended (successfully, with an error, or closed)."""
         return self._phase in (DONE, FAILED, CLOSED)
 
+    def _announce(self, announced: Union[tuple[int, int], str, None]) -> None:
+        if announced is None:
+            return
+        current = self._segment
+        index = current.index + 1 if current is not None else 0
+        if isinstance(announced, str):  # the engine's words: one announcement a segment
+            self._segment = TextSegment(index, announced)
+            return
+        span = min(announced[0], len(self._text)), min(announced[1], len(self._text))
+        if current is None or current.span != span:  # the same place again: the same segment
+            self._segment = TextSegment(index, self._text[span[0] : span[1]], span)
+
     async def _advance(self) -> Union[ProgressEvent, AudioChunk, None]:
         reply = await self._next_reply()
         assert self._ex is not None
         if self._assembler is None:
             self._assembler = AudioAssembler(self._ex.id, keep=self._keep)
         if isinstance(reply, protocol.Audio):
-            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, self._text_span)
+            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, self._segment)
         if isinstance(reply, protocol.Progress):
             if reply.stage == "synthesize" and reply.message:  # it may name the text the audio after it speaks
-                self._text_span = segment_span(reply.message) or self._text_span
+                self._announce(read_segment(reply.message))
             event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
             await self._notify(event)
             return event

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
+from .._audio import AudioChunk, TextSegment
 from .._exceptions import SidecarError
 from ._backends import Backend
 from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
@@ -31,8 +32,6 @@ __all__ = ["PCM_RATE", "Job", "SpeechRoute"]
 
 log = logging.getLogger("indextts_client.http")
 
-#: Offsets into the input: the text a segment speaks.
-Span = tuple[int, int]
 #: The rate OpenAI's ``pcm`` format is defined at.
 PCM_RATE = 24000
 
@@ -93,24 +92,23 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 class _Segments:
     """The ``speech.audio.segment`` events of one response: each marks one chunk as the sidecar
-    sent it (an engine segment, unless one exceeds a frame), with the text span the engine said
-    it speaks; the span's text goes with the first chunk of each span only, so that a segment
-    cut into many frames does not repeat its text."""
+    sent it (an engine segment, unless one exceeds a frame), with the segment's place in the
+    input where the engine gives one; the segment's text goes with its first chunk only, so
+    that a segment cut into many frames does not repeat its text."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.last_span: Union[Span, None] = None
+    def __init__(self) -> None:
+        self.last: Union[TextSegment, None] = None
 
-    def event(self, seq: int, at: int, chunk: Any, arrived: Union[float, None], span: Union[Span, None]) -> bytes:
-        samples, rate = len(chunk.samples), chunk.sample_rate
+    def event(self, seq: int, at: int, chunk: AudioChunk, arrived: Union[float, None]) -> bytes:
+        samples, rate, segment = len(chunk.samples), chunk.sample_rate, chunk.segment
         event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
         event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
-        if span is not None:
-            start, end = min(span[0], len(self.text)), min(span[1], len(self.text))
-            event.update(text_start=start, text_end=end)
-            if span != self.last_span:
-                event["text"] = self.text[start:end]
-        self.last_span = span
+        if segment is not None:
+            if segment.span is not None:
+                event.update(text_start=segment.span[0], text_end=segment.span[1])
+            if self.last is None or segment.index != self.last.index:
+                event["text"] = segment.text
+        self.last = segment
         return _sse(event)
 
 
@@ -202,10 +200,10 @@ class SpeechRoute:
         try:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=True)
             chunk, seq, at, arrived = first, 0, 0, clock.first_audio
-            segments = _Segments(job.request.input)
+            segments = _Segments()
             while chunk is not None:
                 if sse:
-                    yield segments.event(seq, at, chunk, arrived, chunk.text_span)
+                    yield segments.event(seq, at, chunk, arrived)
                 data = await _encode(encoder, encoder.feed, chunk.samples)
                 if data:
                     sent += len(data)

@@ -30,6 +30,7 @@ from indextts_client import (
     RestartLimitError,
     SidecarError,
     StartError,
+    TextSegment,
     VersionMismatchError,
 )
 from indextts_client._audio import AudioAssembler
@@ -356,13 +357,25 @@ async def test_a_chunks_span_is_the_last_announced_and_other_messages_keep_it() 
         await writer.send(protocol.Audio(id=i, seq=1, sample_rate=RATE, pcm=pcm(2)))
         await writer.send(mark("synthesize", "text[5:12]"))
         await writer.send(protocol.Audio(id=i, seq=2, sample_rate=RATE, pcm=pcm(3)))
-        await writer.send(protocol.Done(id=i, samples=3, chunks=3, sample_rate=RATE))
+        await writer.send(mark("synthesize", "text: SPANS, SAID BY THE ENGINE"))  # its own words
+        await writer.send(protocol.Audio(id=i, seq=3, sample_rate=RATE, pcm=pcm(4)))
+        await writer.send(mark("synthesize", "text[12:99]"))  # past the end: cut at the end
+        await writer.send(protocol.Audio(id=i, seq=4, sample_rate=RATE, pcm=pcm(5)))
+        await writer.send(protocol.Done(id=i, samples=5, chunks=5, sample_rate=RATE))
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             stream = await scripted_peer(tg, peer)
-            async with Connection(stream, stream) as conn, conn.stream("spans") as chunks:
-                assert [chunk.text_span async for chunk in chunks] == [(0, 5), (0, 5), (5, 12)]
+            async with Connection(stream, stream) as conn, conn.stream("spans, said.") as chunks:
+                got = [chunk async for chunk in chunks]
+    assert [chunk.text_span for chunk in got] == [(0, 5), (0, 5), (5, 12), None, (12, 12)]
+    assert [chunk.segment for chunk in got] == [
+        TextSegment(0, "spans", (0, 5)),
+        TextSegment(0, "spans", (0, 5)),
+        TextSegment(1, ", said.", (5, 12)),
+        TextSegment(2, "SPANS, SAID BY THE ENGINE"),
+        TextSegment(3, "", (12, 12)),
+    ]
 
 
 async def test_a_stream_that_ends_inside_a_frame_is_a_crash_not_a_protocol_error() -> None:

@@ -146,6 +146,13 @@ async def test_synthesis_streams_segments_and_survives_upstream_prints(tmp_path:
                     "segment 2 ready (0.50 s of audio)",
                     "segment 3 ready (0.70 s of audio)",
                 ]
+                # Each segment's words (upstream's, upper-cased by its tokenizer) come before its audio.
+                said = [
+                    f.message if isinstance(f, Progress) else len(f.pcm) // 2
+                    for f in frames
+                    if isinstance(f, Audio) or (isinstance(f, Progress) and f.message.startswith("text: "))
+                ]
+                assert said == ["text: A B", 4410, 2205, "text: C D", 4410, 2205, "text: E", 2205]
             assert (await peer.ping(9)).loaded is True
             assert "stand-in infer: print() line" in peer.stderr()
             assert "stand-in infer: raw fd 1 line" in peer.stderr()

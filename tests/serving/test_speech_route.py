@@ -1,20 +1,24 @@
 """``POST /v1/audio/speech`` against a real ``serve`` process: the text each SSE segment event
 says its audio speaks (the engines' segment spans), and engine options that would set the
 client's own arguments.  The fake engine's spans are known by construction (each character
-is ``seconds_per_char`` of one tone); espeak's are its sentences."""
+is ``seconds_per_char`` of one tone); espeak's are its sentences; the stand-in IndexTTS's
+are its own words (upper-cased, as upstream's tokenizer does), without offsets."""
 
 from __future__ import annotations
 
 import base64
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from http_support import TIMEOUT, Server, server, speech
+from harness import STANDIN
+from http_support import TIMEOUT, Server, environ, server, speech
 
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -102,6 +106,32 @@ def test_espeak_segments_are_its_sentences() -> None:
     for before, after in itertools.pairwise(marks):
         assert after["first_sample"] == before["last_sample"] + 1
     assert marks[-1]["last_sample"] + 1 == len(audio(events)) // 2
+
+
+def test_indextts_segments_carry_the_text_upstream_cut_them_from(ckpt: Path, voice: str) -> None:
+    # The stand-in IndexTTS-2 (tests/standin) cuts "a b c d e" into two words a segment and
+    # upper-cases, as upstream's tokenizer does: its words are not the input's, so no offsets.
+    env = environ(PYTHONPATH=os.pathsep.join([str(STANDIN / "v2"), os.environ.get("PYTHONPATH", "")]))
+    args = ("--engine", "indextts2", "-O", f"model_dir={ckpt}", "--voice", f"alloy={voice}")
+    with server(*args, env=env) as s:
+        events = sse_events(
+            s,
+            input="a b c d e",
+            response_format="pcm",
+            sample_rate=22050,
+            options={"max_text_tokens_per_segment": 2, "interval_silence": 100},
+        )
+    marks = [(e["first_sample"], e["last_sample"], e.get("text")) for e in segments(events)]
+    # 0.1 s a word; the 0.1 s silence after a segment goes with it.
+    assert marks == [
+        (0, 4409, "A B"),
+        (4410, 6614, None),
+        (6615, 11024, "C D"),
+        (11025, 13229, None),
+        (13230, 15434, "E"),
+    ]
+    assert not any({"text_start", "text_end"} & set(e) for e in segments(events))
+    assert len(audio(events)) // 2 == 15435
 
 
 @pytest.mark.parametrize("name", ["timeout", "idle_timeout", "voice", "sample_rate", "on_progress"])

@@ -218,19 +218,50 @@ def construct(model, *, cfg_path, model_dir, use_qwen_emo, use_accel, version, a
     model.cache_emo_audio_prompt = None
     model.cache_mel = None
     model.gr_progress = None
+    if version != "2.5":
+        model.tokenizer = Tokenizer()
     record("constructed", flavour=model.FLAVOUR, env=_offline_env())
 
 
-def _segments(text, max_tokens, first_tokens):
-    words = text.split()
+def _cut(items, max_tokens, first_tokens):
+    """Segments of ``max_tokens`` items each (the first of ``first_tokens``, when set)."""
+    items = list(items)
     segments = []
     limit = first_tokens if first_tokens else max_tokens
-    while words:
+    while items:
         take = max(1, min(limit, max_tokens))
-        segments.append(words[:take])
-        words = words[take:]
+        segments.append(items[:take])
+        items = items[take:]
         limit = max_tokens
     return segments
+
+
+class Tokenizer:
+    """Upstream 2.0's ``TextTokenizer`` as far as the adapter sees it: ``tokenize`` normalises
+    (here: upper-cases, as 2.0's tokenizer does English) into sentencepiece pieces, one per
+    word, and ``split_segments`` cuts the pieces into segments."""
+
+    def tokenize(self, text):
+        return ["\u2581" + word.upper() for word in text.split()]
+
+    def split_segments(self, tokenized, max_text_tokens_per_segment=120, quick_streaming_tokens=0):
+        return _cut(tokenized, max_text_tokens_per_segment, quick_streaming_tokens)
+
+
+def split_text_by_tokens(text, max_tokens, lang_prefix=""):
+    """Upstream 2.5's ``split_text_by_tokens``: the (normalised) text of each segment."""
+    return [" ".join(words) for words in _cut(text.split(), max_tokens, 0)]
+
+
+def _segments(model, text, max_tokens, first_tokens):
+    """The words of each segment, from the segmenter upstream calls where upstream calls it:
+    2.5 ``self.split_text_by_tokens`` on the text, 2.0 ``self.tokenizer.split_segments`` on
+    its pieces."""
+    if model.FLAVOUR == "2.5":
+        return [segment.split() for segment in model.split_text_by_tokens(text, max_tokens, "<|en|> ")]
+    pieces = model.tokenizer.tokenize(text)
+    segments = model.tokenizer.split_segments(pieces, max_tokens, quick_streaming_tokens=first_tokens)
+    return [[piece.lstrip("\u2581") for piece in segment] for segment in segments]
 
 
 def _tone(index, words):
@@ -318,7 +349,7 @@ def infer_generator(model, *, spk_audio_prompt, text, output_path, emo_audio_pro
             f"The size of tensor a ({len(emo_vector)}) must match the size of tensor b (8) at non-singleton dimension 0"
         )
     emotion = _emotion(model, emo_audio_prompt)
-    segments = _segments(text, max_text_tokens_per_segment, first_tokens)
+    segments = _segments(model, text, max_text_tokens_per_segment, first_tokens)
     generation = dict(generation_kwargs)
     for key in GENERATION_KEYS:
         generation.pop(key, None)

@@ -59,6 +59,21 @@ def segment_count(events: list[ProgressEvent]) -> int:
     return sum(1 for e in events if e.stage == "synthesize" and " ready (" in e.message)
 
 
+def letters(text: str) -> str:
+    return "".join(character for character in text.casefold() if character.isalnum())
+
+
+async def check_segment_texts(c: Client, voice: str) -> None:
+    """Every chunk names its segment, announced with the words upstream's segmenter cut (its
+    normalised text, no offsets into the input): one text a segment, the input's words in order."""
+    async with c.stream(THREE, voice=voice, max_text_tokens_per_segment=6, **FAST) as chunks:
+        got = [chunk.segment async for chunk in chunks]
+    assert all(segment is not None and segment.span is None for segment in got), got
+    texts = {segment.index: segment.text for segment in got if segment is not None}
+    assert sorted(texts) == list(range(len(texts))) and len(texts) >= 2, texts
+    assert letters(" ".join(texts.values())) == letters(THREE), texts
+
+
 GITHUB = ["2", "2.5"]
 
 
@@ -115,6 +130,7 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         assert segments >= 2, [e.message for e in events]
         assert (len(audio.samples) - (segments - 1) * SILENCE_200MS) % SEGMENT == 0
         assert audio.samples[-SILENCE_200MS:].any()
+        await check_segment_texts(c, voice)
 
         # interval_silence=0: upstream yields its list of segments where silence belongs.
         events = []
@@ -258,6 +274,7 @@ async def test_the_pypi_repackagings(name: str, checkpoints: Any) -> None:
         assert (len(audio.samples) - (segments - 1) * SILENCE_200MS) % SEGMENT == 0
         # The PCM scale is right: random weights are loud, never near-silent after scaling.
         assert int(abs(audio.samples.astype("int32")).max()) > 1000
+        await check_segment_texts(c, voice)
         with pytest.raises(InvalidRequestError):
             await c.synthesize("...", voice=voice, **FAST)
 

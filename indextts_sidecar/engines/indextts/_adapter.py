@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from ...protocol import EmotionAudio, EmotionText, EmotionVector
+from ...protocol.segments import segment_text_message
 from .. import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest, heartbeat
 from ._emotion import check_vector, emotion_kwargs
 from ._install import (
@@ -38,6 +39,7 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._segments import SegmentTexts
 from ._upstream import (
     StageTimes,
     accelerated,
@@ -90,6 +92,8 @@ class _IndexTTSEngine(Engine[Any, Any]):
         self._qwen_emo: Union[bool, None] = None
         self._voices = VoiceCache(options.voice_cache)
         self._request_facts: dict[str, Any] = {}
+        #: What upstream's segmenter cut the current request into (see _segments.py).
+        self._segment_texts = SegmentTexts()
 
     @property
     def loaded(self) -> bool:
@@ -250,6 +254,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         progress("load", 0.3, message)
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
+        self._segment_texts.install(model)
         self._model = model
         self.flavour = flavour
         self._voices.clear()
@@ -402,6 +407,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
+        self._segment_texts.start()
         emotion_path = kwargs.get("emo_audio_prompt")
         with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL), times.capturing():
             call = model.infer_generator if flavour.streams_with_generator else model.infer
@@ -409,6 +415,8 @@ class _IndexTTSEngine(Engine[Any, Any]):
         if isinstance(result, tuple):
             rate, audio = result
             self._check_rate(rate)
+            if self._segment_texts.texts:  # one chunk speaks every segment
+                progress("synthesize", None, segment_text_message(" ".join(self._segment_texts.texts)))
             yield to_pcm16(audio, unit_scale=flavour.unit_scale and peak(as_numpy(audio)) <= UNIT_SCALE_CEILING)
             progress("synthesize", 1.0, "done")
             return
@@ -438,7 +446,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         silence belongs).  A silence is held back until the next segment arrives, so the
         result matches upstream's non-streaming output sample for sample.
         """
-        tally = _Tally(flavour)
+        tally = _Tally(flavour, self._segment_texts)
         index = 0
         try:
             while True:
@@ -574,8 +582,9 @@ _END: Any = object()
 class _Tally:
     """A stream's segments and samples so far, and the silence held back until the next segment."""
 
-    def __init__(self, flavour: Flavour) -> None:
+    def __init__(self, flavour: Flavour, texts: Union[SegmentTexts, None] = None) -> None:
         self.flavour = flavour
+        self.texts = texts
         self.unit_scale = flavour.unit_scale
         self.segments = 0
         self.samples = 0
@@ -603,7 +612,10 @@ class _Tally:
         if not self.flavour.silence_after_each and pcm.size and not pcm.any():
             yield pcm  # indextts25 yields the silence between segments as an item of its own
             return
+        words = self.texts.text(self.segments) if self.texts is not None else None
         self.segments += 1
+        if words is not None:  # the audio after it speaks these words (protocol.segments)
+            progress("synthesize", None, segment_text_message(words))
         progress("synthesize", None, f"segment {self.segments} ready ({self.seconds:.2f} s of audio)")
         if pcm.size:
             yield pcm

@@ -17,7 +17,9 @@ from indextts_support import ignore_progress, infer_calls, loaded_engine, make_e
 
 from indextts_sidecar.engines import Cancelled, EngineError, RequestError
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, IndexTTSAuto
+from indextts_sidecar.engines.indextts._segments import SegmentTexts, pieces_text
 from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
+from indextts_sidecar.protocol.segments import read_segment
 
 # ----------------------------------------------------------------- synthesize
 
@@ -71,6 +73,88 @@ def test_interval_silence_0_streams_the_segments_only(
     ]
     (finished,) = [e for e in calls() if e["event"] == "finished"]
     assert finished["produced"] == 3
+
+
+@pytest.mark.parametrize(
+    ("flavour", "said"),
+    [
+        ("v2", ["A B", "C D", "E"]),  # IndexTTS-2's tokenizer upper-cases (the stand-in's does too)
+        ("pypi", ["A B", "C D", "E"]),
+        ("v25", ["a b", "c d", "e"]),  # 2.5's segmenter returns its normalised text as it is
+    ],
+)
+def test_each_segment_is_announced_with_the_text_upstreams_segmenter_cut(
+    flavour: str, said: list[str], ckpt: Path, ckpt25: Path, voice: str, standin: Callable[[str], None]
+) -> None:
+    standin(flavour)
+    cls = IndexTTS25Engine if flavour == "v25" else IndexTTS2Engine
+    engine = loaded_engine(cls, ckpt25 if flavour == "v25" else ckpt)
+    request = make_request(cls, voice, text="a b c d e", max_text_tokens_per_segment=2, interval_silence=100)
+    items: list[Any] = []
+    for chunk in engine.synthesize(request, lambda *a: items.append(a), never):
+        items.append(len(bytes(chunk)) // 2)
+    # Each segment's words, then its "ready", then its audio; a silence goes with the segment before it.
+    marks = [
+        i if isinstance(i, int) else i[2] for i in items if isinstance(i, int) or i[2].startswith(("text:", "segment"))
+    ]
+    assert marks == [
+        f"text: {said[0]}",
+        "segment 1 ready (0.20 s of audio)",
+        4410,
+        2205,
+        f"text: {said[1]}",
+        "segment 2 ready (0.50 s of audio)",
+        4410,
+        2205,
+        f"text: {said[2]}",
+        "segment 3 ready (0.70 s of audio)",
+        2205,
+    ]
+    assert [read_segment(m) for m in marks if isinstance(m, str)][::2] == said
+    # Every request is its own: a second one announces its own segments only.
+    items.clear()
+    list(
+        engine.synthesize(make_request(cls, voice, text="f g", interval_silence=100), lambda *a: items.append(a), never)
+    )
+    assert [i[2] for i in items if i[2].startswith("text:")] == ["text: F G" if flavour != "v25" else "text: f g"]
+
+
+def test_a_whole_answer_is_announced_with_every_segments_text(
+    ckpt: Path, voice: str, standin: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("v2")
+    monkeypatch.setenv("INDEXTTS_STANDIN_NO_STREAM", "1")  # an upstream that ignores stream_return
+    engine = loaded_engine(IndexTTS2Engine, ckpt)
+    events: list[tuple[Any, ...]] = []
+    request = make_request(IndexTTS2Engine, voice, text="a b c", max_text_tokens_per_segment=2)
+    (chunk,) = engine.synthesize(request, lambda *a: events.append(a), never)
+    assert len(bytes(chunk)) // 2 == 3 * 2205 + 4410  # three words, one silence between two segments
+    assert [e[2] for e in events if e[2].startswith("text:")] == ["text: A B C"]
+
+
+def test_an_upstream_without_a_known_segmenter_announces_no_text() -> None:
+    texts = SegmentTexts()
+    assert texts.install(object()) is False
+    assert texts.text(0) is None
+
+
+def test_a_segmenters_answer_passes_through_unchanged_and_its_pieces_read_as_text() -> None:
+    class Tokenizer:
+        def split_segments(self, tokens: list[str], limit: int, quick_streaming_tokens: int = 0) -> list[list[str]]:
+            return [tokens[:limit], tokens[limit:]]
+
+    class Model:
+        tokenizer = Tokenizer()
+
+    model = Model()
+    texts = SegmentTexts()
+    assert texts.install(model)
+    pieces = ["\u2581HELLO", ",", "\u2581WORLD", ".", "\u2581你", "\u2581好", "\u2581", "!"]
+    assert model.tokenizer.split_segments(pieces, 4, quick_streaming_tokens=0) == [pieces[:4], pieces[4:]]
+    assert texts.texts == ["HELLO, WORLD.", "你好 !"]
+    texts.start()
+    assert texts.texts == []
+    assert pieces_text(["\u2581A", "\u2581\u2581B  "]) == "A B"
 
 
 @pytest.mark.parametrize("flavour", ["v2", "pypi"])

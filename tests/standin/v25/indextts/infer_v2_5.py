@@ -29,6 +29,9 @@ core.record("imported", module=__name__, hf_hub_cache=os.environ.get("HF_HUB_CAC
 class _IndexTTS25:
     FLAVOUR = "2.5"
 
+    def split_text_by_tokens(self, text, max_tokens, lang_prefix=""):
+        return core.split_text_by_tokens(text, max_tokens, lang_prefix)
+
     @core.recorded
     def infer(self, spk_audio_prompt, text, output_path, lang, emo_audio_prompt=None, emo_alpha=1.0,
               emo_vector=None, use_emo_text=False, emo_text=None, use_random=False, interval_silence=200,
