@@ -38,11 +38,11 @@ import anyio
 
 from ._audio import Audio, AudioChunk
 from ._client import Client
+from ._detached import spawn_detached
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
 from ._request import Synthesis
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._supervisor import _spawn_detached
 from ._types import Health, LoadInfo
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ class Pool:
             raise _first_error(exc) from None
         self._started = True
         self._healer_done = anyio.Event()
-        _spawn_detached(self._heal)
+        spawn_detached(self._heal, "indextts_client pool healer")
 
     async def aclose(self) -> None:
         """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""

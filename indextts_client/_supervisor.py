@@ -15,20 +15,18 @@ so cancelling a caller only ever abandons what it waited for.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import itertools
 import logging
 import math
 import signal
-import sys
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Union
 
 import anyio
 from anyio.abc import TaskGroup
 
 from ._connection import Connection
+from ._detached import spawn_detached
 from ._exceptions import (
     AuthenticationError,
     ClosedError,
@@ -76,27 +74,6 @@ async def _first_set(*events: anyio.Event, limit: Union[float, None] = None) -> 
             for event in events:
                 tg.start_soon(watch, event)
     return result[0] if result else None
-
-
-def _spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``fn`` in a task outside the caller's scopes: a trio system task or an asyncio task."""
-    if "trio" in sys.modules:
-        import trio
-
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            pass
-        else:
-            trio.lowlevel.spawn_system_task(fn, name="indextts_client root")
-            return
-    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(), name="indextts_client root")
-    # asyncio keeps only weak references to tasks.
-    _asyncio_roots.add(task)
-    task.add_done_callback(_asyncio_roots.discard)
-
-
-_asyncio_roots: set[asyncio.Task[None]] = set()
 
 
 class _Session:
@@ -215,7 +192,7 @@ class Supervisor:
             self._root_up = anyio.Event()
             self._root_stop = anyio.Event()
             self._root_done = anyio.Event()
-            _spawn_detached(self._root)
+            spawn_detached(self._root, "indextts_client root")
             await self._root_up.wait()
             async with self._spawn_lock:
                 await self._spawn()
