@@ -25,9 +25,11 @@ __all__ = [
     "Audio",
     "AudioAssembler",
     "AudioChunk",
+    "HasSamples",
     "TextSegment",
     "format_for_path",
     "format_of",
+    "import_soundfile",
 ]
 
 #: Little-endian int16: the wire format and the dtype of every ``samples`` array.
@@ -36,7 +38,7 @@ SAMPLE_DTYPE = np.dtype("<i2")
 Samples = npt.NDArray[np.int16]
 
 
-class _HasSamples:
+class HasSamples:
     """Length and duration of anything with ``samples`` at ``sample_rate``."""
 
     samples: Samples
@@ -69,7 +71,7 @@ class TextSegment:
 
 
 @dataclass(frozen=True, eq=False)
-class AudioChunk(_HasSamples):
+class AudioChunk(HasSamples):
     """One ``audio`` frame as it arrived.
 
     ``samples`` is a read-only view into the received frame (no copy); copy it to keep
@@ -106,7 +108,7 @@ class AudioChunk(_HasSamples):
 
 
 @dataclass(frozen=True, eq=False)
-class Audio(_HasSamples):
+class Audio(HasSamples):
     """The audio of a finished request: int16 mono ``samples`` at ``sample_rate`` Hz.
 
     ``timings`` holds the sidecar's seconds per phase (``queued``, ``load``,
@@ -185,7 +187,7 @@ class Audio(_HasSamples):
         else:
             chosen = format_of(format)
         if chosen != "wav":
-            _soundfile()  # fail before creating the file
+            import_soundfile()  # fail before creating the file
         if isinstance(file, (str, os.PathLike)):
             with open(file, "wb") as out:
                 self._write(out, chosen)
@@ -196,7 +198,7 @@ class Audio(_HasSamples):
         if format == "wav":
             self._write_wav(file)
             return
-        soundfile = _soundfile()
+        soundfile = import_soundfile()
         data = np.ascontiguousarray(self.samples, dtype=SAMPLE_DTYPE)
         subtype = "PCM_16" if format == "flac" else "VORBIS"
         soundfile.write(file, data, self.sample_rate, format=format.upper(), subtype=subtype)
@@ -225,7 +227,7 @@ def format_for_path(path: Union[str, os.PathLike[str]]) -> str:
     return chosen
 
 
-def _soundfile() -> Any:
+def import_soundfile() -> Any:
     try:
         import soundfile  # type: ignore[import-untyped]
     except (ImportError, OSError) as exc:  # OSError: the wheel's libsndfile failed to load

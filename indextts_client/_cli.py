@@ -71,12 +71,12 @@ def _emotion(args: argparse.Namespace) -> Any:
 
 def _output_format(output: str, chosen: Union[str, None]) -> str:
     """The format to write ``output`` in; checks it can be written, before any work."""
-    from ._audio import _soundfile, format_for_path, format_of
+    from ._audio import format_for_path, format_of, import_soundfile
 
     try:
         fmt = format_of(chosen) if chosen else "wav" if output == "-" else format_for_path(output)
         if fmt != "wav":
-            _soundfile()
+            import_soundfile()
     except (ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from None
     if output == "-":

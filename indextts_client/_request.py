@@ -20,7 +20,7 @@ from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, Emotio
 from ._audio import Audio
 from ._exceptions import InvalidRequestError
 from ._exchange import Channel
-from ._request_run import Synthesis, _Call
+from ._request_run import Call, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback
 
 __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
@@ -211,8 +211,8 @@ class Requester:
         idle_timeout: Union[float, None],
         on_progress: Union[ProgressCallback, None] = None,
         cancellable: bool = True,
-    ) -> _Call:
-        call = _Call(
+    ) -> Call:
+        call = Call(
             self._connection,
             build,
             timeout=timeout,

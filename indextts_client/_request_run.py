@@ -34,7 +34,7 @@ from ._exceptions import (
 from ._exchange import REGISTERED, Channel, Exchange
 from ._types import ProgressCallback, ProgressEvent
 
-__all__ = ["Synthesis"]
+__all__ = ["Call", "Synthesis"]
 
 _Opener = Callable[[], Awaitable[Channel]]
 _Build = Callable[[int], protocol.Request]
@@ -318,7 +318,7 @@ class _RequestRun:
                 await sent.wait()
 
 
-class _Call(_RequestRun):
+class Call(_RequestRun):
     """A request answered by one terminal frame (``ok``/``pong``), maybe after progress."""
 
     #: The terminal frame, once it arrived.

@@ -39,7 +39,7 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._audio import AudioChunk, Samples, _HasSamples
+from ._audio import AudioChunk, HasSamples, Samples
 
 __all__ = [
     "FLUSH",
@@ -85,7 +85,7 @@ Opener = Callable[[str], AbstractAsyncContextManager[AsyncIterator[AudioChunk]]]
 
 
 @dataclass(frozen=True, eq=False)
-class SentenceChunk(_HasSamples):
+class SentenceChunk(HasSamples):
     """One audio chunk of a sentence.
 
     ``sentence`` counts the stream's sentences from 0; ``text`` is that sentence as the

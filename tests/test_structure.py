@@ -91,6 +91,22 @@ def test_the_client_imports_only_the_public_sidecar_modules() -> None:
     assert private == set()
 
 
+def test_no_module_takes_a_private_name_from_another() -> None:
+    # A leading underscore means "this module's own": a name another module needs is made
+    # public in its module (its __all__), so that what a module offers is what it says.
+    statements = _statements()
+    taken = {
+        f"{module} imports {target}.{name}"
+        for module, imports in statements.items()
+        for target, name in imports
+        if name.startswith("_")
+        and not name.startswith("__")
+        and target.split(".")[0] in PACKAGES
+        and f"{target}.{name}" not in statements  # a private module is imported as a module: fine
+    }
+    assert taken == set()
+
+
 # ------------------------------------------------------------------ each layer's allowed imports
 #
 # The client's layers, bottom up (docs/architecture.md): the wire (one protocol connection over
@@ -100,7 +116,16 @@ def test_the_client_imports_only_the_public_sidecar_modules() -> None:
 # ``_supervision/``) falls under its layer's rule the day it lands.
 
 WIRE = ("_connection", "_exchange", "_sender", "_handshake", "_deadline*", "_wire", "_wire.*")
-SUPERVISION = ("_supervisor", "_supervision", "_supervision.*", "_transport*", "_restart*", "_settings*", "_process")
+SUPERVISION = (
+    "_supervisor",
+    "_supervision",
+    "_supervision.*",
+    "_transport*",
+    "_restart*",
+    "_settings*",
+    "_process",
+    "_detached",
+)
 FACADES = ("_client", "_pool", "_pool_cli", "_blocking", "_signature", "_stream_text")
 SERVING = ("http", "http.*", "ray", "wyoming")
 TOOLS = ("_cli", "_doctor", "_engines", "__main__")

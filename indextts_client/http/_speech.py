@@ -28,7 +28,7 @@ from ._metrics import Metrics
 from ._schema import FORMATS, SpeechRequest
 from ._timing import Clock, member_of
 
-__all__ = ["PCM_RATE", "Job", "SpeechRoute"]
+__all__ = ["PCM_RATE", "Job", "SpeechRoute", "encode_off_loop"]
 
 log = logging.getLogger("indextts_client.http")
 
@@ -78,7 +78,7 @@ async def _next(chunks: Any) -> Any:
         return None
 
 
-async def _encode(encoder: Encoder, step: Callable[..., bytes], *args: Any) -> bytes:
+async def encode_off_loop(encoder: Encoder, step: Callable[..., bytes], *args: Any) -> bytes:
     # PyAV's encoders take milliseconds per segment: off the event loop, so that one
     # request's encoding never holds up another's bytes.  pcm and wav are a copy.
     if encoder.blocking:
@@ -175,11 +175,11 @@ class SpeechRoute:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=False)
             parts, chunk = [], first
             while chunk is not None:
-                parts.append(await _encode(encoder, encoder.feed, chunk.samples))
+                parts.append(await encode_off_loop(encoder, encoder.feed, chunk.samples))
                 chunk = await _next(chunks)
                 if chunk is not None:
                     clock.chunk(len(chunk.samples), chunk.sample_rate)
-            parts.append(await _encode(encoder, encoder.finish))
+            parts.append(await encode_off_loop(encoder, encoder.finish))
         except SidecarError as exc:
             error = error_for(exc)
             outcome = str(error.status)
@@ -204,7 +204,7 @@ class SpeechRoute:
             while chunk is not None:
                 if sse:
                     yield segments.event(seq, at, chunk, arrived)
-                data = await _encode(encoder, encoder.feed, chunk.samples)
+                data = await encode_off_loop(encoder, encoder.feed, chunk.samples)
                 if data:
                     sent += len(data)
                     yield _delta(data) if sse else data
@@ -212,7 +212,7 @@ class SpeechRoute:
                 chunk = await _next(chunks)
                 if chunk is not None:
                     arrived = clock.chunk(len(chunk.samples), chunk.sample_rate)
-            tail = await _encode(encoder, encoder.finish)
+            tail = await encode_off_loop(encoder, encoder.finish)
             if tail:
                 yield _delta(tail) if sse else tail
             served = True

@@ -38,7 +38,7 @@ from ._emotion import emotion_for
 from ._encoders import Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._schema import check_instructions, engine_options
-from ._speech import PCM_RATE, _encode
+from ._speech import PCM_RATE, encode_off_loop
 from ._timing import Clock, member_of
 
 __all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
@@ -467,7 +467,7 @@ class _Connection:
                 if encoder is None:
                     encoder = make_encoder(fmt, event.sample_rate, streamed=True)
                     await self.start(context, event.sentence, event.text, event.sample_rate)
-                data = await _encode(encoder, encoder.feed, event.samples)
+                data = await encode_off_loop(encoder, encoder.feed, event.samples)
                 if data:
                     sent += len(data)
                     await self.send_bytes(context.prefix + data)
@@ -476,7 +476,7 @@ class _Connection:
             if encoder is None:  # a sentence without audio: still a whole (empty) answer
                 encoder = make_encoder(fmt, rate or PCM_RATE, streamed=True)
                 await self.start(context, event.sentence, event.text, encoder.rate)
-            tail = await _encode(encoder, encoder.finish)
+            tail = await encode_off_loop(encoder, encoder.finish)
             if tail:
                 sent += len(tail)
                 await self.send_bytes(context.prefix + tail)

@@ -30,7 +30,7 @@ See docs/indextts.md for the set-up, the option tables and the emotion semantics
 from __future__ import annotations
 
 from .. import SpeedControl
-from ._adapter import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, _IndexTTSEngine
+from ._adapter import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, IndexTTSEngine
 from ._emotion import EMOTION_BIAS, EMOTION_SUM_CAP, emotion_weights
 from ._install import (
     AUX_FILES,
@@ -99,7 +99,7 @@ __all__ = [
 ]
 
 
-class IndexTTS2Engine(_IndexTTSEngine):
+class IndexTTS2Engine(IndexTTSEngine):
     """IndexTTS-2 (upstream's ``indextts.infer_v2``, or the PyPI repackaging)."""
 
     name = "indextts2"
@@ -108,18 +108,18 @@ class IndexTTS2Engine(_IndexTTSEngine):
     _PREFER = ("2",)
 
 
-class IndexTTS25Engine(_IndexTTSEngine):
+class IndexTTS25Engine(IndexTTSEngine):
     """IndexTTS-2.5 (upstream's ``indextts.infer_v2_5``)."""
 
     name = "indextts2.5"
-    capabilities = (*_IndexTTSEngine.capabilities, "lang", "duration")
+    capabilities = (*IndexTTSEngine.capabilities, "lang", "duration")
     speed = SpeedControl(option="duration_factor", normal=1.0, minimum=0.5, maximum=2.0, inverse=True)
     Options = IndexTTS25Options
     RequestOptions = IndexTTS25RequestOptions
     _PREFER = ("2.5",)
 
 
-class IndexTTSAuto(_IndexTTSEngine):
+class IndexTTSAuto(IndexTTSEngine):
     """IndexTTS-2 or 2.5, as the checkpoint directory says (its config's ``version``, its files)."""
 
     name = "indextts"

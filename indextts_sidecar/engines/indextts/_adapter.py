@@ -1,6 +1,6 @@
 """The adapter: upstream's ``IndexTTS2`` class driven keyword by keyword, one engine for every flavour.
 
-``indextts`` (and with it torch) is imported inside :meth:`_IndexTTSEngine.load`, on the
+``indextts`` (and with it torch) is imported inside :meth:`IndexTTSEngine.load`, on the
 sidecar's engine thread, after the sidecar has moved fd 1 out of the way of upstream's
 prints; numpy is imported on first use.  Every call into the model happens on that one
 engine thread: upstream's instance is not thread-safe, and nothing here starts a thread
@@ -54,7 +54,7 @@ from ._voice_cache import VoiceCache
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE"]
+__all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE", "IndexTTSEngine"]
 
 # Named after the package, as before it was split: log lines and logging configs name it.
 log = logging.getLogger("indextts_sidecar.engines.indextts")
@@ -65,7 +65,7 @@ NATIVE_SAMPLE_RATE = 22050
 HEARTBEAT_INTERVAL = 2.0
 
 
-class _IndexTTSEngine(Engine[Any, Any]):
+class IndexTTSEngine(Engine[Any, Any]):
     """The adapter; subclasses choose the model versions they accept."""
 
     native_sample_rate = NATIVE_SAMPLE_RATE
@@ -575,7 +575,7 @@ class _IndexTTSEngine(Engine[Any, Any]):
         return {}
 
 
-#: What :meth:`_IndexTTSEngine._next_chunk` returns once upstream's stream is exhausted.
+#: What :meth:`IndexTTSEngine._next_chunk` returns once upstream's stream is exhausted.
 _END: Any = object()
 
 
