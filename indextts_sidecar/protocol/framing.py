@@ -273,14 +273,21 @@ class FrameReader:
                 return True
         if self._failed is not None:
             raise self._failed
-        readiness = self._readiness
-        if readiness is None:
-            while True:
-                body = await self.receive()
-                if body is None:
-                    return False
-                if on_frame(body):
-                    return True
+        if self._readiness is None:
+            return await self._pump_receiving(on_frame)
+        return await self._pump_when_readable(self._readiness, on_frame)
+
+    async def _pump_receiving(self, on_frame: Callable[[memoryview], bool]) -> bool:
+        """:meth:`pump` over a stream without a readiness callback: one :meth:`receive` a frame."""
+        while True:
+            body = await self.receive()
+            if body is None:
+                return False
+            if on_frame(body):
+                return True
+
+    async def _pump_when_readable(self, readiness: ReadinessCallback, on_frame: Callable[[memoryview], bool]) -> bool:
+        """:meth:`pump` from the event loop's readiness callback, reading the descriptor itself."""
         fd = readiness.fileno()
         splitter = self._splitter
         outcome: list[bool] = []
