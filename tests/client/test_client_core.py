@@ -544,17 +544,24 @@ def test_assembler_copies_frames_once_into_one_array() -> None:
     samples = assembler.assemble()
     assert samples.tolist() == list(range(30))
     assert samples.flags.writeable
-    assert assembler._first is None and assembler._buffer is None  # nothing retained
+    assert assembler.assemble().size == 0  # it handed its buffer over and holds nothing more
 
 
 def test_assembler_grows_in_place_and_keeps_no_frame() -> None:
     assembler = AudioAssembler(1, keep=True)
-    expected = []
+    expected: list[int] = []
+    first = bytearray()
     for seq in range(200):
-        frame = np.full(seq + 1, seq, dtype="<i2")
+        frame = bytearray(np.full(seq + 1, seq, dtype="<i2").tobytes())
         expected.extend([seq] * (seq + 1))
-        assembler.add(seq, RATE, memoryview(frame.tobytes()))
-        assert assembler._first is None or seq == 0  # from the second frame on, frames are copied and dropped
+        assembler.add(seq, RATE, memoryview(frame))
+        # From the second frame on, every frame (the first one too, then) is copied and dropped:
+        # overwriting the caller's bytes no longer changes the audio.
+        if seq == 0:
+            first = frame
+        else:
+            frame[:] = bytes(len(frame))
+            first[:] = bytes(len(first))
     assembler.check_done(len(expected), 200, RATE)
     samples = assembler.assemble()
     assert samples.tolist() == expected
