@@ -582,7 +582,7 @@ _END: Any = object()
 class _Tally:
     """A stream's segments and samples so far, and the silence held back until the next segment."""
 
-    def __init__(self, flavour: Flavour, texts: Union[SegmentTexts, None] = None) -> None:
+    def __init__(self, flavour: Flavour, texts: SegmentTexts) -> None:
         self.flavour = flavour
         self.texts = texts
         self.unit_scale = flavour.unit_scale
@@ -612,7 +612,7 @@ class _Tally:
         if not self.flavour.silence_after_each and pcm.size and not pcm.any():
             yield pcm  # indextts25 yields the silence between segments as an item of its own
             return
-        words = self.texts.text(self.segments) if self.texts is not None else None
+        words = self.texts.text(self.segments)
         self.segments += 1
         if words is not None:  # the audio after it speaks these words (protocol.segments)
             progress("synthesize", None, segment_text_message(words))
