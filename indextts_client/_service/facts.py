@@ -53,8 +53,10 @@ class EngineFacts:
 
     @property
     def clones(self) -> bool:
-        """Whether the engine speaks in a voice from a clip (the ``voice_clone`` capability)."""
-        return "voice_clone" in self.capabilities
+        """Whether the engine speaks in a voice from a clip: it declares ``voice_clone``, or at
+        least does not declare named voices of its own (``voices``) without it.  espeak names
+        its voices and clones none; IndexTTS declares ``voice_clone``; the fake engine takes any."""
+        return "voice_clone" in self.capabilities or "voices" not in self.capabilities
 
     def voice(self, name: str) -> Union[EngineVoice, None]:
         """The engine voice ``name`` names, or None: its name, its identifier (or the identifier's

@@ -78,9 +78,11 @@ def parse_voice_map(items: list[str]) -> dict[str, Union[str, None]]:
 
 
 def unknown_voice(name: str, param: str = "voice") -> Refusal:
+    shown = "<path>" if "/" in name or "\\" in name else name[:64]  # a path is never echoed
+    which = "voice" if param == "voice" else f"{param} voice"
     return Refusal(
         Kind.INVALID,
-        f"unknown voice {name[:64]!r} ({param}): give a --voice name, a clip of the voice directory, an uploaded "
+        f"unknown {which} {shown!r}: give a --voice name, a clip of the voice directory, an uploaded "
         "voice's id or name, one of the engine's voices, or an OpenAI voice name",
         param=param,
         code="unknown_voice",

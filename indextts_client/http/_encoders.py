@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ._errors import HTTPError
+from .._service import Kind, Refusal
 
 __all__ = ["STREAMABLE", "Encoder", "make_encoder", "wav_header"]
 
@@ -112,8 +112,8 @@ def _av() -> Any:
     try:
         return importlib.import_module("av")
     except ImportError:
-        raise HTTPError(
-            400,
+        raise Refusal(
+            Kind.INVALID,
             "this format needs PyAV on the server: pip install av (the [server] extra)",
             param="response_format",
             code="unsupported_format",
