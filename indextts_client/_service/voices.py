@@ -146,13 +146,15 @@ class VoiceSources:
         if name is None:
             return Resolved(None, "openai")
         if name in self.mapping:
-            return Resolved(self.mapping[name], "mapped")
+            value = self.mapping[name]  # an engine voice's name is spoken as the engine takes it
+            return Resolved(value and (facts.spoken(value) or value), "mapped")
         if self.directory is not None:
             found = await anyio.to_thread.run_sync(self._on_disk, name)
             if found is not None:
                 return found
-        if facts.voice(name) is not None:
-            return Resolved(name, "engine")
+        spoken = facts.spoken(name)
+        if spoken is not None:
+            return Resolved(spoken, "engine")
         if name in OPENAI_VOICES:
             return Resolved(None, "openai")
         raise unknown_voice(name, param)

@@ -79,20 +79,22 @@ class LimitsMiddleware:
         self.in_flight = 0
         self.unauthorized = 0
 
-    def _limit(self, scope: Scope) -> int:
-        uploads = scope["path"].startswith("/v1/audio/voices")
-        return self.limits.max_upload if uploads else self.limits.max_body
+    def _limit(self, scope: Scope) -> tuple[int, Union[str, None]]:
+        """The route's body limit, and the field a body over it is said to be at fault."""
+        if scope["path"].startswith("/v1/audio/voices"):
+            return self.limits.max_upload, "audio_sample"  # what makes an upload large
+        return self.limits.max_body, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNCOUNTED:
             await self.app(scope, receive, send)
             return
-        limit = self._limit(scope)
+        limit, param = self._limit(scope)
         declared = _content_length(scope)
         authorized = self.authorized(HTTPConnection(scope))
         refusal = None
         if declared is not None and declared > limit:
-            refusal = _too_large(limit)
+            refusal = _too_large(limit, param)
         elif authorized and self.in_flight >= self.limits.max_in_flight:
             refusal = _overloaded("requests")
         elif not authorized and self.unauthorized >= self.limits.max_unauthorized:
@@ -105,7 +107,7 @@ class LimitsMiddleware:
         else:
             self.unauthorized += 1
         try:
-            await self.app(scope, _bounded(receive, limit, self.limits.body_timeout), send)
+            await self.app(scope, _bounded(receive, limit, param, self.limits.body_timeout), send)
         finally:
             if authorized:
                 self.in_flight -= 1
@@ -113,10 +115,10 @@ class LimitsMiddleware:
                 self.unauthorized -= 1
 
 
-def _too_large(limit: int) -> HTTPError:
+def _too_large(limit: int, param: Union[str, None]) -> HTTPError:
     # Connection: close, for the rest of the body is not read.
-    refusal = Refusal(Kind.TOO_LARGE, f"the body is over this route's limit of {limit} bytes", code="body_too_large")
-    return HTTPError(refusal, headers=_CLOSE)
+    message = f"the body is over this route's limit of {limit} bytes"
+    return HTTPError(Refusal(Kind.TOO_LARGE, message, param=param, code="body_too_large"), headers=_CLOSE)
 
 
 def _content_length(scope: Scope) -> Union[int, None]:
@@ -129,7 +131,7 @@ def _content_length(scope: Scope) -> Union[int, None]:
     return None
 
 
-def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
+def _bounded(receive: Receive, limit: int, param: Union[str, None], timeout: float) -> Receive:
     received = 0
     deadline: Union[float, None] = None
     whole = False
@@ -148,7 +150,7 @@ def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > limit:
-                raise _too_large(limit)
+                raise _too_large(limit, param)
             whole = not message.get("more_body", False)
         return message
 

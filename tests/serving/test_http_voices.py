@@ -44,6 +44,9 @@ def http(running: Server) -> Iterator[Any]:
         yield client
 
 
+FIELD = "audio_sample"
+
+
 def _upload(http: Any, name: str, data: bytes, **fields: str) -> Any:
     return http.post("/v1/audio/voices", data={"name": name, **fields}, files={"audio_sample": ("a.wav", data)})
 
@@ -70,9 +73,6 @@ def test_the_openai_client_uploads_lists_uses_and_deletes_a_voice(running: Serve
         assert refused.value.code == "unknown_voice"
 
 
-FIELD = "audio_sample"
-
-
 def test_every_refusal_has_its_status_and_field(http: Any) -> None:
     huge = {"file": ("a.wav", b"x" * 400_000)}  # over --max-upload
     wrong_field = {"other": ("a", b"x")}
@@ -81,7 +81,7 @@ def test_every_refusal_has_its_status_and_field(http: Any) -> None:
         (_upload(http, "empty", b""), 400, "voice_invalid", "audio_sample"),
         (_upload(http, "bad name!", clip()), 400, "voice_invalid", "name"),
         (_upload(http, "big", clip(5.0)), 413, "voice_too_large", "audio_sample"),  # 240 kB > 200 kB
-        (http.post("/v1/audio/voices", files=huge, data={"name": "x"}), 413, "body_too_large", None),
+        (http.post("/v1/audio/voices", files=huge, data={"name": "x"}), 413, "body_too_large", FIELD),
         (http.post("/v1/audio/voices", json={"name": "x"}), 415, "bad_content_type", None),
         (http.post("/v1/audio/voices", data={"name": "x"}, files=wrong_field), 400, "invalid_request_error", FIELD),
         (http.delete("/v1/audio/voices/voice_000000000000000000000000"), 404, "voice_not_found", "name"),
