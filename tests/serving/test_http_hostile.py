@@ -241,3 +241,15 @@ def test_serve_help_explains_every_flag_and_shows_the_defaults() -> None:
         described = re.search(re.escape(flag) + r" [A-Z_]+ ([^-].*?)\(default: ([^)]*)\)", text)
         assert described is not None and described.group(2) == default, (flag, text[:3000])
     assert "--cors-origin" in text
+
+
+def test_serving_md_gives_the_streamed_wav_header_as_it_is() -> None:
+    import numpy as np
+    from harness import REPO
+
+    from indextts_client.http._encoders import make_encoder
+
+    head = make_encoder("wav", 24000, streamed=True).feed(np.zeros(4, dtype="<i2"))[:44]
+    riff, data = int.from_bytes(head[4:8], "little"), int.from_bytes(head[40:44], "little")
+    text = (Path(REPO) / "docs" / "serving.md").read_text(encoding="utf-8")
+    assert f"RIFF size is `0x{riff:08X}` and its data size `0x{data:08X}`" in text

@@ -170,3 +170,24 @@ async def test_a_foreign_origin_cannot_open_the_socket(srv: Server) -> None:
     assert refused.value.response.status_code == 403
     body = json.loads(refused.value.response.body or b"{}")
     assert body["error"]["code"] == "forbidden_origin"
+
+
+def _extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from harness import REPO
+
+    with open(Path(REPO) / "pyproject.toml", "rb") as file:
+        extras: dict[str, list[str]] = tomllib.load(file)["project"]["optional-dependencies"]
+    return extras
+
+
+def test_the_server_extra_brings_what_the_websocket_route_imports() -> None:
+    """``pip install ".[server]"`` alone runs the route: its sentence splitter comes with it."""
+    extras = _extras()
+    server_extra = extras["server"]
+    brought = set(server_extra)
+    for requirement in server_extra:  # the extras it names of this package
+        if requirement.startswith("indextts-sidecar["):
+            for name in requirement[len("indextts-sidecar[") : -1].split(","):
+                brought.update(extras[name])
+    assert any(requirement.startswith("sentence-stream") for requirement in brought), server_extra
