@@ -91,7 +91,7 @@ class Service:
     async def health(self, request: Request) -> Response:
         """``ok``, ``starting`` or ``unavailable``; the members' details only with the key."""
         status = self.status.value
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if self.status is Status.OK:
             report = await self.backend.health()
             status = "ok" if report.ok else "unavailable"

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Union
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import HTTPExceptionHandler
 
 from .._exceptions import SidecarError
 from .._service import Kind, Refusal, refusal_of
@@ -99,5 +100,5 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return HTTPError(Refusal(Kind.INTERNAL, f"internal error ({type(exc).__name__})", code="server_error")).response()
 
 
-def exception_handlers() -> dict[Any, Any]:
+def exception_handlers() -> dict[type[Exception], HTTPExceptionHandler]:
     return {HTTPException: _http_exception, HTTPError: _refused, Refusal: _refused, Exception: _unexpected}

@@ -10,7 +10,7 @@ import contextlib
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Union
 
 import anyio
 import h11
@@ -157,7 +157,7 @@ def _bounded(receive: Receive, limit: int, param: Union[str, None], timeout: flo
     return bounded_receive
 
 
-def _no_delay(transport: Any) -> None:
+def _no_delay(transport: asyncio.BaseTransport) -> None:
     """TCP_NODELAY: asyncio sets it only on sockets made with proto=IPPROTO_TCP, and a listening
     socket handed over (``--fd``, or bound by a caller) may not be.  Without it a response's
     head and body wait on the client's delayed ACK: 40 ms a request."""
@@ -167,7 +167,7 @@ def _no_delay(transport: Any) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def reset(transport: Any) -> None:
+def reset(transport: asyncio.Transport) -> None:
     """Drop a connection now: a reset (``SO_LINGER`` 0), so that neither asyncio nor the kernel
     keeps trying to deliver what a client that stopped reading never takes."""
     sock = transport.get_extra_info("socket")
@@ -198,7 +198,7 @@ def header_deadline_protocol(seconds: float, write_timeout: Union[float, None] =
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport: Any) -> None:
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol
             super().connection_made(transport)
             _no_delay(transport)
             self._arm()

@@ -13,7 +13,8 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Union
+from functools import partial
+from typing import Union
 
 import anyio
 from starlette.requests import Request
@@ -78,15 +79,15 @@ async def _next(chunks: Chunks) -> Union[AudioChunk, None]:
     return await anext(chunks, None)
 
 
-async def encode_off_loop(encoder: Encoder, step: Callable[..., bytes], *args: Any) -> bytes:
+async def encode_off_loop(encoder: Encoder, step: Callable[[], bytes]) -> bytes:
     # PyAV's encoders take milliseconds per segment: off the event loop, so that one
     # request's encoding never holds up another's bytes.  pcm and wav are a copy.
     if encoder.blocking:
-        return await anyio.to_thread.run_sync(step, *args)
-    return step(*args)
+        return await anyio.to_thread.run_sync(step)
+    return step()
 
 
-def _sse(event: dict[str, Any]) -> bytes:
+def _sse(event: dict[str, object]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
@@ -101,7 +102,7 @@ class _Segments:
 
     def event(self, seq: int, at: int, chunk: AudioChunk, arrived: Union[float, None]) -> bytes:
         samples, rate, segment = len(chunk.samples), chunk.sample_rate, chunk.segment
-        event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
+        event: dict[str, object] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
         event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
         if segment is not None:
             if segment.span is not None:
@@ -170,7 +171,7 @@ class SpeechRoute:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=False)
             parts, chunk = [], first
             while chunk is not None:
-                parts.append(await encode_off_loop(encoder, encoder.feed, chunk.samples))
+                parts.append(await encode_off_loop(encoder, partial(encoder.feed, chunk.samples)))
                 chunk = await _next(chunks)
                 if chunk is not None:
                     clock.chunk(len(chunk.samples), chunk.sample_rate)
@@ -201,7 +202,7 @@ class SpeechRoute:
             while chunk is not None:
                 if sse:
                     yield segments.event(seq, at, chunk, arrived)
-                data = await encode_off_loop(encoder, encoder.feed, chunk.samples)
+                data = await encode_off_loop(encoder, partial(encoder.feed, chunk.samples))
                 if data:
                     sent += len(data)
                     yield _delta(data) if sse else data

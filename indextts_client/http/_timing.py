@@ -29,7 +29,7 @@ import itertools
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Union
 
 import prometheus_client
 
@@ -65,7 +65,7 @@ class Clock:
         self.rate = 0
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
-        self.engine_facts: dict[str, Any] = {}
+        self.engine_facts: dict[str, object] = {}
         #: When a ``started`` progress said the engine took the request (the last one: a pool
         #: may retry it elsewhere): the queue wait is then known with the first audio, and a
         #: streamed response's headers carry it.
@@ -100,7 +100,7 @@ class Clock:
         self.rate = rate
         return now - self.started
 
-    def end(self, sidecar: Mapping[str, float], facts: Mapping[str, Any]) -> None:
+    def end(self, sidecar: Mapping[str, float], facts: Mapping[str, object]) -> None:
         self.ended = time.perf_counter()
         self.sidecar = dict(sidecar)
         self.engine_facts = dict(facts)

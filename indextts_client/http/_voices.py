@@ -9,7 +9,7 @@ languages, ``POST`` uploads a clip (refused at once for an engine that cannot cl
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -35,13 +35,13 @@ _STORE_ERRORS = {
 T = TypeVar("T")
 
 
-def _stored_json(info: VoiceInfo) -> dict[str, Any]:
+def _stored_json(info: VoiceInfo) -> dict[str, object]:
     """OpenAI's voice object (``id``, ``name``, ``created_at``...) and the store's facts of the clip."""
     facts = msgspec.to_builtins(info)
     return {"object": "audio.voice", "type": "audio_sample", "created_at": int(info.created), **facts}
 
 
-def _listed_json(voice: ListedVoice) -> dict[str, Any]:
+def _listed_json(voice: ListedVoice) -> dict[str, object]:
     if voice.stored is not None:
         return {**_stored_json(voice.stored), "source": voice.source, "languages": list(voice.languages)}
     return {

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol, Union
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Protocol, Union
 
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .._exceptions import SidecarError
@@ -137,13 +140,13 @@ class _Session:
 
     # -------------------------------------------------------------- sending
 
-    async def send_json(self, event: dict[str, Any]) -> None:
+    async def send_json(self, event: Mapping[str, object]) -> None:
         await self._send({"type": "websocket.send", "text": msgspec.json.encode(event).decode()})
 
     async def send_bytes(self, data: bytes) -> None:
         await self._send({"type": "websocket.send", "bytes": data})
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Message) -> None:
         if self.broken:
             raise _WriteTimeout
         async with self.send_lock:
@@ -157,7 +160,7 @@ class _Session:
     async def error(
         self, code: str, message: str, context_id: Union[str, None] = None, param: Union[str, None] = None
     ) -> None:
-        event: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        event: dict[str, object] = {"type": "error", "code": code, "message": message}
         if param is not None:
             event["param"] = param
         if context_id is not None:
@@ -259,11 +262,11 @@ class _Session:
         if context.ended:
             raise EventError("context_ended", f"context {context.id!r} has ended", context.id)
 
-    async def feed(self, context: _Context, step: Any, *args: Any) -> None:
+    async def feed(self, context: _Context, step: Callable[[], Awaitable[None]]) -> None:
         """A step on the context's feed; its stream may have ended meanwhile (it failed while
         the client was still sending): then that text is refused, the connection stays."""
         try:
-            await step(*args)
+            await step()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             context.ended = True
             raise EventError("context_ended", f"context {context.id!r} has ended", context.id) from None
@@ -280,7 +283,9 @@ class _Session:
                 context.id,
                 "text",
             )
-        await self.feed(context, context.feed.send, text)  # never waits: the feed holds more than pending allows
+        await self.feed(
+            context, partial(context.feed.send, text)
+        )  # never waits: the feed holds more than pending allows
         context.pending += len(text)
         context.text_since_flush = True
 
@@ -354,7 +359,7 @@ class _Session:
                     if encoder is None:
                         encoder = make_encoder(fmt, event.sample_rate, streamed=True)
                         await self.start(context, event.sentence, event.text, event.sample_rate)
-                    data = await encode_off_loop(encoder, encoder.feed, event.samples)
+                    data = await encode_off_loop(encoder, partial(encoder.feed, event.samples))
                     if data:
                         sent += len(data)
                         await self.send_bytes(context.prefix + data)
@@ -386,7 +391,11 @@ class _Session:
 
 
 async def receive_event(
-    ws: WebSocket, limits: WebSocketLimits, last_activity: Any, active: Any, deadline: Union[float, None] = None
+    ws: WebSocket,
+    limits: WebSocketLimits,
+    last_activity: Callable[[], float],
+    active: Callable[[], None],
+    deadline: Union[float, None] = None,
 ) -> Union[ClientEvent, None]:
     """The next event, None once the client has gone.  Past the idle timeout (from the last
     activity), or ``deadline`` (an absolute time), :class:`Fatal`."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 import msgspec
 
@@ -153,7 +153,7 @@ def decode_event(text: str) -> ClientEvent:
         raise EventError("invalid_event", f"an event is one JSON object: {exc}") from None
 
 
-def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type[Any]:
+def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type[asyncio.Protocol]:
     """uvicorn's WebSocket protocol (on the ``websockets`` package) that resets a connection whose
     client has stopped reading:
 
