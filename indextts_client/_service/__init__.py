@@ -33,6 +33,13 @@ The API:
 - :mod:`.depth`: ``check_depth(raw, limit=MAX_DEPTH)``: nesting refused (``too_deep``) before decoding.
 - :mod:`.settings`: ``add_voice_arguments(parser)`` and ``ServeSettings.from_args(args, parser)``:
   the serving flags (pool and voices) once, frozen; ``positive(int)`` for bounds flags.
+
+For Wyoming: build ``PoolBackend(Pool(settings.engine, **settings.pool))`` and
+``settings.sources()``; after ``backend.start()``, ``backend.facts`` has the engine's voices
+with their languages (``sources.listing(facts)`` for ``info``); ``check_depth(line)`` before
+decoding an event; a synthesize event's fields become ``SpeechSettings(voice=...)``, then
+``prepare()``; render ``Refusal.code``/``.message`` (``refusal_of(exc)`` for a SidecarError)
+as the ``error`` event.
 """
 
 from __future__ import annotations
