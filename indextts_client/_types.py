@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from indextts_sidecar.protocol import Ready
+from indextts_sidecar.protocol.engine_info import SpeedControl
 
 __all__ = ["Health", "LoadInfo", "ProgressCallback", "ProgressEvent", "RestartCallback", "SidecarInfo"]
 
@@ -62,6 +63,8 @@ class SidecarInfo:
     capabilities: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     dropped_options: tuple[str, ...] = ()
+    #: The engine's speed control, as its ``ready`` says (None: none, or a sidecar too old to say).
+    speed: Union[SpeedControl, None] = None
 
     @classmethod
     def from_ready(cls, ready: Ready) -> SidecarInfo:
@@ -75,6 +78,7 @@ class SidecarInfo:
             capabilities=tuple(ready.capabilities),
             options=dict(ready.options),
             dropped_options=tuple(ready.dropped_options),
+            speed=ready.speed,
         )
 
 

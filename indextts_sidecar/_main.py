@@ -388,6 +388,7 @@ def main(argv: Union[list[str], None] = None) -> int:
             *(["registered_voices"] if args.voice_dir or uploads_only else []),
         ],
         options=msgspec.to_builtins(options),
+        speed=cls.speed,
     )
     import logging
 

@@ -128,6 +128,8 @@ SUPERVISION = (
 )
 FACADES = ("_client", "_pool", "_pool_cli", "_blocking", "_signature", "_stream_text")
 SERVING = ("http", "http.*", "ray", "wyoming")
+#: The speech-service core under the serving front ends (docs/architecture.md).
+SERVICE = ("_service", "_service.*")
 TOOLS = ("_cli", "_doctor", "_engines", "__main__")
 #: Where the public names are defined: values every layer shares.
 SHARED = ("_audio", "_types", "_exceptions", "_defaults")
@@ -176,17 +178,17 @@ def _public_names() -> set[str]:
 
 def test_each_layer_pattern_names_modules_that_exist() -> None:
     modules = set(_statements())
-    for layer in (WIRE, SUPERVISION, FACADES, SERVING, TOOLS, SHARED):
+    for layer in (WIRE, SUPERVISION, FACADES, SERVING, SERVICE, TOOLS, SHARED):
         assert any(_in(module, layer) for module in modules), layer
 
 
 def test_the_wire_imports_neither_supervision_nor_the_facades() -> None:
-    above = SUPERVISION + FACADES + SERVING + TOOLS
+    above = SUPERVISION + FACADES + SERVING + SERVICE + TOOLS
     assert _breaches(_statements(), WIRE, lambda _m, target, _n: not _in(target, above)) == set()
 
 
 def test_supervision_imports_no_facade() -> None:
-    above = FACADES + SERVING + TOOLS
+    above = FACADES + SERVING + SERVICE + TOOLS
     assert _breaches(_statements(), SUPERVISION, lambda _m, target, _n: not _in(target, above)) == set()
 
 
@@ -198,11 +200,45 @@ def _serving_may_import(module: str, target: str, name: str) -> bool:
     if target.split(".")[:2] == own:
         return True  # within its own package (http/'s modules)
     private = any(part.startswith("_") for part in target.split(".")[1:])
-    return not private or _in(target, FACADES + SHARED) or name in _public_names()
+    return not private or _in(target, FACADES + SHARED + SERVICE) or name in _public_names()
 
 
 def test_the_serving_adapters_import_only_public_names_or_the_facades() -> None:
     assert _breaches(_statements(), SERVING, _serving_may_import) == set()
+
+
+def _service_may_import(module: str, target: str, name: str) -> bool:
+    """The service core: the facades, the shared values and the sidecar's public modules; never
+    a front end (http/, wyoming, ray) nor a web or Wyoming library."""
+    top = target.split(".")[0]
+    if top in ("starlette", "uvicorn", "wyoming", "prometheus_client", "h11", "websockets"):
+        return False
+    if top != "indextts_client":
+        return True
+    return _in(target, FACADES + SHARED + SERVICE) or (target == "indextts_client" and name in _public_names())
+
+
+def _service_statements() -> set[str]:
+    """Every import of the service core, third-party ones included."""
+    return {
+        f"{module} imports {target}{'.' + name if name else ''}"
+        for module, imports in _statements().items()
+        if _in(module, SERVICE)
+        for target, name in imports
+        if not _service_may_import(module, target, name)
+    }
+
+
+def test_the_service_core_imports_no_front_end_and_no_web_library() -> None:
+    assert _service_statements() == set()
+
+
+def test_the_front_ends_import_each_other_never() -> None:
+    def allowed(module: str, target: str, _name: str) -> bool:
+        return not (_in(target, SERVING) and target.split(".")[:2] != module.split(".")[:2])
+
+    breaches = _breaches(_statements(), ("http", "http.*", "wyoming"), allowed)
+    assert {b for b in breaches if "indextts_client.ray" not in b} == set()
 
 
 def _protocol_may_import(module: str, target: str, name: str) -> bool:

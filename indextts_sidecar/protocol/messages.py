@@ -12,6 +12,8 @@ from typing import Annotated, Any, Final, Literal, Union, get_args
 
 import msgspec
 
+from .engine_info import SpeedControl
+
 __all__ = [
     "EMOTION_NAMES",
     "MAX_DEPTH",
@@ -233,6 +235,9 @@ class Ready(_Message, tag="ready"):
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     #: Engine options that the installed engine does not accept and that were dropped.
     dropped_options: list[str] = msgspec.field(default_factory=list)
+    #: The engine's speed control (its request option and range), so that a server maps a
+    #: request's ``speed`` without importing the engine; None: it has none (or an older sidecar).
+    speed: Union[SpeedControl, None] = None
 
 
 class Progress(_Message, tag="progress"):

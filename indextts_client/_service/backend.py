@@ -1,0 +1,248 @@
+"""What the service serves from: a local :class:`Pool`, or a Ray Serve deployment.
+
+:class:`Backend` is the one seam a front end talks to: ``stream(text, prepared)`` answers a
+:class:`ServedStream` (an async context manager of :class:`AudioChunk`, whose sidecar timings,
+engine facts and member are declared attributes, read after it ends), ``stream_text(texts,
+prepared)`` a :class:`TextStream`, and ``health()`` one :class:`HealthReport`.  The engine's
+facts (:class:`EngineFacts`) come from what the sidecar says: its ``ready`` frame (name,
+capabilities, speed control) and its ``voices`` answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, Union
+
+import msgspec
+
+from indextts_sidecar.protocol.engine_info import SpeedControl
+
+from .._audio import AudioChunk
+from .._client import Client
+from .._exceptions import SidecarError
+from .._pool import Pool
+from .._stream_text import TextInput, TextStream
+from .._types import ProgressCallback, SidecarInfo
+from .facts import EngineFacts, EngineVoice
+from .prepare import Prepared
+
+__all__ = ["Backend", "HealthReport", "MemberReport", "PoolBackend", "RayBackend", "RayLike", "ServedStream"]
+
+log = logging.getLogger("indextts_client.service")
+
+
+class ServedStream(Protocol):
+    """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
+
+    After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
+    request (``facts``: ``voice_cache``...), and the pool member that served it (None behind Ray).
+    """
+
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+
+    @property
+    def facts(self) -> Mapping[str, Any]: ...
+
+    @property
+    def member_index(self) -> Union[int, None]: ...
+
+    async def __aenter__(self) -> AsyncIterator[AudioChunk]: ...
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> Union[bool, None]: ...
+
+
+@dataclass(frozen=True)
+class MemberReport:
+    """One pool member's state, for ``/health`` (with the key) and the metrics."""
+
+    index: int
+    state: str
+    outstanding: int
+    served: int
+    restarts: int
+    pid: Union[int, None]
+    device: Union[str, None]
+    #: The class of the member's last error, never its text (which may hold paths).
+    error: Union[str, None]
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """``ok`` when some member (or the deployment) answers, else ``unavailable``."""
+
+    ok: bool
+    members: tuple[MemberReport, ...] = ()
+    #: Behind Ray: the replica's answer to a ping.
+    replica: Mapping[str, Any] = field(default_factory=dict)
+    #: Why it is unavailable (an exception's class), when it is.
+    error: Union[str, None] = None
+
+
+class Backend(Protocol):
+    """What a front end serves from."""
+
+    @property
+    def facts(self) -> EngineFacts: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def stream(
+        self, text: str, prepared: Prepared, *, on_progress: Union[ProgressCallback, None] = None
+    ) -> ServedStream: ...
+
+    def stream_text(self, texts: TextInput, prepared: Prepared) -> TextStream: ...
+
+    async def health(self) -> HealthReport: ...
+
+
+def _arguments(prepared: Prepared) -> dict[str, Any]:
+    """The client's keyword arguments for ``prepared``: the engine options are checked by
+    :func:`~.prepare.prepare` never to take one of the client's own names."""
+    return {
+        "voice": prepared.voice,
+        "emotion": prepared.emotion,
+        "sample_rate": prepared.sample_rate,
+        **prepared.options,
+    }
+
+
+async def _engine_voices(client: Client) -> tuple[EngineVoice, ...]:
+    """The engine's voices as the sidecar lists them; none for an engine without named voices."""
+    try:
+        entries = await client.voices()
+    except SidecarError as exc:  # an engine without named voices answers invalid_request
+        log.info("the engine lists no voices: %s", type(exc).__name__)
+        return ()
+    return EngineFacts.voices_of(entries)
+
+
+class PoolBackend:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.facts = EngineFacts()
+
+    async def start(self) -> None:
+        await self.pool.start()
+        info: Union[SidecarInfo, None] = None
+        for client in self.pool.members:
+            with contextlib.suppress(RuntimeError):
+                info = client.info
+                log.info("sidecar ready: engine %s, pid %d", info.engine, info.pid)
+        for client in self.pool.members:
+            with contextlib.suppress(RuntimeError):
+                info = client.info
+                voices = await _engine_voices(client) if "voices" in info.capabilities else ()
+                self.facts = EngineFacts(info.engine, info.capabilities, info.speed, voices)
+                return
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    def stream(
+        self, text: str, prepared: Prepared, *, on_progress: Union[ProgressCallback, None] = None
+    ) -> ServedStream:
+        return self.pool.stream(text, on_progress=on_progress, **_arguments(prepared))
+
+    def stream_text(self, texts: TextInput, prepared: Prepared) -> TextStream:
+        return self.pool.stream_text(texts, **_arguments(prepared))
+
+    async def health(self) -> HealthReport:
+        members = await self.pool.health()
+        reports = tuple(
+            MemberReport(
+                index=m.index,
+                state=m.state,
+                outstanding=m.outstanding,
+                served=m.served,
+                restarts=m.restarts,
+                pid=m.pid,
+                device=m.device,
+                error=m.error and str(m.error).partition(":")[0],
+            )
+            for m in members
+        )
+        return HealthReport(ok=any(m.state == "ready" for m in members), members=reports)
+
+
+class _RayStream:
+    """A Ray stream as a :class:`ServedStream`: behind Ray no timings, facts or member come back."""
+
+    def __init__(self, opened: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]) -> None:
+        self._opened = opened
+        self.timings: Mapping[str, float] = {}
+        self.facts: Mapping[str, Any] = {}
+        self.member_index: Union[int, None] = None
+
+    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
+        return await self._opened.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> Union[bool, None]:
+        await self._opened.__aexit__(exc_type, exc, tb)
+        return None
+
+
+class RayLike(Protocol):
+    """What :class:`RayBackend` needs of :class:`indextts_client.ray.RayClient`."""
+
+    async def info(self) -> dict[str, Any]: ...
+
+    async def ping(self) -> dict[str, Any]: ...
+
+    def stream(self, text: str, **kwargs: Any) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]: ...
+
+    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream: ...
+
+
+class RayBackend:
+    """A Ray Serve deployment: Serve owns the replicas, so start and close only ask and forget."""
+
+    def __init__(self, client: RayLike) -> None:
+        self.client = client
+        self.facts = EngineFacts()
+
+    async def start(self) -> None:
+        info = await self.client.info()
+        speed = info.get("speed")  # a replica that reports its engine's speed control
+        self.facts = EngineFacts(
+            str(info["engine"]),
+            tuple(info["capabilities"]),
+            msgspec.convert(speed, SpeedControl) if isinstance(speed, dict) else None,
+        )
+
+    async def aclose(self) -> None:
+        pass
+
+    def stream(
+        self, text: str, prepared: Prepared, *, on_progress: Union[ProgressCallback, None] = None
+    ) -> ServedStream:
+        # A callback would run on the replica, not here: behind Ray a request reports no progress.
+        return _RayStream(self.client.stream(text, **_arguments(prepared)))
+
+    def stream_text(self, texts: TextInput, prepared: Prepared) -> TextStream:
+        return self.client.stream_text(texts, **_arguments(prepared))
+
+    async def health(self) -> HealthReport:
+        try:
+            replica = await self.client.ping()
+        except Exception as exc:
+            log.warning("health: the deployment did not answer: %s: %s", type(exc).__name__, exc)
+            return HealthReport(ok=False, error=type(exc).__name__)
+        return HealthReport(ok=True, replica=replica)

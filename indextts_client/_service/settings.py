@@ -1,0 +1,95 @@
+"""The serving flags every server shares, parsed once into frozen settings.
+
+``add_voice_arguments`` defines ``--voice``, ``--voice-dir`` and the voice store's bounds (their
+defaults read from :class:`VoiceLimits`, said there once); :meth:`ServeSettings.from_args` turns
+them and the pool's flags (:mod:`indextts_client._pool_cli`) into one frozen value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Union
+
+from indextts_sidecar.voicestore import VoiceLimits
+
+from .._pool_cli import pool_kwargs
+from .voices import VoiceSources, parse_voice_map
+
+__all__ = ["ServeSettings", "add_voice_arguments", "positive"]
+
+
+def positive(kind: type) -> Any:
+    """An argparse type: a positive ``kind`` (int or float), else the parser's error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not positive")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_VOICE_BOUNDS = (
+    ("--max-voice-bytes", "max_clip_bytes", int, "bytes of one uploaded clip"),
+    ("--max-voices", "max_clips", int, "stored clips"),
+    ("--max-voice-total-bytes", "max_total_bytes", int, "bytes of all stored clips"),
+    ("--max-voice-names", "max_names", int, "voice names"),
+    ("--max-voice-seconds", "max_clip_seconds", float, "seconds of one uploaded clip"),
+)
+
+
+def add_voice_arguments(parser: argparse.ArgumentParser, bounds: Union[argparse._ArgumentGroup, None] = None) -> None:
+    """``--voice NAME=VALUE``, ``--voice-dir DIR`` and the store's bounds (in ``bounds``, a group)."""
+    parser.add_argument(
+        "--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name to what the sidecar gets"
+    )
+    parser.add_argument("--voice-dir", help="reference clips, and where uploaded voices are kept")
+    group = bounds if bounds is not None else parser
+    defaults = VoiceLimits()
+    for flag, attribute, kind, what in _VOICE_BOUNDS:
+        group.add_argument(flag, type=positive(kind), default=getattr(defaults, attribute), help=what)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What a server runs: the pool's arguments, and its voices."""
+
+    engine: str
+    #: ``Pool(engine, **pool)``.
+    pool: Mapping[str, Any]
+    voices: Mapping[str, Union[str, None]] = field(default_factory=dict)
+    voice_dir: Union[str, None] = None
+    voice_limits: VoiceLimits = field(default_factory=VoiceLimits)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServeSettings:
+        """From the flags of ``add_pool_arguments`` and ``add_voice_arguments``; a bad one is the parser's error."""
+        try:
+            voices = parse_voice_map(args.voice)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.voice_dir and not os.path.isdir(args.voice_dir):
+            parser.error(f"--voice-dir {args.voice_dir!r} is not a directory")
+        limits = VoiceLimits(
+            **{attribute: getattr(args, flag[2:].replace("-", "_")) for flag, attribute, *_ in _VOICE_BOUNDS}
+        )
+        return cls(
+            engine=args.engine,
+            pool=MappingProxyType(pool_kwargs(args, parser)),
+            voices=MappingProxyType(voices),
+            voice_dir=args.voice_dir or None,
+            voice_limits=limits,
+        )
+
+    def sources(self) -> VoiceSources:
+        """The voice sources these settings name."""
+        return VoiceSources(self.voices, self.voice_dir, self.voice_limits)
