@@ -37,7 +37,7 @@ The API:
 
 from __future__ import annotations
 
-from .backend import Backend, HealthReport, MemberReport, PoolBackend, RayBackend, ServedStream
+from .backend import Backend, HealthReport, MemberReport, PoolBackend, RayBackend, RayLike, ServedStream
 from .depth import MAX_DEPTH, check_depth, depth_of
 from .facts import EngineFacts, EngineVoice
 from .fields import FORMATS, SampleRate, SpeechFields, SpeechSettings, Speed, Strength, VoiceRef
@@ -61,6 +61,7 @@ __all__ = [
     "PoolBackend",
     "Prepared",
     "RayBackend",
+    "RayLike",
     "Refusal",
     "Resolved",
     "SampleRate",

@@ -37,7 +37,7 @@ class EngineVoice:
         identifier = entry.get("identifier")
         return cls(
             name=name,
-            languages=tuple(str(lang) for lang in languages if isinstance(lang, str)),
+            languages=tuple(lang.casefold() for lang in languages if isinstance(lang, str)),
             identifier=identifier if isinstance(identifier, str) and identifier != name else None,
         )
 
@@ -53,19 +53,36 @@ class EngineFacts:
 
     @property
     def clones(self) -> bool:
-        """Whether the engine speaks in a voice from a clip (the ``voice_clone`` capability)."""
-        return "voice_clone" in self.capabilities
+        """Whether the engine speaks in a voice from a clip: it declares ``voice_clone``, or at
+        least does not declare named voices of its own (``voices``) without it.  espeak names
+        its voices and clones none; IndexTTS declares ``voice_clone``; the fake engine takes any."""
+        return "voice_clone" in self.capabilities or "voices" not in self.capabilities
 
     def voice(self, name: str) -> Union[EngineVoice, None]:
         """The engine voice ``name`` names, or None: its name, its identifier (or the identifier's
-        last part) or one of its languages, in any case, with any ``+variant`` (espeak's) set aside."""
+        last part), else the voice whose first language it is, else any voice of that language;
+        in any case, with any ``+variant`` (espeak's) set aside."""
         folded = name.partition("+")[0].casefold()
         if not folded:
             return None
-        for voice in self.voices:
-            if folded in voice.names():
-                return voice
+        for matches in (
+            lambda voice: folded in voice.names(),
+            lambda voice: voice.languages[:1] == (folded,),
+            lambda voice: folded in voice.languages,
+        ):
+            for voice in self.voices:
+                if matches(voice):
+                    return voice
         return None
+
+    def spoken(self, name: str) -> Union[str, None]:
+        """What the sidecar gets for engine voice ``name``: the voice's identifier (the one name
+        the engine always takes), its ``+variant`` kept; None when no voice has that name."""
+        voice = self.voice(name)
+        if voice is None:
+            return None
+        _, plus, variant = name.partition("+")
+        return (voice.identifier or voice.name) + plus + variant
 
     @staticmethod
     def voices_of(entries: Sequence[Mapping[str, Any]]) -> tuple[EngineVoice, ...]:

@@ -39,6 +39,7 @@ class Kind(enum.Enum):
     UNAUTHORIZED = "unauthorized"  # no key or a wrong one (401)
     FORBIDDEN = "forbidden"  # a foreign Origin or Host (403)
     NOT_FOUND = "not_found"  # no such thing (404)
+    CONFLICT = "conflict"  # the name is taken (409)
     TOO_LARGE = "too_large"  # over a size bound (413)
     UNSUPPORTED_MEDIA = "unsupported_media"  # the wrong content type (415)
     BUSY = "busy"  # every sidecar is busy: try again (429)
@@ -54,8 +55,9 @@ class Kind(enum.Enum):
 class Refusal(Exception):
     """A request that is not served: its kind, a short message, the field at fault, a code.
 
-    ``code`` is the machine-readable word (``unknown_voice``, ``busy``...); it defaults to the
-    kind's value.  ``param`` names the request field at fault (``voice``, ``options.rate``).
+    ``code`` is the machine-readable word (``unknown_voice``, ``busy``...); it defaults to
+    OpenAI's ``invalid_request_error`` (``server_error`` for ENGINE and INTERNAL).  ``param``
+    names the request field at fault (``voice``, ``options.rate``).
     """
 
     def __init__(
@@ -64,7 +66,8 @@ class Refusal(Exception):
         message = without_paths(message)
         message = message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
         super().__init__(message)
-        self.kind, self.message, self.param, self.code = kind, message, param, code or kind.value
+        self.kind, self.message, self.param = kind, message, param
+        self.code = code or ("server_error" if kind in (Kind.ENGINE, Kind.INTERNAL) else "invalid_request_error")
 
     def __repr__(self) -> str:
         return f"Refusal({self.kind.value}, {self.message!r}, param={self.param!r}, code={self.code!r})"

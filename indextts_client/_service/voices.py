@@ -78,9 +78,11 @@ def parse_voice_map(items: list[str]) -> dict[str, Union[str, None]]:
 
 
 def unknown_voice(name: str, param: str = "voice") -> Refusal:
+    shown = "<path>" if "/" in name or "\\" in name else name[:64]  # a path is never echoed
+    which = "voice" if param == "voice" else f"{param} voice"
     return Refusal(
         Kind.INVALID,
-        f"unknown voice {name[:64]!r} ({param}): give a --voice name, a clip of the voice directory, an uploaded "
+        f"unknown {which} {shown!r}: give a --voice name, a clip of the voice directory, an uploaded "
         "voice's id or name, one of the engine's voices, or an OpenAI voice name",
         param=param,
         code="unknown_voice",
@@ -144,13 +146,15 @@ class VoiceSources:
         if name is None:
             return Resolved(None, "openai")
         if name in self.mapping:
-            return Resolved(self.mapping[name], "mapped")
+            value = self.mapping[name]  # an engine voice's name is spoken as the engine takes it
+            return Resolved(value and (facts.spoken(value) or value), "mapped")
         if self.directory is not None:
             found = await anyio.to_thread.run_sync(self._on_disk, name)
             if found is not None:
                 return found
-        if facts.voice(name) is not None:
-            return Resolved(name, "engine")
+        spoken = facts.spoken(name)
+        if spoken is not None:
+            return Resolved(spoken, "engine")
         if name in OPENAI_VOICES:
             return Resolved(None, "openai")
         raise unknown_voice(name, param)

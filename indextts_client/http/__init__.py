@@ -10,12 +10,14 @@ or from a shell: ``indextts-client serve --engine espeak --size 2`` (uvicorn).
 ``opus``, ``aac``, ``flac``, ``wav`` or ``pcm``; ``/v1/audio/voices`` uploads, lists and
 deletes voices; ``GET /v1/models``, ``/health``, ``/metrics``.  docs/serving.md has it all.
 
-The parts, each usable alone: :mod:`._schema` (the request struct), :mod:`._encoders`,
-:mod:`._voices` (voice resolution and uploads), :mod:`._backends` (Pool, Ray),
-:mod:`._limits` (bounds), :mod:`._speech` (the speech route), :mod:`._errors`
-(OpenAI's error JSON), :mod:`._app` (them together), :mod:`._serve` (the command),
-:mod:`._emotion` (``instructions`` and the emotion fields), :mod:`._timing` (timing headers
-and latency histograms), :mod:`._playground` (the page at ``/``).
+HTTP only: what a request means (voices, emotion, speed, options, failures) is the service
+core's (:mod:`indextts_client._service`); these modules adapt it.  :mod:`._schema` (the
+request body), :mod:`._encoders`, :mod:`._voices` (the voice routes), :mod:`._limits`
+(bounds, deadlines), :mod:`._origins` (Origin, Host, CORS), :mod:`._speech` (the speech
+route), :mod:`._ws_events` and :mod:`._websocket` (the WebSocket route), :mod:`._errors`
+(a refusal as OpenAI's error JSON), :mod:`._app` (them together), :mod:`._serve` (the
+command), :mod:`._timing` (timing headers and latency histograms), :mod:`._playground`
+(the page at ``/``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
         f"pip install starlette uvicorn prometheus-client av python-multipart websockets ({exc})"
     ) from exc
 
+from .._service import FORMATS, OPENAI_VOICES
 from ._app import create_app
 from ._limits import Limits
-from ._schema import FORMATS, SpeechRequest
+from ._schema import SpeechRequest
 from ._serve import main
-from ._voices import OPENAI_VOICES
 
 __all__ = ["FORMATS", "OPENAI_VOICES", "Limits", "SpeechRequest", "create_app", "main"]

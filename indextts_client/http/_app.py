@@ -1,11 +1,12 @@
-"""The app: the named parts (schema, encoders, voices, backends, limits) put together."""
+"""The app: the service core (backend, voice sources, preparation) under HTTP's routes."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Union
 
 import anyio
@@ -16,83 +17,72 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
+from indextts_sidecar.voicestore import VoiceLimits
+
 from .._pool import Pool
-from ._backends import Backend, PoolBackend, RayBackend
-from ._emotion import emotion_for
-from ._errors import HTTPError, exception_handlers
+from .._service import Backend, Kind, PoolBackend, RayBackend, RayLike, Refusal, VoiceSources, prepare
+from ._errors import exception_handlers
 from ._limits import Limits, LimitsMiddleware
 from ._metrics import Metrics
+from ._origins import Origins, OriginsMiddleware
 from ._playground import Playground
-from ._schema import VoiceRef, decode_speech, engine_options
+from ._schema import decode_speech
 from ._speech import Job, SpeechRoute
-from ._voices import Voices
-from ._websocket import WebSocketLimits
-from ._websocket import WebSocketRoute as SpeechSocket
+from ._voices import VoiceRoutes
+from ._websocket import SpeechSocket, WebSocketLimits
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("indextts_client.http")
 
 
-class _State:
-    """``starting`` until the backend is up, then ``ok``; ``unavailable`` when it could not start."""
+class Status(enum.Enum):
+    STARTING = "starting"  # until the backend is up
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # it could not start, or it is closing
 
-    def __init__(self) -> None:
-        self.status = "starting"
 
+class Service:
+    """What every route shares: the backend, the key, the voices, the bounds, the metrics."""
 
-class _Service:
-    def __init__(self, backend: Backend, api_key: Union[str, None], model: str, voices: Voices, limits: Limits) -> None:
-        self.backend, self.api_key, self.model, self.voices, self.limits = backend, api_key, model, voices, limits
-        self.state = _State()
+    def __init__(
+        self, backend: Backend, api_key: Union[str, None], model: str, sources: VoiceSources, limits: Limits
+    ) -> None:
+        self.backend, self.api_key, self.model, self.sources, self.limits = backend, api_key, model, sources, limits
+        self.status = Status.STARTING
         self.metrics = Metrics()
+        self.voices = VoiceRoutes(sources, lambda: self.backend.facts)
+
+    def key_ok(self, key: str) -> bool:
+        return self.api_key is None or hmac.compare_digest(key.encode(), self.api_key.encode())
 
     def authorized(self, request: HTTPConnection) -> bool:
         if self.api_key is None:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        return scheme.lower() == "bearer" and self.key_ok(token.strip())
 
-    def authorize(self, request: Request) -> None:
+    def authorize(self, request: HTTPConnection) -> None:
         if not self.authorized(request):
-            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
+            raise Refusal(
+                Kind.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key"
+            )
 
     def require_ready(self) -> None:
-        if self.state.status == "starting":
-            raise HTTPError(503, "the server is starting", code="starting", headers={"Retry-After": "1"})
-        if self.state.status != "ok":
-            raise HTTPError(503, "no sidecar could start", code="unavailable")
+        if self.status is Status.STARTING:
+            raise Refusal(Kind.STARTING, "the server is starting", code="starting")
+        if self.status is not Status.OK:
+            raise Refusal(Kind.UNAVAILABLE, "no sidecar could start", code="unavailable")
 
     async def prepare(self, request: Request) -> Job:
         self.authorize(request)
         self.require_ready()
         media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media_type != "application/json":
-            raise HTTPError(415, "the body must be application/json", code="bad_content_type")
+            raise Refusal(Kind.UNSUPPORTED_MEDIA, "the body must be application/json", code="bad_content_type")
         speech = decode_speech(await request.body(), self.limits.max_input)
-        options = engine_options(speech.options)
-        options.update(self.speed_options(speech.speed, options))
-        emotion = await emotion_for(speech, self.backend.facts, self.voices.resolve)
-        voice = speech.voice.id if isinstance(speech.voice, VoiceRef) else speech.voice
-        return Job(speech, await self.voices.resolve(voice), options, emotion)
-
-    def speed_options(self, speed: float, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``speed`` as the engine's declared option: 400 with the range when it is out of it."""
-        if speed == 1.0:
-            return {}
-        facts = self.backend.facts
-        control = facts.speed
-        if control is None:
-            raise HTTPError(400, f"engine {facts.name!r} has no speed control; speed must be 1.0", param="speed")
-        if control.option in options:
-            raise HTTPError(400, f"give speed or options.{control.option}, not both", param="speed")
-        value = control.value(speed)
-        if value is None:
-            low, high = control.speed_range()
-            raise HTTPError(
-                400, f"speed {speed:g} is outside engine {facts.name!r}'s range [{low:.3g}, {high:.3g}]", param="speed"
-            )
-        return {control.option: value}
+        prepared = await prepare(speech.settings(), self.backend.facts, self.sources, max_input=self.limits.max_input)
+        return Job(speech, prepared)
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
@@ -100,23 +90,26 @@ class _Service:
 
     async def health(self, request: Request) -> Response:
         """``ok``, ``starting`` or ``unavailable``; the members' details only with the key."""
-        status = self.state.status
-        details: dict[str, Any] = {}
-        if status == "ok":
-            details = await self.backend.health()
-            status = details["status"]
-        body: dict[str, Any] = {"status": status}
-        if self.authorized(request) and details:
-            for member in details.get("members", []):  # the class of a member's error, never its text
-                member["error"] = member["error"] and str(member["error"]).partition(":")[0]
-            body.update(details, status=status)
-        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+        status = self.status.value
+        body: dict[str, object] = {}
+        if self.status is Status.OK:
+            report = await self.backend.health()
+            status = "ok" if report.ok else "unavailable"
+            if self.authorized(request):
+                if report.members:
+                    body["members"] = [dict(vars(member)) for member in report.members]
+                if report.replica:
+                    body["replica"] = dict(report.replica)
+                if report.error:
+                    body["error"] = report.error
+        return JSONResponse({"status": status, **body}, status_code=200 if status == "ok" else 503)
 
     async def metrics_route(self, request: Request) -> Response:
         metrics = self.metrics
-        for member in (await self.backend.health()).get("members", []) if self.state.status == "ok" else []:
-            metrics.queue_depth.labels(member=str(member["index"])).set(member["outstanding"])
-            metrics.restarts.labels(member=str(member["index"])).set(member["restarts"])
+        if self.status is Status.OK:
+            for member in (await self.backend.health()).members:
+                metrics.queue_depth.labels(member=str(member.index)).set(member.outstanding)
+                metrics.restarts.labels(member=str(member.index)).set(member.restarts)
         return Response(
             prometheus_client.generate_latest(metrics.registry), media_type=prometheus_client.CONTENT_TYPE_LATEST
         )
@@ -134,15 +127,17 @@ class _Service:
             await self.backend.start()
         except Exception as exc:
             log.error("the sidecars could not start: %s: %s", type(exc).__name__, exc)
-            self.state.status = "unavailable"
+            self.status = Status.UNAVAILABLE
             if on_failure is not None:
                 on_failure(exc)
             return
-        self.state.status = "ok"
+        self.status = Status.OK
         log.info("serving: engine %s is ready", self.backend.facts.name)
 
 
-def _backend(engine: Union[str, None], pool: Union[Pool, None], ray: Any, pool_kwargs: dict[str, Any]) -> Backend:
+def _backend(
+    engine: Union[str, None], pool: Union[Pool, None], ray: Union[RayLike, None], pool_kwargs: dict[str, Any]
+) -> Backend:
     if ray is not None:
         if pool is not None or engine is not None or pool_kwargs:
             raise ValueError("give ray, or a pool, or the arguments to make one")
@@ -158,14 +153,16 @@ def create_app(
     engine: Union[str, None] = None,
     *,
     pool: Union[Pool, None] = None,
-    ray: Any = None,
+    ray: Union[RayLike, None] = None,
     api_key: Union[str, None] = None,
     model: str = "indextts",
     voices: Union[Mapping[str, Union[str, None]], None] = None,
     voice_dir: Union[str, None] = None,
-    voice_limits: Any = None,
+    voice_limits: Union[VoiceLimits, None] = None,
     limits: Union[Limits, None] = None,
     websocket_limits: Union[WebSocketLimits, None] = None,
+    cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
     on_start_failure: Union[Callable[[BaseException], None], None] = None,
     playground: bool = True,
     **pool_kwargs: Any,
@@ -173,20 +170,23 @@ def create_app(
     """The ASGI app over ``pool`` (or a ``Pool(engine, **pool_kwargs)``), or over ``ray``, a
     :class:`indextts_client.ray.RayClient` (the ingress of a Ray Serve deployment).
 
+    - ``api_key``: required as ``Authorization: Bearer KEY`` on ``/v1/*`` (None: open);
+    - ``model``: the name ``/v1/models`` lists;
+    - ``voices``: request voice names mapped to what the sidecar gets; ``voice_dir``: clips
+      and uploads; ``voice_limits``: the store's bounds (:class:`indextts_sidecar.voicestore.VoiceLimits`);
+    - ``limits``, ``websocket_limits``: the bounds of the routes (docs/reliability.md);
+    - ``cors_origins``: the browser origins allowed besides the server's own (``*``: any);
+      ``allowed_hosts``: ``Host`` names a keyless server answers besides IP addresses and
+      localhost (:mod:`._origins`);
+    - ``on_start_failure(exc)``: hears of a pool that could not start (``serve`` exits non-zero);
+    - ``playground``: serve the page of :mod:`._playground` at ``/``.
+
     The app answers at once: ``/health`` says ``starting`` (503) while its lifespan starts
-    the pool in the background, then ``ok``; ``on_start_failure(exc)`` hears of a pool that
-    could not start (``serve`` exits non-zero on it).  ``voices`` maps request voice names to
-    what the sidecar gets; ``voice_dir`` holds clips and uploads (:mod:`._voices`);
-    ``voice_limits`` is a :class:`indextts_sidecar.voicestore.VoiceLimits`;
-    ``websocket_limits`` bound ``/v1/audio/speech/stream`` (:mod:`._websocket`).  ``playground``
-    serves the page of :mod:`._playground` at ``/``.
+    the pool in the background, then ``ok``.
     """
-    service = _Service(
-        _backend(engine, pool, ray, pool_kwargs),
-        api_key,
-        model,
-        Voices(voices, voice_dir, voice_limits),
-        limits or Limits(),
+    limits = limits or Limits()
+    service = Service(
+        _backend(engine, pool, ray, pool_kwargs), api_key, model, VoiceSources(voices, voice_dir, voice_limits), limits
     )
 
     @contextlib.asynccontextmanager
@@ -197,23 +197,26 @@ def create_app(
                 yield
             finally:
                 tg.cancel_scope.cancel()
-                service.state.status = "unavailable"
+                service.status = Status.UNAVAILABLE
                 with anyio.CancelScope(shield=True):
                     await service.backend.aclose()
 
     speech = SpeechRoute(service.backend, service.metrics, service.prepare)
+    origins = Origins(cors_origins, allowed_hosts, keyed=api_key is not None)
+    socket = SpeechSocket(service, websocket_limits or WebSocketLimits(), origins)
     routes = [
         Route("/v1/audio/speech", speech.__call__, methods=["POST"]),
         Route("/v1/audio/voices", service.voices_route, methods=["GET", "POST"]),
         Route("/v1/audio/voices/{voice_id}", service.voices_route, methods=["DELETE"]),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
-        WebSocketRoute(
-            "/v1/audio/speech/stream", SpeechSocket(service, websocket_limits or WebSocketLimits()).__call__
-        ),
+        WebSocketRoute("/v1/audio/speech/stream", socket.__call__),
         Route("/metrics", service.metrics_route, methods=["GET"]),
     ]
     if playground:
         routes.append(Route("/", Playground().__call__, methods=["GET"]))
-    middleware = [Middleware(LimitsMiddleware, limits=service.limits)]
+    middleware = [
+        Middleware(OriginsMiddleware, origins=origins),
+        Middleware(LimitsMiddleware, limits=limits, authorized=service.authorized),
+    ]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=exception_handlers())

@@ -10,12 +10,15 @@ ready; :meth:`Encoder.finish` flushes the rest.
 from __future__ import annotations
 
 import importlib
+import io
 import struct
-from typing import Any, Union
+from types import ModuleType
+from typing import Union
 
 import numpy as np
 
-from ._errors import HTTPError
+from .._audio import Samples
+from .._service import Kind, Refusal
 
 __all__ = ["STREAMABLE", "Encoder", "make_encoder", "wav_header"]
 
@@ -52,7 +55,7 @@ class Encoder:
     def __init__(self, rate: int) -> None:
         self.rate = rate
 
-    def feed(self, samples: np.ndarray[Any, Any]) -> bytes:
+    def feed(self, samples: Samples) -> bytes:
         raise NotImplementedError
 
     def finish(self) -> bytes:
@@ -60,7 +63,7 @@ class Encoder:
 
 
 class _Pcm(Encoder):
-    def feed(self, samples: np.ndarray[Any, Any]) -> bytes:
+    def feed(self, samples: Samples) -> bytes:
         return samples.astype("<i2", copy=False).tobytes()
 
 
@@ -69,7 +72,7 @@ class _StreamedWav(_Pcm):
         super().__init__(rate)
         self._header: Union[bytes, None] = wav_header(rate, None)
 
-    def feed(self, samples: np.ndarray[Any, Any]) -> bytes:
+    def feed(self, samples: Samples) -> bytes:
         header, self._header = self._header or b"", None
         return header + super().feed(samples)
 
@@ -83,7 +86,7 @@ class _WholeWav(_Pcm):
         self._parts: list[bytes] = []
         self._samples = 0
 
-    def feed(self, samples: np.ndarray[Any, Any]) -> bytes:
+    def feed(self, samples: Samples) -> bytes:
         self._parts.append(super().feed(samples))
         self._samples += len(samples)
         return b""
@@ -98,7 +101,7 @@ class _Sink:
     def __init__(self) -> None:
         self._parts: list[bytes] = []
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Union[bytes, bytearray, memoryview]) -> int:
         self._parts.append(bytes(data))
         return len(data)
 
@@ -108,12 +111,12 @@ class _Sink:
         return data
 
 
-def _av() -> Any:
+def _av() -> ModuleType:
     try:
         return importlib.import_module("av")
     except ImportError:
-        raise HTTPError(
-            400,
+        raise Refusal(
+            Kind.INVALID,
             "this format needs PyAV on the server: pip install av (the [server] extra)",
             param="response_format",
             code="unsupported_format",
@@ -128,25 +131,22 @@ class _AvEncoder(Encoder):
         av = _av()
         container, codec, rates = _AV[fmt]
         self._av = av
-        if fmt == "flac":
-            import io
-
-            self._file: Any = io.BytesIO()  # seekable: the muxer writes the exact length at the end
-        else:
-            self._file = _Sink()
+        self._whole_file = io.BytesIO()  # flac's: seekable, the muxer writes the exact length at the end
+        self._sink = _Sink()
+        file = self._whole_file if fmt == "flac" else self._sink
         options = {"page_duration": _OGG_PAGE_US} if container == "ogg" else {}
-        self._container = av.open(self._file, mode="w", format=container, options=options)
+        self._container = av.open(file, mode="w", format=container, options=options)
         out_rate = next((r for r in rates if r >= rate), rates[-1]) if rates else rate
         self._stream = self._container.add_stream(codec, rate=out_rate, layout="mono")
         self._pts = 0
         self._whole = fmt == "flac"
 
-    def _mux(self, frame: Any) -> bytes:
+    def _mux(self, frame: object) -> bytes:
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
-        return b"" if self._whole else self._file.take()
+        return self._sink.take()
 
-    def feed(self, samples: np.ndarray[Any, Any]) -> bytes:
+    def feed(self, samples: Samples) -> bytes:
         if not len(samples):
             return b""
         data = np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1)
@@ -159,8 +159,7 @@ class _AvEncoder(Encoder):
     def finish(self) -> bytes:
         tail = self._mux(None)
         self._container.close()
-        data: bytes = self._file.getvalue() if self._whole else tail + self._file.take()
-        return data
+        return self._whole_file.getvalue() if self._whole else tail + self._sink.take()
 
 
 def make_encoder(fmt: str, rate: int, *, streamed: bool) -> Encoder:

@@ -1,23 +1,33 @@
-"""Bounds on what one client can make the server hold: body size and time, requests in flight,
-and (for uvicorn's h11 protocol) the time to send a request's head."""
+"""Bounds on what one client can make the server hold: body size and time, requests in flight
+(authorized ones and the others apart; ``/health``, ``/metrics`` and the playground never
+count), and for uvicorn's h11 protocol the time to send a request's head and to take a
+response's bytes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-from typing import Any, Union
+import struct
+from collections.abc import Callable
+from typing import Union
 
 import anyio
 import h11
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .._service import Kind, Refusal
 from ._errors import HTTPError
 
-__all__ = ["Limits", "LimitsMiddleware", "header_deadline_protocol"]
+__all__ = ["UNCOUNTED", "Limits", "LimitsMiddleware", "header_deadline_protocol", "reset"]
 
 _CLOSE = {"Connection": "close"}
+
+
+#: Routes that are never refused for load: a probe must see the server as it is.
+UNCOUNTED = frozenset({"/health", "/metrics", "/"})
 
 
 class Limits:
@@ -31,6 +41,7 @@ class Limits:
         max_input: int = 4096,
         body_timeout: float = 30.0,
         max_in_flight: int = 64,
+        max_unauthorized: int = 16,
     ) -> None:
         for name, value in (
             ("max_body", max_body),
@@ -38,57 +49,76 @@ class Limits:
             ("max_input", max_input),
             ("body_timeout", body_timeout),
             ("max_in_flight", max_in_flight),
+            ("max_unauthorized", max_unauthorized),
         ):
             if not value > 0:
                 raise ValueError(f"Limits.{name} must be positive, not {value!r}")
         self.max_body, self.max_upload, self.max_input = max_body, max_upload, max_input
         self.body_timeout, self.max_in_flight = body_timeout, max_in_flight
+        #: Requests without the key (on a server with one) in flight at once: they have their
+        #: own budget, so that they never take a slot from a client with the key.
+        self.max_unauthorized = max_unauthorized
+
+
+def _overloaded(what: str) -> HTTPError:
+    return HTTPError(Refusal(Kind.OVERLOADED, f"the server has too many {what} in flight", code="overloaded"))
 
 
 class LimitsMiddleware:
     """Refuses a body over its route's limit (413, by ``Content-Length`` or while reading, so
     the body is never in memory), a body slower than ``body_timeout`` (408), and requests
-    past ``max_in_flight`` (503, at once: waiting would hold a descriptor).
+    past ``max_in_flight`` (503, at once: waiting would hold a descriptor).  A request that
+    is not authorized counts against ``max_unauthorized`` instead; ``/health``, ``/metrics``
+    and ``/`` count against nothing.
 
     Errors raised from ``receive`` reach Starlette's exception handlers as ``HTTPError``.
     """
 
-    def __init__(self, app: ASGIApp, limits: Limits) -> None:
-        self.app, self.limits = app, limits
+    def __init__(self, app: ASGIApp, limits: Limits, authorized: Callable[[HTTPConnection], bool]) -> None:
+        self.app, self.limits, self.authorized = app, limits, authorized
         self.in_flight = 0
+        self.unauthorized = 0
 
-    def _limit(self, scope: Scope) -> int:
-        uploads = scope["path"].startswith("/v1/audio/voices")
-        return self.limits.max_upload if uploads else self.limits.max_body
+    def _limit(self, scope: Scope) -> tuple[int, Union[str, None]]:
+        """The route's body limit, and the field a body over it is said to be at fault."""
+        if scope["path"].startswith("/v1/audio/voices"):
+            return self.limits.max_upload, "audio_sample"  # what makes an upload large
+        return self.limits.max_body, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED:
             await self.app(scope, receive, send)
             return
-        limit = self._limit(scope)
+        limit, param = self._limit(scope)
         declared = _content_length(scope)
+        authorized = self.authorized(HTTPConnection(scope))
         refusal = None
         if declared is not None and declared > limit:
-            refusal = _too_large(limit)
-        elif self.in_flight >= self.limits.max_in_flight:
-            refusal = HTTPError(
-                503, "the server has too many requests in flight", code="overloaded", headers={"Retry-After": "1"}
-            )
+            refusal = _too_large(limit, param)
+        elif authorized and self.in_flight >= self.limits.max_in_flight:
+            refusal = _overloaded("requests")
+        elif not authorized and self.unauthorized >= self.limits.max_unauthorized:
+            refusal = _overloaded("requests without the key")
         if refusal is not None:
             await refusal.response()(scope, receive, send)
             return
-        self.in_flight += 1
+        if authorized:
+            self.in_flight += 1
+        else:
+            self.unauthorized += 1
         try:
-            await self.app(scope, _bounded(receive, limit, self.limits.body_timeout), send)
+            await self.app(scope, _bounded(receive, limit, param, self.limits.body_timeout), send)
         finally:
-            self.in_flight -= 1
+            if authorized:
+                self.in_flight -= 1
+            else:
+                self.unauthorized -= 1
 
 
-def _too_large(limit: int) -> HTTPError:
+def _too_large(limit: int, param: Union[str, None]) -> HTTPError:
     # Connection: close, for the rest of the body is not read.
-    return HTTPError(
-        413, f"the body is over this route's limit of {limit} bytes", code="body_too_large", headers=_CLOSE
-    )
+    message = f"the body is over this route's limit of {limit} bytes"
+    return HTTPError(Refusal(Kind.TOO_LARGE, message, param=param, code="body_too_large"), headers=_CLOSE)
 
 
 def _content_length(scope: Scope) -> Union[int, None]:
@@ -101,7 +131,7 @@ def _content_length(scope: Scope) -> Union[int, None]:
     return None
 
 
-def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
+def _bounded(receive: Receive, limit: int, param: Union[str, None], timeout: float) -> Receive:
     received = 0
     deadline: Union[float, None] = None
     whole = False
@@ -115,18 +145,19 @@ def _bounded(receive: Receive, limit: int, timeout: float) -> Receive:
         with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as scope:
             message = await receive()
         if scope.cancelled_caught:
-            raise HTTPError(408, f"the body took over {timeout:g} s to arrive", code="body_timeout", headers=_CLOSE)
+            refusal = Refusal(Kind.SLOW, f"the body took over {timeout:g} s to arrive", code="body_timeout")
+            raise HTTPError(refusal, headers=_CLOSE)
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > limit:
-                raise _too_large(limit)
+                raise _too_large(limit, param)
             whole = not message.get("more_body", False)
         return message
 
     return bounded_receive
 
 
-def _no_delay(transport: Any) -> None:
+def _no_delay(transport: asyncio.BaseTransport) -> None:
     """TCP_NODELAY: asyncio sets it only on sockets made with proto=IPPROTO_TCP, and a listening
     socket handed over (``--fd``, or bound by a caller) may not be.  Without it a response's
     head and body wait on the client's delayed ACK: 40 ms a request."""
@@ -136,13 +167,26 @@ def _no_delay(transport: Any) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
+def reset(transport: asyncio.Transport) -> None:
+    """Drop a connection now: a reset (``SO_LINGER`` 0), so that neither asyncio nor the kernel
+    keeps trying to deliver what a client that stopped reading never takes."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def header_deadline_protocol(seconds: float, write_timeout: Union[float, None] = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request head has not arrived
     within ``seconds`` of the connection (or of the previous response): uvicorn has a
-    keep-alive timeout but no deadline for the head itself."""
+    keep-alive timeout but no deadline for the head itself.  With ``write_timeout``, a
+    response whose client takes no bytes for that long (writes stay paused) is reset: the
+    app sees a disconnect, which ends its stream and cancels the work on the sidecar."""
 
     class HeaderDeadline(H11Protocol):
         _deadline: Union[asyncio.TimerHandle, None] = None
+        _stalled: Union[asyncio.TimerHandle, None] = None
 
         def _arm(self) -> None:
             if self._deadline is not None:
@@ -154,7 +198,7 @@ def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport: Any) -> None:
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol
             super().connection_made(transport)
             _no_delay(transport)
             self._arm()
@@ -164,10 +208,22 @@ def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
             if not self.transport.is_closing():
                 self._arm()
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if write_timeout is not None and self._stalled is None:
+                self._stalled = self.loop.call_later(write_timeout, reset, self.transport)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._stalled is not None:
+                self._stalled.cancel()
+                self._stalled = None
+
         def connection_lost(self, exc: Union[Exception, None]) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+            for timer in (self._deadline, self._stalled):
+                if timer is not None:
+                    timer.cancel()
+            self._deadline = self._stalled = None
             super().connection_lost(exc)
 
     return HeaderDeadline

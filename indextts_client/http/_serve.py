@@ -15,73 +15,85 @@ import socket
 import sys
 from typing import Any, Union
 
-from .._pool_cli import add_pool_arguments, pool_kwargs
+from .._pool_cli import add_pool_arguments
+from .._service import ServeSettings, add_voice_arguments, positive
 from ._limits import Limits, header_deadline_protocol
-from ._websocket import WebSocketLimits, stall_aborting_protocol
+from ._ws_events import WebSocketLimits, stall_aborting_protocol
 
 __all__ = ["main"]
 
 KEY_ENV = "INDEXTTS_API_KEY"
+_INT, _FLOAT = positive(int), positive(float)
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} is not positive")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-_INT, _FLOAT = _positive(int), _positive(float)
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535; 0: any free port)")
+    return value
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible speech endpoint.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="An OpenAI-compatible speech endpoint (docs/serving.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_pool_arguments(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (non-loopback needs a key or --public)"
+    )
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port to listen on")
     parser.add_argument("--fd", type=int, help="serve on this already bound listening socket instead")
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--api-key-file", help="require Authorization: Bearer KEY on /v1/*, KEY read from this file")
     keys.add_argument("--api-key", help=f"the key itself (visible to local users in ps; prefer ${KEY_ENV} or the file)")
     parser.add_argument("--public", action="store_true", help="allow a non-loopback host without an API key")
-    parser.add_argument("--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name")
-    parser.add_argument("--voice-dir", help="reference clips, and where uploaded voices are kept")
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example) allowed to call the API and open the WebSocket; * for any",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name a server without a key answers, besides IP addresses and localhost",
+    )
     parser.add_argument("--no-playground", action="store_true", help="do not serve the playground page at /")
     bounds = parser.add_argument_group("bounds (docs/reliability.md)")
+    add_voice_arguments(parser, bounds)
     limits = Limits()
     bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
     bounds.add_argument("--max-upload", type=_INT, default=limits.max_upload, help="bytes of a voice upload's body")
     bounds.add_argument("--max-input", type=_INT, default=limits.max_input, help="characters of input")
     bounds.add_argument("--body-timeout", type=_FLOAT, default=limits.body_timeout, help="seconds to send a body")
     bounds.add_argument("--max-in-flight", type=_INT, default=limits.max_in_flight, help="requests at once (503 past)")
+    bounds.add_argument(
+        "--max-unauthorized", type=_INT, default=limits.max_unauthorized, help="requests without the key at once"
+    )
+    bounds.add_argument("--write-timeout", type=_FLOAT, default=30.0, help="seconds a response may wait for its client")
     bounds.add_argument("--header-timeout", type=_FLOAT, default=10.0, help="seconds to send a request's head")
     bounds.add_argument("--keep-alive-timeout", type=_INT, default=5, help="seconds an idle connection is kept")
     bounds.add_argument("--max-connections", type=_INT, default=512, help="connections and requests (uvicorn)")
     bounds.add_argument("--max-header-bytes", type=_INT, default=16 * 1024, help="bytes of a request's head")
     bounds.add_argument("--grace", type=_INT, default=30, help="seconds in-flight responses get on SIGTERM")
-    for flag, default, what in (
-        ("--max-voice-bytes", 10 * 2**20, "bytes of one uploaded clip"),
-        ("--max-voices", 256, "stored clips"),
-        ("--max-voice-total-bytes", 512 * 2**20, "bytes of all stored clips"),
-        ("--max-voice-names", 1024, "voice names"),
-    ):
-        bounds.add_argument(flag, type=_INT, default=default, help=what)
-    bounds.add_argument("--max-voice-seconds", type=_FLOAT, default=300.0, help="seconds of one uploaded clip")
     ws = WebSocketLimits()
     for flag, default, what in (
-        ("--ws-max-connections", ws.max_connections, "WebSocket connections at once (503 past)"),
+        ("--ws-max-connections", ws.max_connections, "WebSocket connections with the key at once (503 past)"),
+        ("--ws-max-unauthenticated", ws.max_unauthenticated, "WebSocket connections not yet showing the key"),
         ("--ws-max-contexts", ws.max_contexts, "contexts open at once on one WebSocket"),
         ("--ws-max-message", ws.max_message, "bytes of one WebSocket message from a client"),
         ("--ws-max-pending-chars", ws.max_pending_chars, "characters of a context's text not yet taken"),
     ):
         bounds.add_argument(flag, type=_INT, default=default, help=what)
+    bounds.add_argument("--ws-auth-timeout", type=_FLOAT, default=ws.auth_timeout, help="seconds to show the key")
     bounds.add_argument("--ws-idle-timeout", type=_FLOAT, default=ws.idle_timeout, help="seconds a WebSocket is idle")
     bounds.add_argument("--ws-write-timeout", type=_FLOAT, default=ws.write_timeout, help="seconds a frame may wait")
     return parser
@@ -115,47 +127,38 @@ def _check_host(parser: argparse.ArgumentParser, args: argparse.Namespace, key: 
 
 
 def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    voices: dict[str, Union[str, None]] = {}
-    for item in args.voice:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--voice {item!r} is not NAME=VALUE")
-        voices[name] = value or None
-    kwargs: dict[str, Any] = {
-        **pool_kwargs(args, parser),
-        "voices": voices,
+    settings = ServeSettings.from_args(args, parser)
+    return {
+        **settings.pool,
+        "voices": dict(settings.voices),
+        "voice_dir": settings.voice_dir,
+        "voice_limits": settings.voice_limits,
         "playground": not args.no_playground,
+        "cors_origins": tuple(args.cors_origin),
+        "allowed_hosts": tuple(args.allowed_host),
         "limits": Limits(
             max_body=args.max_body,
             max_upload=args.max_upload,
             max_input=args.max_input,
             body_timeout=args.body_timeout,
             max_in_flight=args.max_in_flight,
+            max_unauthorized=args.max_unauthorized,
         ),
-        "websocket_limits": WebSocketLimits(
-            max_connections=args.ws_max_connections,
-            max_contexts=args.ws_max_contexts,
-            max_message=args.ws_max_message,
-            max_pending_chars=args.ws_max_pending_chars,
-            idle_timeout=args.ws_idle_timeout,
-            write_timeout=args.ws_write_timeout,
-        ),
+        "websocket_limits": _websocket_limits(args),
     }
-    if args.voice_dir:
-        from indextts_sidecar.voicestore import VoiceLimits
 
-        if not os.path.isdir(args.voice_dir):
-            parser.error(f"--voice-dir {args.voice_dir!r} is not a directory")
 
-        kwargs["voice_dir"] = args.voice_dir
-        kwargs["voice_limits"] = VoiceLimits(
-            max_clip_bytes=args.max_voice_bytes,
-            max_clips=args.max_voices,
-            max_total_bytes=args.max_voice_total_bytes,
-            max_names=args.max_voice_names,
-            max_clip_seconds=args.max_voice_seconds,
-        )
-    return kwargs
+def _websocket_limits(args: argparse.Namespace) -> WebSocketLimits:
+    return WebSocketLimits(
+        max_connections=args.ws_max_connections,
+        max_unauthenticated=args.ws_max_unauthenticated,
+        auth_timeout=args.ws_auth_timeout,
+        max_contexts=args.ws_max_contexts,
+        max_message=args.ws_max_message,
+        max_pending_chars=args.ws_max_pending_chars,
+        idle_timeout=args.ws_idle_timeout,
+        write_timeout=args.ws_write_timeout,
+    )
 
 
 def _listen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[socket.socket, str]:
@@ -186,7 +189,8 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
     _check_host(parser, args, key)
     kwargs = _app_kwargs(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("indextts_client.http").setLevel(logging.INFO)
+    for name in ("indextts_client.http", "indextts_client.service"):
+        logging.getLogger(name).setLevel(logging.INFO)
     failures: list[BaseException] = []
     server: Any = None
 
@@ -198,8 +202,8 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
     config = uvicorn.Config(
         app,
         log_level="warning",
-        http=header_deadline_protocol(args.header_timeout),
-        ws=stall_aborting_protocol(),
+        http=header_deadline_protocol(args.header_timeout, args.write_timeout),
+        ws=stall_aborting_protocol(kwargs["websocket_limits"]),
         timeout_keep_alive=args.keep_alive_timeout,
         limit_concurrency=args.max_connections,
         h11_max_incomplete_event_size=args.max_header_bytes,

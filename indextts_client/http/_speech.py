@@ -8,11 +8,13 @@ without the body's end, so the client sees an incomplete transfer); with
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Union
+from functools import partial
+from typing import Union
 
 import anyio
 from starlette.requests import Request
@@ -21,19 +23,18 @@ from starlette.types import Send
 
 from .._audio import AudioChunk, TextSegment
 from .._exceptions import SidecarError
-from ._backends import Backend
+from .._service import FORMATS, PCM_RATE, Backend, Prepared, Refusal, ServedStream
 from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._metrics import Metrics
-from ._schema import FORMATS, SpeechRequest
+from ._schema import SpeechRequest
 from ._timing import Clock, member_of
 
-__all__ = ["PCM_RATE", "Job", "SpeechRoute", "encode_off_loop"]
+__all__ = ["Job", "Mode", "SpeechRoute", "encode_off_loop"]
 
 log = logging.getLogger("indextts_client.http")
 
-#: The rate OpenAI's ``pcm`` format is defined at.
-PCM_RATE = 24000
+Chunks = AsyncIterator[AudioChunk]
 
 
 class _Aborted(Exception):
@@ -50,43 +51,43 @@ class AudioStream(StreamingResponse):
             pass  # no final empty chunk: the server closes the connection mid-body
 
 
-class Job:
-    """One speech request, resolved: what to ask the sidecar and how to answer."""
+class Mode(enum.Enum):
+    """How the response carries the audio."""
 
-    def __init__(
-        self, request: SpeechRequest, voice: Union[str, None], options: dict[str, Any], emotion: Any = None
-    ) -> None:
-        self.request = request
-        self.fmt = request.response_format
-        self.voice = voice
-        self.options = options
-        self.emotion = emotion
-        self.rate = request.sample_rate or (PCM_RATE if self.fmt == "pcm" else None)
+    SSE = "sse"  # OpenAI's events
+    STREAM = "stream"  # the bytes as they are produced
+    WHOLE = "whole"  # one body, once it is all there
+
+
+class Job:
+    """One speech request, prepared: what to ask the sidecar and how to answer."""
+
+    def __init__(self, request: SpeechRequest, prepared: Prepared) -> None:
+        self.request, self.prepared = request, prepared
+        self.fmt = prepared.response_format
+        self.rate = prepared.sample_rate
         if request.stream_format == "sse":
-            self.mode = "sse"
+            self.mode = Mode.SSE
         elif self.fmt in STREAMABLE and (request.stream_format == "audio" or self.fmt != "wav"):
-            self.mode = "stream"
+            self.mode = Mode.STREAM
         else:
-            self.mode = "whole"  # flac always; wav unless stream_format=audio asks for it streamed
+            self.mode = Mode.WHOLE  # flac always; wav unless stream_format=audio asks for it streamed
         self.started = time.perf_counter()
 
 
-async def _next(chunks: Any) -> Any:
-    try:
-        return await chunks.__anext__()
-    except StopAsyncIteration:
-        return None
+async def _next(chunks: Chunks) -> Union[AudioChunk, None]:
+    return await anext(chunks, None)
 
 
-async def encode_off_loop(encoder: Encoder, step: Callable[..., bytes], *args: Any) -> bytes:
+async def encode_off_loop(encoder: Encoder, step: Callable[[], bytes]) -> bytes:
     # PyAV's encoders take milliseconds per segment: off the event loop, so that one
     # request's encoding never holds up another's bytes.  pcm and wav are a copy.
     if encoder.blocking:
-        return await anyio.to_thread.run_sync(step, *args)
-    return step(*args)
+        return await anyio.to_thread.run_sync(step)
+    return step()
 
 
-def _sse(event: dict[str, Any]) -> bytes:
+def _sse(event: dict[str, object]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
@@ -101,7 +102,7 @@ class _Segments:
 
     def event(self, seq: int, at: int, chunk: AudioChunk, arrived: Union[float, None]) -> bytes:
         samples, rate, segment = len(chunk.samples), chunk.sample_rate, chunk.segment
-        event: dict[str, Any] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
+        event: dict[str, object] = {"type": "speech.audio.segment", "seq": seq, "first_sample": at}
         event.update(last_sample=at + samples - 1, sample_rate=rate, seconds=round(arrived or 0.0, 6))
         if segment is not None:
             if segment.span is not None:
@@ -131,34 +132,27 @@ class SpeechRoute:
             check_available(job.fmt)
             clock = Clock(job.started)
             stream, chunks, first = await self._open(job, clock)
-        except HTTPError as exc:
-            self.metrics.requests.labels(outcome=str(exc.status)).inc()
-            return exc.response()
+        except (Refusal, HTTPError) as refused:
+            error = refused if isinstance(refused, HTTPError) else HTTPError(refused)
+            self.metrics.requests.labels(outcome=str(error.status)).inc()
+            return error.response()
         self.metrics.first_audio.observe(time.perf_counter() - job.started)
         if first is not None:
             clock.chunk(len(first.samples), first.sample_rate)
         self.metrics.timing.first(self.backend.facts.name, member_of(stream), clock)
-        if job.mode == "whole":
+        if job.mode is Mode.WHOLE:
             return await self._whole(job, stream, chunks, first, clock)
         body = self._produce(job, stream, chunks, first, clock)
-        media_type = "text/event-stream" if job.mode == "sse" else FORMATS[job.fmt]
+        media_type = "text/event-stream" if job.mode is Mode.SSE else FORMATS[job.fmt]
         return AudioStream(body, media_type=media_type, headers=clock.headers())
 
-    def _served(self, stream: Any, clock: Clock) -> None:
-        clock.end(getattr(stream, "timings", {}), getattr(stream, "facts", {}))
+    def _served(self, stream: ServedStream, clock: Clock) -> None:
+        clock.end(stream.timings, stream.facts)
         self.metrics.timing.served(self.backend.facts.name, member_of(stream), clock)
 
-    async def _open(self, job: Job, clock: Clock) -> tuple[Any, Any, Any]:
+    async def _open(self, job: Job, clock: Clock) -> tuple[ServedStream, Chunks, Union[AudioChunk, None]]:
         """The sidecar's stream, entered, and its first chunk: an error here still has a status."""
-        request = job.request
-        stream = self.backend.stream(
-            request.input,
-            voice=job.voice,
-            emotion=job.emotion,
-            sample_rate=job.rate,
-            on_progress=clock.progress,  # the engine's start
-            **job.options,
-        )
+        stream = self.backend.stream(job.request.input, job.prepared, on_progress=clock.progress)  # the engine's start
         try:
             chunks = await stream.__aenter__()
             return stream, chunks, await _next(chunks)
@@ -166,16 +160,18 @@ class SpeechRoute:
             with anyio.CancelScope(shield=True):
                 await stream.__aexit__(None, None, None)
             if isinstance(exc, SidecarError):
-                raise error_for(exc) from None
+                raise error_for(exc).refusal from None
             raise
 
-    async def _whole(self, job: Job, stream: Any, chunks: Any, first: Any, clock: Clock) -> Response:
+    async def _whole(
+        self, job: Job, stream: ServedStream, chunks: Chunks, first: Union[AudioChunk, None], clock: Clock
+    ) -> Response:
         outcome = "200"
         try:
             encoder = make_encoder(job.fmt, first.sample_rate if first else job.rate or PCM_RATE, streamed=False)
             parts, chunk = [], first
             while chunk is not None:
-                parts.append(await encode_off_loop(encoder, encoder.feed, chunk.samples))
+                parts.append(await encode_off_loop(encoder, partial(encoder.feed, chunk.samples)))
                 chunk = await _next(chunks)
                 if chunk is not None:
                     clock.chunk(len(chunk.samples), chunk.sample_rate)
@@ -192,8 +188,10 @@ class SpeechRoute:
         self._served(stream, clock)
         return Response(b"".join(parts), media_type=FORMATS[job.fmt], headers=clock.headers())
 
-    async def _produce(self, job: Job, stream: Any, chunks: Any, first: Any, clock: Clock) -> AsyncIterator[bytes]:
-        sse = job.mode == "sse"
+    async def _produce(
+        self, job: Job, stream: ServedStream, chunks: Chunks, first: Union[AudioChunk, None], clock: Clock
+    ) -> AsyncIterator[bytes]:
+        sse = job.mode is Mode.SSE
         outcome = "200"
         sent = 0
         served = left = False
@@ -204,7 +202,7 @@ class SpeechRoute:
             while chunk is not None:
                 if sse:
                     yield segments.event(seq, at, chunk, arrived)
-                data = await encode_off_loop(encoder, encoder.feed, chunk.samples)
+                data = await encode_off_loop(encoder, partial(encoder.feed, chunk.samples))
                 if data:
                     sent += len(data)
                     yield _delta(data) if sse else data

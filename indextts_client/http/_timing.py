@@ -28,13 +28,14 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Sequence
-from typing import Any, Union
+from collections.abc import Mapping, Sequence
+from typing import Union
 
 import prometheus_client
 
 from indextts_sidecar.protocol.defaults import STAGE_STARTED
 
+from .._service import ServedStream
 from .._stream_text import SentenceEnd
 from .._types import ProgressEvent
 
@@ -64,7 +65,7 @@ class Clock:
         self.rate = 0
         self.segments: list[float] = []
         self.sidecar: dict[str, float] = {}
-        self.engine_facts: dict[str, Any] = {}
+        self.engine_facts: dict[str, object] = {}
         #: When a ``started`` progress said the engine took the request (the last one: a pool
         #: may retry it elsewhere): the queue wait is then known with the first audio, and a
         #: streamed response's headers carry it.
@@ -99,7 +100,7 @@ class Clock:
         self.rate = rate
         return now - self.started
 
-    def end(self, sidecar: dict[str, float], facts: dict[str, Any]) -> None:
+    def end(self, sidecar: Mapping[str, float], facts: Mapping[str, object]) -> None:
         self.ended = time.perf_counter()
         self.sidecar = dict(sidecar)
         self.engine_facts = dict(facts)
@@ -225,7 +226,7 @@ class LatencyMetrics:
         return stage in self._stages
 
 
-def member_of(stream: Any) -> str:
-    """The pool member's index a backend stream ran on, as a label; empty when unknown."""
-    index = getattr(stream, "member_index", None)
+def member_of(stream: Union[ServedStream, SentenceEnd]) -> str:
+    """The pool member's index a backend stream (or a sentence) ran on, as a label; empty when unknown."""
+    index = stream.member_index
     return "" if index is None else str(index)

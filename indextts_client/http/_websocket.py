@@ -2,179 +2,98 @@
 
 The events are vllm-omni's (``session.config``, ``input.text``, ``input.done`` answered by
 ``audio.start``, binary frames, ``audio.done``), each with a ``context_id`` as in ElevenLabs'
-multi-context sockets; docs/serving.md describes them one by one.  Each context is one
-:meth:`Pool.stream_text` over a :class:`TextFeed`: its sentences go to the sidecar as they
-are cut, on the member that holds its voice warm.
+multi-context sockets; docs/serving.md describes them one by one (:mod:`._ws_events` declares
+them).  Each context is one ``stream_text`` of the backend over a :class:`TextFeed`, prepared
+by the service as the speech route's body is: its sentences go to the sidecar as they are cut.
 
 A binary frame is ``[n][context_id: n ASCII bytes][audio bytes]``: one byte of length, the
 id, then the encoded audio of the sentence that the last ``audio.start`` of that context
-announced.  Every wait has a bound (:class:`WebSocketLimits`, flags of ``serve``).
+announced.  A connection takes a slot of ``max_connections`` only once it has shown the key;
+before, it is one of ``max_unauthenticated`` for at most ``auth_timeout`` seconds.  Every
+wait has a bound (:class:`WebSocketLimits`, flags of ``serve``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hmac
 import logging
-import re
-import socket
-import struct
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Union
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Protocol, Union
 
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from indextts_sidecar.protocol import Emotion
-
 from .._exceptions import SidecarError
-from .._stream_text import SentenceChunk, SentenceEnd, TextFeed
-from ._emotion import emotion_for
-from ._encoders import Encoder, check_available, make_encoder
-from ._errors import HTTPError, error_for
-from ._schema import check_instructions, engine_options
-from ._speech import PCM_RATE, encode_off_loop
+from .._service import (
+    PCM_RATE,
+    Backend,
+    Kind,
+    Prepared,
+    Refusal,
+    SpeechSettings,
+    VoiceSources,
+    prepare,
+    refusal_of,
+)
+from .._stream_text import Fragment, SentenceChunk, SentenceEnd, TextFeed, TextStream
+from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
+from ._errors import HTTPError
+from ._limits import Limits
+from ._metrics import Metrics
+from ._origins import Origins
+from ._speech import encode_off_loop
 from ._timing import Clock, member_of
+from ._ws_events import (
+    CONTEXT_ID,
+    NORMAL,
+    POLICY,
+    TOO_BIG,
+    TRY_LATER,
+    ClientEvent,
+    ContextCancel,
+    ContextConfig,
+    EventError,
+    Fatal,
+    InputDone,
+    InputFlush,
+    InputText,
+    SessionConfig,
+    WebSocketLimits,
+    decode_event,
+)
 
-__all__ = ["WebSocketLimits", "WebSocketRoute", "stall_aborting_protocol"]
+__all__ = ["SpeechSocket", "WebSocketLimits"]
 
 log = logging.getLogger("indextts_client.http")
 
-#: Close codes (RFC 6455 section 7.4.1).
-_NORMAL, _POLICY, _TOO_BIG, _TRY_LATER = 1000, 1008, 1009, 1013
-_CONTEXT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-StreamFormat = Literal["mp3", "opus", "aac", "wav", "pcm"]
+#: What a context leaves out, and its session did not set.
+DEFAULTS = SpeechSettings(response_format="pcm")
 
 
-@dataclass(frozen=True)
-class WebSocketLimits:
-    """What one WebSocket client may make the server hold or wait for (``serve`` flags in brackets)."""
+class SocketService(Protocol):
+    """What the route needs of the app's service."""
 
-    #: Connections on the route at once; one more is refused with 503 [--ws-max-connections].
-    max_connections: int = 64
-    #: Contexts open at once on one connection [--ws-max-contexts].
-    max_contexts: int = 8
-    #: Bytes of one message from the client, text or binary [--ws-max-message].
-    max_message: int = 64 * 1024
-    #: Characters of one context's text received and not yet taken by its sentence splitter
-    #: (which holds at most ``lookahead + 2`` sentences more) [--ws-max-pending-chars].
-    max_pending_chars: int = 16 * 1024
-    #: Seconds without a client message or an audio frame before the connection is closed [--ws-idle-timeout].
-    idle_timeout: float = 60.0
-    #: Seconds one frame may take to reach a client that does not read; past it the
-    #: connection's contexts are cancelled and it is closed [--ws-write-timeout].
-    write_timeout: float = 10.0
+    api_key: Union[str, None]
+    backend: Backend
+    sources: VoiceSources
+    limits: Limits
+    metrics: Metrics
 
-    def __post_init__(self) -> None:
-        for name in ("max_connections", "max_contexts", "max_message", "max_pending_chars"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"WebSocketLimits.{name} must be a positive int, not {value!r}")
-        for name in ("idle_timeout", "write_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"WebSocketLimits.{name} must be positive")
+    def key_ok(self, key: str) -> bool: ...
 
-
-# ------------------------------------------------------------------ the client's events
-
-
-class _Settings(msgspec.Struct, kw_only=True, frozen=True):
-    """A context's settings as an event gives them: what it leaves out is ``UNSET``."""
-
-    voice: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
-    response_format: Union[StreamFormat, msgspec.UnsetType] = msgspec.UNSET
-    sample_rate: Union[Annotated[int, msgspec.Meta(ge=8000, le=48000)], msgspec.UnsetType, None] = msgspec.UNSET
-    speed: Union[Annotated[float, msgspec.Meta(ge=0.25, le=4.0)], msgspec.UnsetType] = msgspec.UNSET
-    options: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET
-    #: The speech route's emotion fields (:mod:`._emotion`), with the same meaning and checks.
-    instructions: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
-    emotion: Union[dict[str, float], msgspec.UnsetType, None] = msgspec.UNSET
-    emotion_reference: Union[str, msgspec.UnsetType, None] = msgspec.UNSET
-    emotion_strength: Union[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)], msgspec.UnsetType, None] = msgspec.UNSET
-
-
-@dataclass(frozen=True)
-class Settings:
-    """A context's settings, whole: the event's, else the session's, else these defaults."""
-
-    voice: Union[str, None] = None
-    response_format: str = "pcm"
-    sample_rate: Union[int, None] = None
-    speed: float = 1.0
-    options: Mapping[str, Any] = field(default_factory=dict)
-    instructions: Union[str, None] = None
-    emotion: Union[dict[str, float], None] = None
-    emotion_reference: Union[str, None] = None
-    emotion_strength: Union[float, None] = None
-
-
-class SessionConfig(_Settings, tag="session.config", tag_field="type", kw_only=True, frozen=True):
-    """The connection's defaults for the contexts it opens later, and the API key."""
-
-    api_key: Union[str, None] = None
-
-
-class ContextConfig(_Settings, tag="context.config", tag_field="type", kw_only=True, frozen=True):
-    """Open a context with its own settings (the session's defaults for what it leaves out)."""
-
-    context_id: str = "default"
-
-
-class _ContextEvent(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
-    context_id: str = "default"
-
-
-class InputText(_ContextEvent, tag="input.text", kw_only=True, frozen=True):
-    text: str
-
-
-class InputFlush(_ContextEvent, tag="input.flush", kw_only=True, frozen=True):
-    pass
-
-
-class InputDone(_ContextEvent, tag="input.done", kw_only=True, frozen=True):
-    pass
-
-
-class ContextCancel(_ContextEvent, tag="context.cancel", kw_only=True, frozen=True):
-    pass
-
-
-ClientEvent = Union[SessionConfig, ContextConfig, InputText, InputFlush, InputDone, ContextCancel]
-_decoder = msgspec.json.Decoder(ClientEvent)
-_SETTINGS = tuple(_Settings.__struct_fields__)
-
-
-class _EventError(Exception):
-    """A client event that is refused: an ``error`` event, the connection stays open."""
-
-    def __init__(self, code: str, message: str, context_id: Union[str, None] = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.context_id = code, message, context_id
-
-
-class _Fatal(Exception):
-    """The connection ends: an ``error`` event (when it can still be sent), then this close code."""
-
-    def __init__(self, close: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.close, self.code, self.message = close, code, message
+    def require_ready(self) -> None: ...
 
 
 class _WriteTimeout(Exception):
     pass
 
 
-# ------------------------------------------------------------------ one connection
-
-
 class _Context:
-    def __init__(self, context_id: str, settings: Settings, limit: int) -> None:
+    def __init__(self, context_id: str, settings: SpeechSettings, limit: int) -> None:
         self.id = context_id
         self.prefix = bytes([len(context_id)]) + context_id.encode("ascii")
         self.settings = settings
@@ -186,6 +105,7 @@ class _Context:
         self.text_since_flush = False
         self.done = False  # input.done received: no more text
         self.cancelled = False
+        self.ended = False  # its stream is over: text for it is refused
 
 
 class _Reader:
@@ -197,34 +117,36 @@ class _Reader:
     def __aiter__(self) -> _Reader:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> Fragment:
         piece = await self.context.feed.__anext__()
         if isinstance(piece, str):
             self.context.pending -= len(piece)
         return piece
 
 
-class _Connection:
-    def __init__(self, route: WebSocketRoute, websocket: WebSocket) -> None:
+class _Session:
+    """One connection, from ``session.ready`` to its close."""
+
+    def __init__(self, route: SpeechSocket, websocket: WebSocket, defaults: SpeechSettings) -> None:
         self.route, self.ws, self.limits = route, websocket, route.limits
         self.contexts: dict[str, _Context] = {}
-        self.defaults = Settings()
+        self.defaults = defaults
         self.send_lock = anyio.Lock()
         self.last_activity = anyio.current_time()
         self.task_group: Union[TaskGroup, None] = None
         self.broken = False  # a frame missed the write deadline
         self.gone = False  # the client went away (or does not read)
-        self.fatal: Union[_Fatal, None] = None
+        self.fatal: Union[Fatal, None] = None
 
     # -------------------------------------------------------------- sending
 
-    async def send_json(self, event: dict[str, Any]) -> None:
+    async def send_json(self, event: Mapping[str, object]) -> None:
         await self._send({"type": "websocket.send", "text": msgspec.json.encode(event).decode()})
 
     async def send_bytes(self, data: bytes) -> None:
         await self._send({"type": "websocket.send", "bytes": data})
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Message) -> None:
         if self.broken:
             raise _WriteTimeout
         async with self.send_lock:
@@ -235,8 +157,12 @@ class _Connection:
                 raise _WriteTimeout
         self.last_activity = anyio.current_time()
 
-    async def error(self, code: str, message: str, context_id: Union[str, None] = None) -> None:
-        event: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    async def error(
+        self, code: str, message: str, context_id: Union[str, None] = None, param: Union[str, None] = None
+    ) -> None:
+        event: dict[str, object] = {"type": "error", "code": code, "message": message}
+        if param is not None:
+            event["param"] = param
         if context_id is not None:
             event["context_id"] = context_id
         await self.send_json(event)
@@ -244,97 +170,37 @@ class _Connection:
     # -------------------------------------------------------------- receiving
 
     async def receive(self) -> Union[ClientEvent, None]:
-        """The next event, None once the client has gone; the idle timeout raises :class:`_Fatal`."""
-        while True:
-            wait = self.last_activity + self.limits.idle_timeout - anyio.current_time()
-            if wait <= 0:
-                raise _Fatal(_POLICY, "idle_timeout", f"no message or audio for {self.limits.idle_timeout:g} s")
-            with anyio.move_on_after(wait):
-                message = await self.ws.receive()
-                break
-        if message["type"] == "websocket.disconnect":
-            return None
-        self.last_activity = anyio.current_time()
-        text, data = message.get("text"), message.get("bytes")
-        size = len(data) if data is not None else len(text.encode()) if text is not None else 0
-        if size > self.limits.max_message:
-            raise _Fatal(_TOO_BIG, "message_too_large", f"a message is over {self.limits.max_message} bytes")
-        if text is None:
-            raise _EventError("invalid_event", "binary messages are not events: send JSON text")
-        try:
-            return _decoder.decode(text)
-        except msgspec.ValidationError as exc:
-            raise _EventError("invalid_event", f"invalid event: {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise _EventError("invalid_event", f"an event is one JSON object: {exc}") from None
+        """The next event, None once the client has gone; the idle timeout raises :class:`Fatal`."""
+        return await receive_event(self.ws, self.limits, lambda: self.last_activity, self._active)
 
-    async def authenticate(self, header_ok: bool) -> None:
-        """With a key on the server and none in the handshake, the first event is
-        ``session.config`` with ``api_key``."""
-        key = self.route.api_key
-        if key is None or header_ok:
-            return
-        try:
-            event = await self.receive()
-        except _EventError:
-            event = None
-        if not (
-            isinstance(event, SessionConfig)
-            and event.api_key is not None
-            and hmac.compare_digest(event.api_key.encode(), key.encode())
-        ):
-            raise _Fatal(
-                _POLICY,
-                "invalid_api_key",
-                "missing or wrong API key (Authorization: Bearer KEY, or session.config's api_key first)",
-            )
-        self.defaults = _settings_of(event, self.defaults)
+    def _active(self) -> None:
+        self.last_activity = anyio.current_time()
 
     # -------------------------------------------------------------- the loop
 
-    async def run(self, header_ok: bool) -> None:
+    async def run(self) -> None:
         try:
-            await self.authenticate(header_ok)
             await self.send_json({"type": "session.ready"})
             async with anyio.create_task_group() as tg:
                 self.task_group = tg
                 try:
                     await self.serve_events()
-                except _Fatal as exc:
+                except Fatal as exc:
                     self.fatal = exc
                 except (_WriteTimeout, WebSocketDisconnect, OSError):
                     self.gone = True  # nothing raised here may leave the task group: it would be wrapped
                 finally:
                     for context in self.contexts.values():
                         context.scope.cancel()
-        except _Fatal as exc:
-            self.fatal = exc
         except (_WriteTimeout, WebSocketDisconnect, OSError):
             self.gone = True
-        await self.close()
+        await close(self.ws, self.limits, self.fatal, broken=self.broken, gone=self.gone)
 
     def abort(self) -> None:
         """The client is gone or does not read: every context ends, the connection closes."""
         self.gone = True
         if self.task_group is not None:
             self.task_group.cancel_scope.cancel()
-
-    async def close(self) -> None:
-        if self.broken:
-            log.warning("websocket closed: a frame waited over %g s for the client", self.limits.write_timeout)
-            return  # a close frame would wait behind what the client does not read: uvicorn drops the transport
-        if self.gone:
-            return
-        close, reason = _NORMAL, ""
-        with anyio.move_on_after(self.limits.write_timeout):
-            try:
-                if self.fatal is not None:
-                    close, reason = self.fatal.close, self.fatal.code
-                    log.info("websocket closed: %s: %s", self.fatal.code, self.fatal.message)
-                    await self.error(self.fatal.code, self.fatal.message)
-                await self.ws.close(close, reason)
-            except (_WriteTimeout, WebSocketDisconnect, OSError, RuntimeError):
-                pass  # the client closed first
 
     async def serve_events(self) -> None:
         while True:
@@ -343,148 +209,173 @@ class _Connection:
                 if event is None:
                     return
                 await self.handle(event)
-            except _EventError as exc:
-                await self.error(exc.code, exc.message, exc.context_id)
+            except EventError as exc:
+                await self.error(exc.code, exc.message, exc.context_id, exc.param)
 
     async def handle(self, event: ClientEvent) -> None:
-        if isinstance(event, SessionConfig):
-            if event.api_key is not None and not self.route.key_ok(event.api_key):
-                raise _Fatal(_POLICY, "invalid_api_key", "wrong API key")
-            self.defaults = _settings_of(event, self.defaults)
-            return
+        match event:
+            case SessionConfig():
+                if event.api_key is not None and not self.route.service.key_ok(event.api_key):
+                    raise Fatal(POLICY, "invalid_api_key", "wrong API key")
+                self.defaults = self.defaults.merged(event)
+                return
+            case _ if not CONTEXT_ID.fullmatch(event.context_id):
+                raise EventError("invalid_context_id", "context_id is 1 to 64 of A-Z a-z 0-9 _ . : -")
         context_id = event.context_id
-        if not _CONTEXT_ID.fullmatch(context_id):
-            raise _EventError("invalid_context_id", "context_id is 1 to 64 of A-Z a-z 0-9 _ . : -")
         context = self.contexts.get(context_id)
-        if isinstance(event, ContextConfig):
-            if context is not None:
-                raise _EventError("context_exists", f"context {context_id!r} is open", context_id)
-            await self.open(context_id, _settings_of(event, self.defaults))
-            return
-        if isinstance(event, ContextCancel):
-            if context is not None:
+        match event:
+            case ContextConfig():
+                if context is not None:
+                    raise EventError("context_exists", f"context {context_id!r} is open", context_id)
+                await self.open(context_id, self.defaults.merged(event))
+            case ContextCancel():
+                if context is None:
+                    raise EventError("no_such_context", f"no open context {context_id!r}", context_id)
                 context.cancelled = True
                 context.scope.cancel()
-            else:
-                raise _EventError("no_such_context", f"no open context {context_id!r}", context_id)
-            return
+            case InputText():
+                if context is None:
+                    context = await self.open(context_id, self.defaults)
+                self.check_open(context)
+                await self.append(context, event.text)
+            case InputFlush():
+                self.check_open(self.existing(context, context_id))
+                if context is not None and context.text_since_flush:  # an empty turn has nothing to speak
+                    context.text_since_flush = False
+                    await self.feed(context, context.feed.flush)
+            case InputDone():
+                context = self.existing(context, context_id)
+                self.check_open(context)
+                context.done = True
+                context.feed.close()
+
+    @staticmethod
+    def existing(context: Union[_Context, None], context_id: str) -> _Context:
         if context is None:
-            if not isinstance(event, InputText):
-                raise _EventError("no_such_context", f"no open context {context_id!r}", context_id)
-            context = await self.open(context_id, self.defaults)
+            raise EventError("no_such_context", f"no open context {context_id!r}", context_id)
+        return context
+
+    @staticmethod
+    def check_open(context: _Context) -> None:
         if context.done:
-            raise _EventError("context_done", f"context {context_id!r} has had input.done", context_id)
-        if isinstance(event, InputText):
-            await self.append(context, event.text)
-        elif isinstance(event, InputFlush):
-            if context.text_since_flush:  # an empty turn has nothing to speak: nothing to queue
-                context.text_since_flush = False
-                await context.feed.flush()
-        else:
-            context.done = True
-            context.feed.close()
+            raise EventError("context_done", f"context {context.id!r} has had input.done", context.id)
+        if context.ended:
+            raise EventError("context_ended", f"context {context.id!r} has ended", context.id)
+
+    async def feed(self, context: _Context, step: Callable[[], Awaitable[None]]) -> None:
+        """A step on the context's feed; its stream may have ended meanwhile (it failed while
+        the client was still sending): then that text is refused, the connection stays."""
+        try:
+            await step()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            context.ended = True
+            raise EventError("context_ended", f"context {context.id!r} has ended", context.id) from None
 
     async def append(self, context: _Context, text: str) -> None:
         if not text:
-            raise _EventError("empty_text", "input.text's text is empty", context.id)
+            raise EventError("empty_text", "input.text's text is empty", context.id, "text")
         limit = self.limits.max_pending_chars
         if context.pending + len(text) > limit:
-            raise _EventError(
+            raise EventError(
                 "too_much_pending_text",
                 f"context {context.id!r} would hold over {limit} characters not yet taken; "
                 "this text was not taken: send it again after some audio",
                 context.id,
+                "text",
             )
+        await self.feed(
+            context, partial(context.feed.send, text)
+        )  # never waits: the feed holds more than pending allows
         context.pending += len(text)
         context.text_since_flush = True
-        await context.feed.send(text)  # never waits: the feed holds more fragments than pending allows
 
-    async def open(self, context_id: str, settings: Settings) -> _Context:
+    async def open(self, context_id: str, settings: SpeechSettings) -> _Context:
         if len(self.contexts) >= self.limits.max_contexts:
-            raise _EventError(
+            raise EventError(
                 "too_many_contexts", f"a connection has at most {self.limits.max_contexts} contexts open", context_id
             )
+        service = self.route.service
         try:
+            if settings.response_format not in STREAMABLE:
+                raise Refusal(
+                    Kind.INVALID,
+                    f"response_format {settings.response_format} does not stream: use pcm, wav, mp3, opus or aac",
+                    param="response_format",
+                    code="unsupported_format",
+                )
             check_available(settings.response_format)
-            voice = await self.route.resolve_voice(settings.voice)
-            options = engine_options(settings.options)
-            options.update(self.route.speed_options(settings.speed, options))
-            emotion = await self.route.emotion_of(settings)
-        except HTTPError as exc:
-            raise _EventError(exc.code, exc.message, context_id) from None
+            prepared = await prepare(
+                settings, service.backend.facts, service.sources, max_input=service.limits.max_input
+            )
+        except Refusal as refusal:
+            raise EventError.of(refusal, context_id) from None
         context = _Context(context_id, settings, self.limits.max_pending_chars)
         self.contexts[context_id] = context
         assert self.task_group is not None
-        self.task_group.start_soon(self.speak, context, voice, emotion, options)
+        self.task_group.start_soon(self.speak, context, prepared)
         return context
 
     # -------------------------------------------------------------- one context
 
-    async def speak(
-        self, context: _Context, voice: Union[str, None], emotion: Union[Emotion, None], options: dict[str, Any]
-    ) -> None:
-        settings = context.settings
-        rate = settings.sample_rate or (PCM_RATE if settings.response_format == "pcm" else None)
-        failure: Union[tuple[str, str], None] = None
+    async def speak(self, context: _Context, prepared: Prepared) -> None:
+        failure: Union[Refusal, None] = None
         try:
             with context.scope:
-                reader = _Reader(context)
-                stream = self.route.stream_text(reader, voice=voice, emotion=emotion, sample_rate=rate, **options)
-                async with stream:
-                    await self.deliver(context, stream, rate)
+                async with self.route.service.backend.stream_text(_Reader(context), prepared) as stream:
+                    await self.deliver(context, stream, prepared.sample_rate)
         except SidecarError as exc:
-            error = error_for(exc)
-            failure = (error.code, error.message)
+            failure = refusal_of(exc)
         except (_WriteTimeout, WebSocketDisconnect, OSError):
             self.abort()
             return
         except Exception as exc:
             log.error("websocket context %r failed", context.id, exc_info=exc)
-            failure = ("server_error", f"the context failed ({type(exc).__name__})")
+            failure = Refusal(Kind.INTERNAL, f"the context failed ({type(exc).__name__})", code="server_error")
         finally:
+            context.ended = True
             context.feed.stop()
             self.contexts.pop(context.id, None)
         if context.scope.cancel_called and not context.cancelled:
             return  # the connection is ending
         try:
             if failure is not None:
-                await self.error(failure[0], failure[1], context.id)
+                await self.error(failure.code, failure.message, context.id, failure.param)
             else:
                 end = "context.cancelled" if context.cancelled else "context.done"
                 await self.send_json({"type": end, "context_id": context.id})
         except (_WriteTimeout, WebSocketDisconnect, OSError):
             self.abort()
 
-    async def deliver(self, context: _Context, stream: Any, rate: Union[int, None]) -> None:
+    async def deliver(self, context: _Context, stream: TextStream, rate: Union[int, None]) -> None:
         fmt = context.settings.response_format
         encoder: Union[Encoder, None] = None
         sent, chunk_rate = 0, 0
         arrivals: list[float] = []  # the sentence's chunks', for the metrics
         async for event in stream.events():
-            if isinstance(event, SentenceChunk):
-                arrivals.append(time.perf_counter())
-                chunk_rate = event.sample_rate
-                if encoder is None:
-                    encoder = make_encoder(fmt, event.sample_rate, streamed=True)
-                    await self.start(context, event.sentence, event.text, event.sample_rate)
-                data = await encode_off_loop(encoder, encoder.feed, event.samples)
-                if data:
-                    sent += len(data)
-                    await self.send_bytes(context.prefix + data)
-                continue
-            assert isinstance(event, SentenceEnd)
-            if encoder is None:  # a sentence without audio: still a whole (empty) answer
-                encoder = make_encoder(fmt, rate or PCM_RATE, streamed=True)
-                await self.start(context, event.sentence, event.text, encoder.rate)
-            tail = await encode_off_loop(encoder, encoder.finish)
-            if tail:
-                sent += len(tail)
-                await self.send_bytes(context.prefix + tail)
-            encoder = None
-            self.route.served(event, chunk_rate, arrivals)  # before audio.done: a client that saw it sees them
-            done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
-            await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
-            sent, chunk_rate, arrivals = 0, 0, []
+            match event:
+                case SentenceChunk():
+                    arrivals.append(time.perf_counter())
+                    chunk_rate = event.sample_rate
+                    if encoder is None:
+                        encoder = make_encoder(fmt, event.sample_rate, streamed=True)
+                        await self.start(context, event.sentence, event.text, event.sample_rate)
+                    data = await encode_off_loop(encoder, partial(encoder.feed, event.samples))
+                    if data:
+                        sent += len(data)
+                        await self.send_bytes(context.prefix + data)
+                case SentenceEnd():
+                    if encoder is None:  # a sentence without audio: still a whole (empty) answer
+                        encoder = make_encoder(fmt, rate or PCM_RATE, streamed=True)
+                        await self.start(context, event.sentence, event.text, encoder.rate)
+                    tail = await encode_off_loop(encoder, encoder.finish)
+                    if tail:
+                        sent += len(tail)
+                        await self.send_bytes(context.prefix + tail)
+                    encoder = None
+                    self.route.served(event, chunk_rate, arrivals)  # before audio.done: who saw it sees them
+                    done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
+                    await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
+                    sent, chunk_rate, arrivals = 0, 0, []
 
     async def start(self, context: _Context, sentence: int, text: str, rate: int) -> None:
         await self.send_json(
@@ -499,29 +390,74 @@ class _Connection:
         )
 
 
-def _settings_of(event: _Settings, defaults: Settings) -> Settings:
-    """The settings ``event`` gives, the others from ``defaults``."""
-    given = {name: getattr(event, name) for name in _SETTINGS if getattr(event, name) is not msgspec.UNSET}
-    return dataclasses.replace(defaults, **given)
+async def receive_event(
+    ws: WebSocket,
+    limits: WebSocketLimits,
+    last_activity: Callable[[], float],
+    active: Callable[[], None],
+    deadline: Union[float, None] = None,
+) -> Union[ClientEvent, None]:
+    """The next event, None once the client has gone.  Past the idle timeout (from the last
+    activity), or ``deadline`` (an absolute time), :class:`Fatal`."""
+    while True:
+        now = anyio.current_time()
+        wait = last_activity() + limits.idle_timeout - now
+        if deadline is not None and deadline - now < wait:
+            if deadline <= now:
+                raise Fatal(POLICY, "auth_timeout", f"no session.config with the key within {limits.auth_timeout:g} s")
+            wait = deadline - now
+        if wait <= 0:
+            raise Fatal(POLICY, "idle_timeout", f"no message or audio for {limits.idle_timeout:g} s")
+        with anyio.move_on_after(wait):
+            message = await ws.receive()
+            break
+    if message["type"] == "websocket.disconnect":
+        return None
+    active()
+    text, data = message.get("text"), message.get("bytes")
+    size = len(data) if data is not None else len(text.encode()) if text is not None else 0
+    if size > limits.max_message:
+        raise Fatal(TOO_BIG, "message_too_large", f"a message is over {limits.max_message} bytes")
+    if text is None:
+        raise EventError("invalid_event", "binary messages are not events: send JSON text")
+    return decode_event(text)
+
+
+async def close(ws: WebSocket, limits: WebSocketLimits, fatal: Union[Fatal, None], *, broken: bool, gone: bool) -> None:
+    if broken:
+        log.warning("websocket closed: a frame waited over %g s for the client", limits.write_timeout)
+        return  # a close frame would wait behind what the client does not read: the protocol resets it
+    if gone:
+        return
+    code, reason = NORMAL, ""
+    with anyio.move_on_after(limits.write_timeout):
+        try:
+            if fatal is not None:
+                code, reason = fatal.close, fatal.code
+                log.info("websocket closed: %s: %s", fatal.code, fatal.message)
+                await ws.send(
+                    {
+                        "type": "websocket.send",
+                        "text": msgspec.json.encode(
+                            {"type": "error", "code": fatal.code, "message": fatal.message}
+                        ).decode(),
+                    }
+                )
+            await ws.close(code, reason)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            pass  # the client closed first
 
 
 # ------------------------------------------------------------------ the route
 
 
-class WebSocketRoute:
-    """The endpoint; ``service`` is the app's ``_Service`` (its key, readiness, voices, backend)."""
+class SpeechSocket:
+    """The endpoint: admission (origin, key, budgets), then one :class:`_Session` per connection."""
 
-    def __init__(self, service: Any, limits: WebSocketLimits) -> None:
-        self.service, self.limits = service, limits
-        self.api_key: Union[str, None] = service.api_key
-        self.resolve_voice: Callable[[Union[str, None]], Any] = service.voices.resolve
-        self.speed_options: Callable[..., dict[str, Any]] = service.speed_options
-        self.connections = 0
-
-    async def emotion_of(self, settings: Settings) -> Union[Emotion, None]:
-        """The protocol emotion a context's settings ask for, checked as the speech route checks its body."""
-        check_instructions(settings.instructions, self.service.limits.max_input)
-        return await emotion_for(settings, self.service.backend.facts, self.resolve_voice)
+    def __init__(self, service: SocketService, limits: WebSocketLimits, origins: Origins) -> None:
+        self.service, self.limits, self.origins = service, limits, origins
+        self.connections = 0  # with the key
+        self.unauthenticated = 0  # not yet
 
     def served(self, end: SentenceEnd, rate: int, arrivals: list[float]) -> None:
         """A sentence spoken to its end: the speech route's latency metrics, per sentence, from
@@ -531,72 +467,92 @@ class WebSocketRoute:
         self.service.metrics.timing.first(engine, member, clock)
         self.service.metrics.timing.served(engine, member, clock)
 
-    def key_ok(self, key: str) -> bool:
-        return self.api_key is None or hmac.compare_digest(key.encode(), self.api_key.encode())
+    def _refusal(self, websocket: WebSocket, keyed: bool) -> Union[Refusal, None]:
+        refusal = self.origins.refusal(websocket.scope)
+        if refusal is not None:
+            return refusal
+        header = websocket.headers.get("authorization")
+        if header is not None and not keyed:
+            return Refusal(
+                Kind.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key"
+            )
+        if keyed and self.connections >= self.limits.max_connections:
+            return Refusal(Kind.OVERLOADED, "the server has too many WebSocket connections", code="overloaded")
+        if not keyed and self.unauthenticated >= self.limits.max_unauthenticated:
+            return Refusal(
+                Kind.OVERLOADED, "the server has too many WebSocket connections without the key", code="overloaded"
+            )
+        try:
+            self.service.require_ready()
+        except Refusal as exc:
+            return exc
+        return None
 
-    def stream_text(self, texts: Any, **kwargs: Any) -> Any:
-        return self.service.backend.stream_text(texts, **kwargs)
+    def _header_key(self, websocket: WebSocket) -> bool:
+        scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and self.service.key_ok(token.strip())
 
     async def __call__(self, websocket: WebSocket) -> None:
-        header = websocket.headers.get("authorization")
-        header_ok = header is not None and self.service.authorized(websocket)
-        refusal: Union[HTTPError, None] = None
-        if header is not None and not header_ok:
-            refusal = HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
-        elif self.connections >= self.limits.max_connections:
-            refusal = HTTPError(
-                503, "the server has too many WebSocket connections", code="overloaded", headers={"Retry-After": "1"}
-            )
-        else:
-            try:
-                self.service.require_ready()
-            except HTTPError as exc:
-                refusal = exc
+        keyed = self.service.api_key is None or self._header_key(websocket)
+        refusal = self._refusal(websocket, keyed)
         if refusal is not None:
             await _deny(websocket, refusal)
             return
-        self.connections += 1
+        if keyed:
+            self.connections += 1
+            try:
+                await websocket.accept()
+                await _Session(self, websocket, DEFAULTS).run()
+            finally:
+                self.connections -= 1
+            return
+        self.unauthenticated += 1
         try:
             await websocket.accept()
-            await _Connection(self, websocket).run(header_ok)
+            defaults = await self._authenticate(websocket)
+        finally:
+            self.unauthenticated -= 1
+        if defaults is None:
+            return
+        if self.connections >= self.limits.max_connections:
+            fatal = Fatal(TRY_LATER, "overloaded", "the server has too many WebSocket connections")
+            await close(websocket, self.limits, fatal, broken=False, gone=False)
+            return
+        self.connections += 1
+        try:
+            await _Session(self, websocket, defaults).run()
         finally:
             self.connections -= 1
 
+    async def _authenticate(self, websocket: WebSocket) -> Union[SpeechSettings, None]:
+        """The session's first event, ``session.config`` with the key, within ``auth_timeout``;
+        its settings, or None once the connection is closed."""
+        deadline = anyio.current_time() + self.limits.auth_timeout
+        started = anyio.current_time()
+        fatal = Fatal(
+            POLICY,
+            "invalid_api_key",
+            "missing or wrong API key (Authorization: Bearer KEY, or session.config's api_key first)",
+        )
+        try:
+            event = await receive_event(websocket, self.limits, lambda: started, lambda: None, deadline)
+        except EventError:
+            event = None
+        except Fatal as exc:
+            fatal = exc
+            event = None
+        except (WebSocketDisconnect, OSError):
+            return None
+        if isinstance(event, SessionConfig) and event.api_key is not None and self.service.key_ok(event.api_key):
+            return DEFAULTS.merged(event)
+        await close(websocket, self.limits, fatal, broken=False, gone=False)
+        return None
 
-async def _deny(websocket: WebSocket, refusal: HTTPError) -> None:
+
+async def _deny(websocket: WebSocket, refusal: Refusal) -> None:
     """The refusal as an HTTP answer to the handshake where the server can send one, else a close."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(refusal.response())
+        await websocket.send_denial_response(HTTPError(refusal).response())
     else:
-        await websocket.close(_TRY_LATER if refusal.status == 503 else _POLICY, refusal.code or "")
-
-
-def stall_aborting_protocol() -> type[Any]:
-    """uvicorn's WebSocket protocol (on the ``websockets`` package) that drops a connection whose
-    client has stopped reading, once the app is done with it or a keepalive ping went unanswered.
-
-    uvicorn ends a connection with ``transport.close()``, which waits to flush the write buffer:
-    with a client that does not read, forever, holding the descriptor.  When the app returns
-    with writes still paused (the write deadline passed), or the ping timed out, this resets
-    the connection (``SO_LINGER`` 0, so that the kernel does not keep the unsent data either).
-    """
-    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-
-    class StallAborting(WebSocketsSansIOProtocol):
-        def _abort_if_stalled(self) -> None:
-            if not self.writable.is_set() and not self.disconnected:
-                sock = self.transport.get_extra_info("socket")
-                if sock is not None:  # a reset: the kernel drops what is unsent rather than keep trying
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.transport.abort()
-
-        async def run_asgi(self) -> None:
-            await super().run_asgi()
-            self._abort_if_stalled()
-
-        def keepalive_timeout(self) -> None:
-            super().keepalive_timeout()
-            self._abort_if_stalled()
-
-    return StallAborting
+        close_code = TRY_LATER if refusal.kind in (Kind.OVERLOADED, Kind.STARTING) else POLICY
+        await websocket.close(close_code, refusal.code)

@@ -135,8 +135,8 @@ BAD = [
     ({"emotion_reference": "/etc/passwd"}, "emotion_reference"),
     ({"instructions": "  "}, "instructions"),
     ({"instructions": "x" * 4097}, "instructions"),  # past --max-input, like the input
-    ({"options": {"temperature": 0.7}}, "temperature"),
-    ({"options": {"seconds_per_char": 99}}, "seconds_per_char"),
+    ({"options": {"temperature": 0.7}}, "options.temperature"),
+    ({"options": {"seconds_per_char": 99}}, "options.seconds_per_char"),
 ]
 
 

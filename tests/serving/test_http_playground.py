@@ -176,12 +176,28 @@ def test_a_voice_uploaded_from_the_page_is_chosen_and_spoken(
         assert status.text.startswith("uploaded voice "), status.text
         chosen = browser.execute_script("return document.getElementById('voice').value")
         listed = httpx.get(s.base + "/v1/audio/voices", timeout=TIMEOUT).json()["data"]
-        assert [v["id"] for v in listed] == [chosen]
+        assert [v["id"] for v in listed if v["source"] == "uploaded"] == [chosen]
         browser.find_element("id", "play").click()
         assert _finished(browser) == "done", status.text
         _screenshot(browser, _artefact(tmp_path, "playground-voice.png"), capsys)
         text = browser.find_element("id", "text").get_attribute("value")
         assert browser.execute_script("return window.playground.samples") == len(render(text))
+
+
+def test_the_page_offers_the_engines_own_voices_with_their_languages(browser: Any) -> None:
+    pytest.importorskip("espeakng_loader")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with server("--engine", "espeak", "--voice", "narrator=en-gb") as s:
+        browser.get(s.base + "/")
+        box = browser.find_element("id", "voice")
+        WebDriverWait(browser, TIMEOUT).until(lambda _: len(box.find_elements("css selector", "option.listed")) > 1)
+        offered = {o.get_attribute("value"): o.text for o in box.find_elements("css selector", "option.listed")}
+        assert offered["narrator"] == "narrator (mapped, en-gb en)"
+        assert offered["English (Great Britain)"] == "English (Great Britain) (engine, en-gb en)"
+        browser.execute_script("document.getElementById('voice').value = 'English (Great Britain)'")
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "done"
 
 
 def test_the_pages_emotion_reaches_the_server(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -226,3 +242,68 @@ def test_the_page_is_static_locked_down_and_off_with_a_flag() -> None:
     with server("--engine", "fake", "--no-playground") as s:
         answer = httpx.get(s.base + "/", timeout=TIMEOUT)
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+_FOREIGN_PAGE = """<!doctype html><html><body><script>
+(async () => {
+  const server = new URLSearchParams(location.search).get("server");
+  const result = {};
+  try {
+    const answer = await fetch(server + "/v1/audio/speech", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ input: "hi", response_format: "pcm" }) });
+    result.fetch = answer.status;
+  } catch (error) { result.fetch = "blocked"; }
+  result.socket = await new Promise((resolve) => {
+    const ws = new WebSocket(server.replace("http", "ws") + "/v1/audio/speech/stream");
+    ws.onmessage = (event) => { resolve(JSON.parse(event.data).type); ws.close(); };
+    ws.onerror = () => resolve("refused");
+  });
+  document.title = JSON.stringify(result);
+})();
+</script></body></html>"""
+
+
+@pytest.fixture
+def foreign_site() -> Iterator[str]:
+    """A page on another origin (``http://localhost:PORT``) that calls the server given in its query."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = _FOREIGN_PAGE.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
+def _visit(driver: Any, page: str) -> Any:
+    import json
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(page)
+    WebDriverWait(driver, TIMEOUT).until(lambda d: d.title.startswith("{"))
+    return json.loads(driver.title)
+
+
+def test_a_page_on_another_origin_reaches_the_api_only_when_allowed(browser: Any, foreign_site: str) -> None:
+    with server("--engine", "fake") as s:
+        assert _visit(browser, f"{foreign_site}/?server={s.base}") == {"fetch": "blocked", "socket": "refused"}
+    with server("--engine", "fake", "--cors-origin", foreign_site) as s:
+        assert _visit(browser, f"{foreign_site}/?server={s.base}") == {"fetch": 200, "socket": "session.ready"}

@@ -227,7 +227,7 @@ async def test_bad_events_are_answered_with_typed_errors_and_the_socket_stays(sr
         assert (await ws.next())["code"] == "invalid_event"  # type: ignore[index]
         await ws.send("context.config", context_id="f", response_format="flac")
         error = await ws.next()
-        assert isinstance(error, dict) and error["code"] == "invalid_event" and "response_format" in error["message"]
+        assert isinstance(error, dict) and error["code"] == "unsupported_format" and error["param"] == "response_format"
         await ws.send("input.text", context_id="bad id!", text="x")
         assert (await ws.next())["code"] == "invalid_context_id"  # type: ignore[index]
         await ws.send("input.done", context_id="never")

@@ -250,6 +250,7 @@ async def test_options_that_would_set_the_clients_own_arguments_are_refused(srv:
                 "type": "error",
                 "code": "invalid_request_error",
                 "message": f"options.{name} is not an engine option",
+                "param": f"options.{name}",
                 "context_id": "c",
             }
 
@@ -271,6 +272,7 @@ async def test_an_engine_without_the_capability_refuses_that_emotion() -> None:
                     "type": "error",
                     "code": "unsupported",
                     "message": f"engine 'espeak' has no {what} ({field})",
+                    "param": field,
                     "context_id": "e",
                 }
             await ws.send("input.text", context_id="e", text="Plain speech.")
