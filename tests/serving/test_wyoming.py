@@ -38,6 +38,7 @@ from wyoming.tts import (
 )
 
 from indextts_client import Pool
+from indextts_client._service import EngineFacts
 from indextts_client.wyoming import Limits, WyomingService, serve
 from indextts_sidecar.engines.fake import FakeEngine, render_bytes
 
@@ -304,7 +305,7 @@ def test_the_command_line_serves_tcp_and_unix_and_stops_on_sigterm(tmp_path: Pat
     (voices / "notes.txt").write_text("not a voice")
     options = ["--engine", "fake", "--voice", "alice=", "--voice-dir", str(voices), "--language", "en"]
     # The fake engine lists its clips only where it clones (the service offers no clip to an engine that cannot).
-    clones = "voice_clone" in FakeEngine.capabilities
+    clones = EngineFacts(capabilities=FakeEngine.capabilities).clones
     for uri in ("tcp://127.0.0.1:0", f"unix://{tmp_path / 'w.sock'}"):
         process = subprocess.Popen(
             [sys.executable, "-m", "indextts_client", "wyoming", "--uri", uri, *options],
