@@ -136,12 +136,6 @@ class WyomingService:
         name = voice if voice is not None else self.default_voice
         if name == DEFAULT_VOICE_NAME and name not in self.sources.mapping:
             name = None
-        if name is not None and (await self.sources.resolve(name, self.backend.facts)).source == "engine":
-            # The engine's own name for it: a language ("fr-fr") finds a voice here that the
-            # engine may not take by that word.
-            own = self.backend.facts.voice(name)
-            assert own is not None
-            name = own.identifier or own.name
         settings = replace(self.defaults, voice=name)
         return await prepare(settings, self.backend.facts, self.sources, max_input=self.limits.max_text_chars)
 
