@@ -120,7 +120,10 @@ async def serve(
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for signum in signals:
-        loop.add_signal_handler(signum, stop.set)
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread, or Windows
+            pass
     try:
         await service.backend.start()
         try:
@@ -145,7 +148,10 @@ async def serve(
             except FileNotFoundError:
                 pass
         for signum in signals:
-            loop.remove_signal_handler(signum)
+            try:
+                loop.remove_signal_handler(signum)
+            except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
+                pass
 
 
 async def _announce(port: int, name: Union[str, None]) -> None:
