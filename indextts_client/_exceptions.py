@@ -268,6 +268,7 @@ class UnreadError(ClosedError):
 
 _INVALID_CODES = frozenset(
     {"invalid_option", "unknown_option", "invalid_input", "invalid_message", "unknown_op", "duplicate_id"}
+    | {"unsupported"}  # what the engine cannot do (an emotion it has no capability for)
 )
 
 

@@ -162,7 +162,7 @@ def create_app(
     limits: Union[Limits, None] = None,
     websocket_limits: Union[WebSocketLimits, None] = None,
     cors_origins: Sequence[str] = (),
-    allowed_hosts: Sequence[str] = (),
+    allowed_hosts: Union[Sequence[str], None] = None,
     on_start_failure: Union[Callable[[BaseException], None], None] = None,
     playground: bool = True,
     **pool_kwargs: Any,
@@ -176,8 +176,8 @@ def create_app(
       and uploads; ``voice_limits``: the store's bounds (:class:`indextts_sidecar.voicestore.VoiceLimits`);
     - ``limits``, ``websocket_limits``: the bounds of the routes (docs/reliability.md);
     - ``cors_origins``: the browser origins allowed besides the server's own (``*``: any);
-      ``allowed_hosts``: ``Host`` names a keyless server answers besides IP addresses and
-      localhost (:mod:`._origins`);
+      ``allowed_hosts``: with it, a keyless app answers only these ``Host`` names, IP addresses
+      and localhost (:mod:`._origins`; ``serve`` always checks; None: not checked);
     - ``on_start_failure(exc)``: hears of a pool that could not start (``serve`` exits non-zero);
     - ``playground``: serve the page of :mod:`._playground` at ``/``.
 

@@ -61,14 +61,17 @@ def _normal(origin: str) -> str:
 
 
 class Origins:
-    """The policy: ``allowed`` origins (``*``: any), ``hosts`` names besides IP addresses and
-    localhost, and whether the server has a key (then any ``Host`` is fine: the key guards)."""
+    """The policy: ``allowed`` origins (``*``: any); ``hosts``, the names besides IP addresses and
+    localhost a keyless server answers (None: ``Host`` is not checked, for an app that another
+    server fronts); ``keyed``: the server has a key (then any ``Host`` is fine: the key guards)."""
 
-    def __init__(self, allowed: Iterable[str] = (), hosts: Sequence[str] = (), keyed: bool = False) -> None:
+    def __init__(
+        self, allowed: Iterable[str] = (), hosts: Union[Sequence[str], None] = None, keyed: bool = False
+    ) -> None:
         self.allowed = frozenset(_normal(origin) for origin in allowed)
         self.any = "*" in self.allowed
-        self.hosts = frozenset(h.lower() for h in hosts) | {urlsplit(o).hostname or "" for o in self.allowed}
-        self.keyed = keyed
+        self.check_host = hosts is not None and not keyed
+        self.hosts = frozenset(h.lower() for h in hosts or ()) | {urlsplit(o).hostname or "" for o in self.allowed}
 
     def allows(self, origin: str) -> bool:
         return self.any or _normal(origin) in self.allowed
@@ -77,7 +80,7 @@ class Origins:
         """Why a request (HTTP or a WebSocket handshake) is refused here, or None."""
         headers = Headers(scope=scope)
         host = headers.get("host", "").lower()
-        if not self.keyed and host and not (_is_local_name(_host_name(host)) or _host_name(host) in self.hosts):
+        if self.check_host and host and not (_is_local_name(_host_name(host)) or _host_name(host) in self.hosts):
             return Refusal(Kind.FORBIDDEN, "this server does not answer to that Host name", code="forbidden_host")
         origin = headers.get("origin")
         changes = scope["type"] == "websocket" or scope.get("method", "GET") not in _SAFE

@@ -135,7 +135,7 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
         "voice_limits": settings.voice_limits,
         "playground": not args.no_playground,
         "cors_origins": tuple(args.cors_origin),
-        "allowed_hosts": tuple(args.allowed_host),
+        "allowed_hosts": tuple(args.allowed_host),  # checked (without a key): DNS rebinding
         "limits": Limits(
             max_body=args.max_body,
             max_upload=args.max_upload,

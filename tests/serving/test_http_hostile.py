@@ -253,3 +253,32 @@ def test_serving_md_gives_the_streamed_wav_header_as_it_is() -> None:
     riff, data = int.from_bytes(head[4:8], "little"), int.from_bytes(head[40:44], "little")
     text = (Path(REPO) / "docs" / "serving.md").read_text(encoding="utf-8")
     assert f"RIFF size is `0x{riff:08X}` and its data size `0x{data:08X}`" in text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_emotion_an_engine_lacks_is_refused_alike_by_the_library_the_cli_and_http(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    _espeak()
+    import anyio
+
+    from indextts_client import Client, InvalidRequestError
+
+    message = "engine 'espeak' has no emotion weights"
+    async with Client("espeak") as client:
+        with anyio.fail_after(TIMEOUT), pytest.raises(InvalidRequestError) as refused:
+            await client.synthesize("hello", emotion={"happy": 0.5})
+    assert (refused.value.code, refused.value.message) == ("unsupported", message)
+    said = subprocess.run(
+        [sys.executable, "-m", "indextts_client", "say", "hello", "--engine", "espeak", "--emotion", "happy=0.5",
+         "-o", str(tmp_path / "x.wav")],
+        capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert said.returncode != 0 and message in said.stderr and "Traceback" not in said.stderr, said.stderr
+    assert not (tmp_path / "x.wav").exists()
+    with server("--engine", "espeak") as s:
+        async with httpx.AsyncClient(base_url=s.base, timeout=TIMEOUT) as http:
+            answer = await http.post("/v1/audio/speech", json=speech(input="hello", emotion={"happy": 0.5}))
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["code"] == "unsupported" and error["message"].startswith(message)

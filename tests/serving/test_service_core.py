@@ -1,0 +1,152 @@
+"""The speech-service core (``indextts_client._service``) on its own: no server, no sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from indextts_client import AudioChunk
+from indextts_client._service import (
+    MAX_DEPTH,
+    EngineFacts,
+    Kind,
+    Prepared,
+    RayBackend,
+    Refusal,
+    SpeechFields,
+    SpeechSettings,
+    VoiceSources,
+    check_depth,
+    depth_of,
+    prepare,
+    without_paths,
+)
+from indextts_sidecar.protocol import EmotionVector
+from indextts_sidecar.protocol.engine_info import SpeedControl
+
+pytestmark = pytest.mark.anyio
+
+ESPEAK_LIKE = EngineFacts(
+    "espeak",
+    ("streaming", "voices"),
+    SpeedControl(option="rate", normal=175, minimum=80, maximum=450, integer=True),
+    EngineFacts.voices_of(
+        [
+            {"name": "English (Great Britain)", "identifier": "gmw/en", "languages": ["en-gb", "en"]},
+            {
+                "name": "English (Received Pronunciation)",
+                "identifier": "gmw/en-GB-x-rp",
+                "languages": ["en-gb-x-rp", "en-gb", "en"],
+            },
+            {"name": "Chinese (Mandarin)", "identifier": "sit/cmn", "languages": ["cmn", "zh-cmn", "zh"]},
+        ]
+    ),
+)  # fmt: skip
+
+
+def test_depth_is_counted_outside_strings_and_stops_past_the_limit() -> None:
+    assert depth_of(b'{"a": "[[[[", "b": [{"c": "\\"["}]}') == 3
+    assert depth_of("[" * 100_000, limit=MAX_DEPTH) == MAX_DEPTH + 1
+    check_depth("[" * MAX_DEPTH + "]" * MAX_DEPTH)
+    with pytest.raises(Refusal) as refused:
+        check_depth("[" * (MAX_DEPTH + 1))
+    assert (refused.value.kind, refused.value.code) == (Kind.INVALID, "too_deep")
+
+
+def test_messages_never_carry_an_absolute_path() -> None:
+    text = "cannot open '/srv/voices/.registered-voices/ab cd.wav' or /tmp/x/y.wav (3/4, https://a.b/c)"
+    assert without_paths(text) == "cannot open '<path>' or <path> (3/4, https://a.b/c)"
+    assert "/srv" not in Refusal(Kind.ENGINE, text).message
+
+
+def test_engine_voices_are_found_by_name_identifier_and_language_and_spoken_by_identifier() -> None:
+    for name, spoken in (
+        ("en-gb", "gmw/en"),
+        ("EN-GB-X-RP", "gmw/en-GB-x-rp"),
+        ("English (Great Britain)", "gmw/en"),
+        ("zh", "sit/cmn"),
+        ("en-gb+f3", "gmw/en+f3"),
+    ):
+        assert ESPEAK_LIKE.spoken(name) == spoken, name
+    assert ESPEAK_LIKE.spoken("klingon") is None
+    assert not ESPEAK_LIKE.clones and EngineFacts("fake").clones
+
+
+def test_settings_merge_only_what_is_given() -> None:
+    session = SpeechSettings(response_format="pcm").merged(msgspec.json.decode(b'{"speed": 1.5}', type=SpeechFields))
+    context = session.merged(msgspec.json.decode(b'{"speed": 1.0, "voice": {"id": "v"}}', type=SpeechFields))
+    assert (session.speed, context.speed, context.voice, context.response_format) == (1.5, 1.0, "v", "pcm")
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"speed": 9}', type=SpeechFields)
+
+
+async def test_prepare_resolves_in_one_order_and_refuses_by_field() -> None:
+    sources = VoiceSources({"brit": "en-gb"})
+    settings = SpeechSettings(voice="brit", speed=2.0, response_format="pcm", options={"pitch": 40})
+    prepared = await prepare(settings, ESPEAK_LIKE, sources, max_input=100)
+    assert prepared == Prepared(
+        voice="gmw/en",
+        sample_rate=24000,
+        options={"pitch": 40, "rate": 350},
+        response_format="pcm",
+        voice_source="mapped",
+    )
+    cases = [
+        (SpeechSettings(voice="nobody"), "voice", "unknown_voice"),
+        (SpeechSettings(emotion={"happy": 0.5}), "emotion", "unsupported"),
+        (SpeechSettings(speed=4.0), "speed", "invalid_request_error"),
+        (SpeechSettings(options={"timeout": 1}), "options.timeout", "invalid_request_error"),
+        (SpeechSettings(instructions="x" * 101), "instructions", "input_too_long"),
+    ]
+    for bad, param, code in cases:
+        with pytest.raises(Refusal) as refused:
+            await prepare(bad, ESPEAK_LIKE, sources, max_input=100)
+        assert (refused.value.param, refused.value.code) == (param, code), bad
+    fake = EngineFacts("fake", ("emotion_vector",))
+    emotional = await prepare(SpeechSettings(emotion={"happy": 0.5}, emotion_strength=0.5), fake, sources, max_input=9)
+    assert emotional.emotion == EmotionVector(happy=0.5, alpha=0.5)
+
+
+class _Replica:
+    """A stand-in for RayClient: what RayBackend needs of it."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, Any] = {}
+
+    async def info(self) -> dict[str, Any]:
+        speed = {"option": "rate", "normal": 175.0, "minimum": 80.0, "maximum": 450.0}
+        return {"engine": "espeak", "capabilities": ["streaming"], "sample_rate": 22050, "speed": speed}
+
+    async def ping(self) -> dict[str, Any]:
+        return {"pid": 1}
+
+    @asynccontextmanager
+    async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[AsyncIterator[AudioChunk]]:
+        self.asked = {"text": text, **kwargs}
+
+        async def chunks() -> AsyncIterator[AudioChunk]:
+            yield AudioChunk(samples=np.zeros(4, dtype="<i2"), sample_rate=22050, seq=0, offset_samples=0)
+
+        yield chunks()
+
+    def stream_text(self, texts: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_ray_backend_takes_the_engines_facts_from_the_replica(anyio_backend: str) -> None:
+    replica = _Replica()
+    backend = RayBackend(replica)
+    await backend.start()
+    assert backend.facts.speed == SpeedControl(option="rate", normal=175.0, minimum=80.0, maximum=450.0)
+    async with backend.stream("hi", Prepared(voice="v", options={"rate": 200})) as chunks:
+        got = [chunk async for chunk in chunks]
+    served = backend.stream("hi", Prepared())
+    assert len(got) == 1 and (served.timings, served.facts, served.member_index) == ({}, {}, None)
+    assert replica.asked == {"text": "hi", "voice": "v", "emotion": None, "sample_rate": None, "rate": 200}
+    assert (await backend.health()).ok
