@@ -71,7 +71,9 @@ async def main(engine: str) -> None:
     )
     sink = Sink()
     worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
-    running = asyncio.create_task(WorkerRunner(handle_sigint=False).run(worker))
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)  # WorkerRunner.run(worker) is deprecated since 1.3
+    running = asyncio.create_task(runner.run())
     try:
         await worker.queue_frame(TTSSpeakFrame("Hello from a sidecar, through Pipecat."))
         await asyncio.wait_for(sink.spoken.wait(), 60)

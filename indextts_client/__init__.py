@@ -24,7 +24,7 @@ from indextts_sidecar import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
 from ._audio import Audio, AudioChunk, TextSegment
-from ._blocking import BlockingClient, BlockingStream
+from ._blocking import BlockingClient, BlockingStream, BlockingTextStream
 from ._client import Client
 from ._connection import Connection
 from ._exceptions import (
@@ -47,7 +47,7 @@ from ._exceptions import (
 from ._handshake import LossInfo
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
-from ._stream_text import FLUSH, BlockingTextStream, SentenceChunk, SentenceEnd, TextFeed, TextStream
+from ._stream_text import FLUSH, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
 __all__ = [

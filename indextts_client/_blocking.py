@@ -33,8 +33,9 @@ import threading
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Final, Union
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -44,13 +45,17 @@ from ._client import Client
 from ._exceptions import ClosedError
 from ._request import EmotionLike, Synthesis, TimeoutArg
 from ._signature import REQUESTER, same_parameters
-from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
+from ._stream_text import (
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_SENTENCE_CHARS,
+    Fragment,
+    SentenceChunk,
+    SentenceEnd,
+    TextStream,
+)
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
-if TYPE_CHECKING:
-    from ._stream_text import BlockingTextStream, Fragment
-
-__all__ = ["BlockingClient", "BlockingStream"]
+__all__ = ["BlockingClient", "BlockingStream", "BlockingTextStream", "thread_fragments"]
 
 #: How long an interrupted call waits for the loop to finish cancelling it (the cancel frame
 #: to be written, a starting sidecar to be stopped) before re-raising anyway.
@@ -332,8 +337,6 @@ class BlockingClient:
         ``fragments`` is a plain iterable, read in a worker thread (it may block, e.g. on an
         LLM's stream).  Use ``with`` for the sentences to be cancelled the moment the loop is left.
         """
-        from ._stream_text import BlockingTextStream, thread_fragments
-
         portal, client = self._portal, self._client
         if portal is None or client is None:
             if self._closed:
@@ -398,3 +401,94 @@ class BlockingStream:
     @property
     def request_id(self) -> Union[int, None]:
         return self._synthesis.request_id
+
+
+class thread_fragments:
+    """Fragments of a plain iterable read in a worker thread (it may block: a blocking LLM client)."""
+
+    _END: Final = object()
+
+    def __init__(self, texts: Iterable[Fragment]) -> None:
+        self._iterator = iter(texts)
+
+    def _step(self) -> Any:
+        return next(self._iterator, self._END)
+
+    def __aiter__(self) -> thread_fragments:
+        return self
+
+    async def __anext__(self) -> Fragment:
+        piece = await anyio.to_thread.run_sync(self._step, abandon_on_cancel=True)
+        if piece is self._END:
+            raise StopAsyncIteration
+        result: Fragment = piece
+        return result
+
+
+class BlockingTextStream:
+    """``stream_text`` for synchronous code: a plain iterator of :class:`SentenceChunk`.
+
+    ``for chunk in client.stream_text(fragments): ...`` or, to be sure the sentences are
+    cancelled the moment the loop is left (not when the iterator is collected),
+    ``with client.stream_text(fragments) as chunks: for chunk in chunks: ...``.
+    """
+
+    def __init__(self, portal: BlockingPortal, stream: TextStream) -> None:
+        self._portal = portal
+        self._stream = stream
+        self._context: Union[AbstractContextManager[TextStream], None] = None
+        self._iterating = False
+
+    def __enter__(self) -> BlockingTextStream:
+        self._open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        if self._context is None:
+            # The stream's task group lives in one task of the loop for the stream's lifetime.
+            context = self._portal.wrap_async_context_manager(self._stream)
+            context.__enter__()
+            self._context = context
+
+    def close(self) -> None:
+        """Cancel what is still queued or being synthesized (idempotent)."""
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    def __iter__(self) -> Iterator[SentenceChunk]:
+        return self._iterate(chunks_only=True)  # type: ignore[return-value]
+
+    def events(self) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
+        """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
+        return self._iterate(chunks_only=False)
+
+    def _iterate(self, *, chunks_only: bool) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
+        if self._iterating:
+            raise RuntimeError("a stream_text() is iterated once")
+        self._iterating = True
+        owns = self._context is None
+        self._open()
+        try:
+            while True:
+                item = self._portal.call(self._stream.next_event)
+                if item is None:
+                    return
+                if chunks_only and not isinstance(item, SentenceChunk):
+                    continue
+                yield item
+        finally:
+            if owns:
+                self.close()
+
+    @property
+    def sentences(self) -> int:
+        return self._stream.sentences

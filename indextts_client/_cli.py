@@ -101,6 +101,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds: finite and positive (a request's or a start's deadline)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def _unit_interval(text: str) -> float:
     try:
         value = float(text)
@@ -310,8 +321,8 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--emotion-text", default=None, metavar="TEXT", help="emotion from a description")
     say.add_argument("--emotion-alpha", type=_unit_interval, default=1.0, help="emotion strength, 0..1 (default 1)")
     say.add_argument("--sample-rate", type=int, default=None, help="resample to this rate (default: native)")
-    say.add_argument("--timeout", type=float, default=None, help="overall seconds for the request")
-    say.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the sidecar to start")
+    say.add_argument("--timeout", type=_seconds, default=None, help="overall seconds for the request")
+    say.add_argument("--ready-timeout", type=_seconds, default=60.0, help="seconds to wait for the sidecar to start")
     say.add_argument(
         "--max-text",
         type=_positive_int,

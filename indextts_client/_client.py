@@ -174,7 +174,7 @@ class Client(Requester):
         if shared_audio is not None:
             warnings.warn(
                 "Client(shared_audio=...) is ignored: audio always travels through the pipe "
-                "(the shared-memory ring did not pay for itself; see docs/benchmarks.md)",
+                "(the shared-memory ring did not pay for itself; docs/benchmarks.md in the source repository)",
                 DeprecationWarning,
                 stacklevel=2,
             )

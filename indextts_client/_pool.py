@@ -29,7 +29,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union
@@ -48,7 +49,7 @@ from ._types import Health, LoadInfo
 if TYPE_CHECKING:
     from ._stream_text import TextInput, TextStream
 
-__all__ = ["MemberHealth", "Pool", "PoolStream"]
+__all__ = ["MemberHealth", "Pool", "PoolLease", "PoolStream"]
 
 log = logging.getLogger("indextts_client")
 
@@ -99,6 +100,14 @@ class _Member:
     @property
     def usable(self) -> bool:
         return not (self.client.closed or self.client.dead)
+
+
+@dataclass(frozen=True)
+class PoolLease:
+    """A member held by :meth:`Pool.lease`: its client and its index in :attr:`Pool.members`."""
+
+    client: Client
+    index: int
 
 
 @dataclass
@@ -366,6 +375,18 @@ class Pool:
                     if voice is not None:
                         self._routing.affinity[voice] = member.index
                 self._room.notify_all()
+
+    @asynccontextmanager
+    async def lease(self, voice: Union[str, None] = None) -> AsyncIterator[PoolLease]:
+        """The member routing picks for ``voice``, held for the caller's own requests until the
+        block ends, where it counts as one request in flight (waiting, or ``BusyError``, as one)."""
+        member = await self._acquire(voice, set())
+        served = False
+        try:
+            yield PoolLease(member.client, member.index)
+            served = True
+        finally:
+            await self._release(member, voice, served)
 
     def _revival_note(self) -> str:
         now = anyio.current_time()

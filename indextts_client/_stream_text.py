@@ -7,8 +7,9 @@
             play(chunk.samples)
 
 A task of the stream reads the fragments and cuts sentences as they complete (with
-``sentence-stream``'s :class:`SentenceBoundaryDetector`, the splitter Home Assistant's
-own TTS servers use; extra ``[realtime]``).  Each sentence is sent to the sidecar as one
+``sentence-stream``'s detector, the splitter Home Assistant's own TTS servers use, extra
+``[realtime]``, kept linear in the text by :class:`~._sentences.SentenceSplitter`; a large
+fragment is split in a worker thread, off the event loop).  Each sentence is sent to the sidecar as one
 streamed request the moment it is cut, up to ``lookahead`` sentences ahead of the one
 being delivered, so the engine's queue already holds the next sentence when the current
 one ends: the engine never waits for the caller.  The caller reads the sentences' audio
@@ -29,21 +30,20 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Union
+from typing import Any, Final, Protocol, TypeVar, Union
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._audio import AudioChunk, HasSamples, Samples
+from ._sentences import PIECE, SentenceSplitter
 
 __all__ = [
     "FLUSH",
-    "BlockingTextStream",
     "DEFAULT_LOOKAHEAD",
     "DEFAULT_MAX_SENTENCE_CHARS",
     "Flush",
@@ -151,16 +151,6 @@ class _End:
     error: Union[BaseException, None]
 
 
-def _detector() -> Any:
-    try:
-        from sentence_stream import SentenceBoundaryDetector
-    except ImportError as exc:
-        raise ImportError(
-            f"stream_text needs the sentence splitter of the [realtime] extra: pip install sentence-stream ({exc})"
-        ) from None
-    return SentenceBoundaryDetector()
-
-
 class _Fragments:
     """One async iterator over either kind of iterable (no async generator: a consumer that
     stops early would leave one for the garbage collector to finalize, which trio refuses)."""
@@ -215,11 +205,10 @@ class TextStream:
             raise ValueError("lookahead must be >= 0")
         if max_sentence_chars < 1:
             raise ValueError("max_sentence_chars must be >= 1")
-        self._detector = _detector()
+        self._splitter = SentenceSplitter(max_sentence_chars)
         self._session = session
         self._texts = texts
         self._lookahead = lookahead
-        self._max_chars = max_sentence_chars
         self._slots = anyio.Semaphore(lookahead + 1)
         self._send: MemoryObjectSendStream[Union[_Sentence, _End]]
         self._receive: MemoryObjectReceiveStream[Union[_Sentence, _End]]
@@ -302,18 +291,20 @@ class TextStream:
         """Read the fragments, cut sentences, open a request per sentence; never raises."""
         fragments = _Fragments(self._texts)
         try:
-            detector = self._detector
+            splitter = self._splitter
             while (piece := await fragments.next()) is not None:
                 if isinstance(piece, Flush):
-                    await self._submit(detector.finish(), flushed=True)
+                    await self._submit(splitter.finish(), flushed=True)
                     continue
                 if not isinstance(piece, str):
                     raise TypeError(f"stream_text fragments are str or FLUSH, not {type(piece).__name__}")
-                for sentence in detector.add_chunk(piece):
+                if len(piece) <= PIECE:
+                    sentences = splitter.add(piece)  # a token of an LLM: cheaper here than a thread hop
+                else:
+                    sentences = await anyio.to_thread.run_sync(splitter.add, piece)
+                for sentence in sentences:
                     await self._submit(sentence, flushed=False)
-                while len(detector.current_sentence) + len(detector.remaining_text) > self._max_chars:
-                    await self._cut_long()
-            await self._submit(detector.finish(), flushed=True)
+            await self._submit(splitter.finish(), flushed=True)
             self._send.send_nowait(_End(None))
         except anyio.get_cancelled_exc_class():
             raise
@@ -327,17 +318,6 @@ class TextStream:
             # not by the garbage collector.
             with anyio.CancelScope(shield=True):
                 await fragments.aclose()
-
-    async def _cut_long(self) -> None:
-        """Speak the first ``max_sentence_chars`` of a sentence that has no end yet, at a space."""
-        detector = self._detector
-        pending: str = detector.finish()
-        head = pending[: self._max_chars + 1]
-        space = head.rfind(" ")
-        cut = space if space > 0 else self._max_chars
-        await self._submit(pending[:cut], flushed=False)
-        for sentence in detector.add_chunk(pending[cut:].lstrip()):
-            await self._submit(sentence, flushed=False)
 
     async def _submit(self, text: str, *, flushed: bool) -> None:
         text = text.strip()
@@ -530,24 +510,36 @@ def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[O
     return session
 
 
+_Client = TypeVar("_Client", covariant=True)
+_C = TypeVar("_C")
+
+
+class Lease(Protocol[_Client]):
+    """A member held for a stream (:class:`~indextts_client._pool.PoolLease`)."""
+
+    @property
+    def client(self) -> _Client: ...
+
+    @property
+    def index(self) -> int: ...
+
+
+class Leases(Protocol[_Client]):
+    """What lends a stream its member: :meth:`Pool.lease` (``_pool`` imports this module)."""
+
+    def lease(self, voice: Union[str, None]) -> AbstractAsyncContextManager[Lease[_Client]]: ...
+
+
 def pool_session(
-    pool: Any, voice: Union[str, None], open_on: Callable[[Any], Opener]
+    pool: Leases[_C], voice: Union[str, None], open_on: Callable[[_C], Opener]
 ) -> Callable[[], AbstractAsyncContextManager[Opener]]:
     """One member of ``pool`` for the whole stream (the one routing picks for ``voice``, whose
-    conditioning is warm), counted as one request in flight there until the end.
-
-    ``pool`` is a :class:`Pool`, typed loosely: ``_pool`` imports this module.
-    """
+    conditioning is warm), counted as one request in flight there until the end."""
 
     @asynccontextmanager
     async def session() -> AsyncIterator[Opener]:
-        member = await pool._acquire(voice, set())
-        served = False
-        try:
-            yield _MemberOpener(open_on(member.client), member.index)
-            served = True
-        finally:
-            await pool._release(member, voice, served)
+        async with pool.lease(voice) as lease:
+            yield _MemberOpener(open_on(lease.client), lease.index)
 
     return session
 
@@ -560,94 +552,3 @@ class _MemberOpener:
 
     def __call__(self, text: str) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]:
         return self.opener(text)
-
-
-class thread_fragments:
-    """Fragments of a plain iterable read in a worker thread (it may block: a blocking LLM client)."""
-
-    _END: Final = object()
-
-    def __init__(self, texts: Iterable[Fragment]) -> None:
-        self._iterator = iter(texts)
-
-    def _step(self) -> Any:
-        return next(self._iterator, self._END)
-
-    def __aiter__(self) -> thread_fragments:
-        return self
-
-    async def __anext__(self) -> Fragment:
-        piece = await anyio.to_thread.run_sync(self._step, abandon_on_cancel=True)
-        if piece is self._END:
-            raise StopAsyncIteration
-        result: Fragment = piece
-        return result
-
-
-class BlockingTextStream:
-    """``stream_text`` for synchronous code: a plain iterator of :class:`SentenceChunk`.
-
-    ``for chunk in client.stream_text(fragments): ...`` or, to be sure the sentences are
-    cancelled the moment the loop is left (not when the iterator is collected),
-    ``with client.stream_text(fragments) as chunks: for chunk in chunks: ...``.
-    """
-
-    def __init__(self, portal: BlockingPortal, stream: TextStream) -> None:
-        self._portal = portal
-        self._stream = stream
-        self._context: Union[AbstractContextManager[TextStream], None] = None
-        self._iterating = False
-
-    def __enter__(self) -> BlockingTextStream:
-        self._open()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> None:
-        self.close()
-
-    def _open(self) -> None:
-        if self._context is None:
-            # The stream's task group lives in one task of the loop for the stream's lifetime.
-            context = self._portal.wrap_async_context_manager(self._stream)
-            context.__enter__()
-            self._context = context
-
-    def close(self) -> None:
-        """Cancel what is still queued or being synthesized (idempotent)."""
-        context, self._context = self._context, None
-        if context is not None:
-            context.__exit__(None, None, None)
-
-    def __iter__(self) -> Iterator[SentenceChunk]:
-        return self._iterate(chunks_only=True)  # type: ignore[return-value]
-
-    def events(self) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
-        """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
-        return self._iterate(chunks_only=False)
-
-    def _iterate(self, *, chunks_only: bool) -> Iterator[Union[SentenceChunk, SentenceEnd]]:
-        if self._iterating:
-            raise RuntimeError("a stream_text() is iterated once")
-        self._iterating = True
-        owns = self._context is None
-        self._open()
-        try:
-            while True:
-                item = self._portal.call(self._stream.next_event)
-                if item is None:
-                    return
-                if chunks_only and not isinstance(item, SentenceChunk):
-                    continue
-                yield item
-        finally:
-            if owns:
-                self.close()
-
-    @property
-    def sentences(self) -> int:
-        return self._stream.sentences

@@ -38,7 +38,8 @@ __all__ = ["build_report", "main"]
 
 _UPSTREAM_INSTALL = (
     "git clone https://github.com/index-tts/index-tts && pip install -e ./index-tts in this venv "
-    "(upstream's pins: torch 2.8, transformers==4.52.1, Python < 3.12); see docs/indextts.md"
+    "(upstream's pins: torch 2.8, transformers==4.52.1, Python < 3.12); see the IndexTTS set-up guide, "
+    "docs/indextts.md in the source repository"
 )
 
 
@@ -353,7 +354,8 @@ def build_report(model_dir: Union[str, None] = None, engine: Union[str, None] = 
             report.problems.append(
                 Problem(
                     what=f"engine {engine!r} cannot run here: {info.problem}",
-                    fix="install what it needs in this venv (see docs/engines.md), or pick another with --engine",
+                    fix="install what it needs in this venv (the engines guide, docs/engines.md in the source "
+                    "repository, says what), or pick another with --engine",
                 )
             )
         report.ok = not report.problems

@@ -53,7 +53,7 @@ def wire_named(name: str, max_frame_size: int) -> Wire:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m indextts_sidecar",
-        description="Serve a TTS engine over protocol v1 on stdin/stdout (see docs/protocol.md).",
+        description="Serve a TTS engine over protocol v1 on stdin/stdout (docs/protocol.md in the source repository).",
     )
     parser.add_argument(
         "--engine",
@@ -86,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=WIRE_NAMES,
         default="msgpack",
         help="the frames' format: msgpack, protocol v1 (default); seed, the length-prefixed JSON of the "
-        "one-file sidecar this project grew from, one request at a time (stdin/stdout only; docs/protocol.md)",
+        "one-file sidecar this project grew from, one request at a time (stdin/stdout only; docs/protocol.md in the "
+        "source repository)",
     )
     parser.add_argument(
         "--frame-timeout",
@@ -106,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PID",
-        help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
+        help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md in the source "
+        "repository)",
     )
     _add_limit_arguments(parser)
     _add_socket_arguments(parser)
@@ -149,7 +151,7 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_socket_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `--listen`: addresses, authentication, TLS, and each connection's bounds."""
-    sockets = parser.add_argument_group("sockets (see docs/protocol.md, 'Sockets')")
+    sockets = parser.add_argument_group("sockets (see docs/protocol.md in the source repository, 'Sockets')")
     sockets.add_argument(
         "--listen",
         metavar="URL",
@@ -227,7 +229,8 @@ def _add_other_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--doctor",
         action="store_true",
-        help="print a JSON report on this venv (torch, GPUs, indextts, checkpoints) and exit; see docs/indextts.md",
+        help="print a JSON report on this venv (torch, GPUs, indextts, checkpoints) and exit; see docs/indextts.md "
+        "in the source repository",
     )
     parser.add_argument("--model-dir", help="checkpoint directory for --doctor to check")
 

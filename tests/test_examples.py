@@ -88,10 +88,13 @@ def test_trio_example(tmp_path: Path) -> None:
     assert "ping after a cancel: loaded=True" in out
 
 
-def test_pytest_example(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plugins", [[], ["-p", "no:timeout"]], ids=["as-is", "without-pytest-timeout"])
+def test_pytest_example(tmp_path: Path, plugins: list[str]) -> None:
+    # Its header's command, also where only pytest and anyio are installed (this project's ini
+    # names pytest-timeout's `timeout`, an unknown option, an error with warnings as errors, there).
     path = EXAMPLES / "test_with_fake_engine.py"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugins, str(path)],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,

@@ -6,11 +6,11 @@ cheapest when reused.
 
 from __future__ import annotations
 
-from typing import Final, Union
+from typing import Any, Final, Union
 
 import msgspec
 
-from .messages import Audio, Reply, Request
+from .messages import MAX_DEPTH, Audio, Reply, Request, Synthesize
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -65,8 +65,28 @@ def audio_frame_parts(request_id: int, seq: int, sample_rate: int, pcm: memoryvi
 
 
 def decode_request(body: Union[bytes, bytearray, memoryview]) -> Request:
-    """Decode a frame body sent by a parent; raises ``msgspec.DecodeError`` or ``ValidationError``."""
-    return _request_decoder.decode(body)
+    """Decode a frame body sent by a parent; raises ``msgspec.DecodeError`` or ``ValidationError``.
+
+    A request nested deeper than :data:`MAX_DEPTH` is refused here (``ValidationError``), the
+    same on every Python: msgspec's own limit follows the interpreter's (on 3.13 it decodes
+    thousands of levels), and engine options are the one place a request can nest freely.
+    """
+    request = _request_decoder.decode(body)
+    if isinstance(request, Synthesize) and request.options and _nests_deeper(request.options, MAX_DEPTH - 1):
+        raise msgspec.ValidationError(f"the message nests deeper than {MAX_DEPTH} levels - at `$.options`")
+    return request
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether decoded msgpack ``value`` (itself level 1) nests more than ``limit`` levels; iterative."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > limit:
+            return True
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list, tuple)))
+    return False
 
 
 def decode_reply(body: Union[bytes, bytearray, memoryview]) -> Reply:

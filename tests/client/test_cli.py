@@ -150,6 +150,15 @@ def test_emotion_alpha_must_be_in_the_unit_interval(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--emotion-alpha: 9 is outside 0..1" in result.stderr
 
 
+def test_timeouts_must_be_positive_seconds_and_are_refused_by_the_parser(tmp_path: Path) -> None:
+    # Before: `say --timeout -1` was a ValueError traceback from inside the client.
+    for flag in ("--timeout", "--ready-timeout"):
+        for value in ("-1", "0", "nan", "inf", "soon"):
+            result = _cli("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "fake", f"{flag}={value}")
+            assert result.returncode == 2 and "Traceback" not in result.stderr, (flag, value, result.stderr)
+            assert f"argument {flag}: " in result.stderr.splitlines()[-1], result.stderr
+
+
 def test_verbose_works_after_the_subcommand(tmp_path: Path) -> None:
     for args in (["-v", "say", "hi"], ["say", "-v", "hi"], ["say", "hi", "-v"]):
         out = tmp_path / "v.wav"

@@ -252,3 +252,18 @@ async def test_a_pool_stream_outside_async_with_is_refused_not_silently_empty() 
                     pass
             infos = await pool.load()
             assert [(type(info), info.loaded) for info in infos] == [(LoadInfo, True)]
+
+
+async def test_a_lease_holds_its_member_as_one_request_in_flight() -> None:
+    # Pool.lease is how stream_text holds its member (it reached into _acquire/_release before).
+    with anyio.fail_after(TIMEOUT):
+        async with Pool("fake", size=1, max_outstanding=1, pool_timeout=0.2, ready_timeout=TIMEOUT) as pool:
+            async with pool.lease("alice") as lease:
+                assert (lease.index, lease.client) == (0, pool.members[0])
+                with pytest.raises(BusyError):
+                    await pool.synthesize("no room")
+                audio = await lease.client.synthesize("on the lease")
+            assert audio.samples.tobytes() == render_bytes("on the lease")
+            assert (await pool.synthesize("room again")).samples.tobytes() == render_bytes("room again")
+            (health,) = await pool.health()
+            assert (health.outstanding, health.served) == (0, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Union
 
@@ -20,6 +21,7 @@ from indextts_client import (
     TextFeed,
     TextStream,
 )
+from indextts_client._sentences import SentenceSplitter
 from indextts_sidecar.engines.fake import render_bytes
 
 pytestmark = pytest.mark.anyio
@@ -183,6 +185,45 @@ async def test_text_without_sentence_ends_is_cut_at_spaces_under_the_limit() -> 
     assert all(len(e.text) <= 50 for e in ends), ends
     assert " ".join(e.text for e in ends).split() == words
     assert sum(e.samples for e in ends) == 1440 * sum(len(e.text) for e in ends)
+
+
+async def test_forced_cuts_never_glue_words_of_tokens_with_trailing_spaces() -> None:
+    # An LLM's tokens: each word with its space after it.  The cut at max_sentence_chars used to
+    # strip the held text's trailing space, and the next token was glued to the last word.
+    words = [f"w{i}" for i in range(3000)]
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            Client("fake", ready_timeout=TIMEOUT) as client,
+            client.stream_text([f"{w} " for w in words], max_sentence_chars=100, seconds=0.01) as stream,
+        ):
+            ends = [e async for e in stream.events() if isinstance(e, SentenceEnd)]
+    assert len(ends) > 100 and all(len(e.text) <= 100 for e in ends)
+    assert " ".join(e.text for e in ends).split() == words
+
+
+async def test_80_kb_of_abbreviations_is_split_off_the_event_loop_in_linear_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: the splitter ran on the loop, rescanning the text per boundary and per forced
+    # cut: 80 KB of "A. A. ..." took minutes with the loop blocked.  Timed by the deadline alone.
+    threads: list[bool] = []
+    add = SentenceSplitter.add
+
+    def recording(self: SentenceSplitter, text: str) -> list[str]:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return add(self, text)
+
+    monkeypatch.setattr(SentenceSplitter, "add", recording)
+    text = "A. " * 27_000
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            Client("fake", ready_timeout=TIMEOUT) as client,
+            client.stream_text([text, "Ok."], seconds=0.01) as stream,
+        ):
+            ends = [e async for e in stream.events() if isinstance(e, SentenceEnd)]
+    assert threads == [False, True]  # the big fragment in a worker thread, the token on the loop
+    assert all(len(e.text) <= 1000 for e in ends) and len(ends) >= 80
+    assert "".join(e.text for e in ends).replace(" ", "") == (text + "Ok.").replace(" ", "")
 
 
 async def test_an_engine_error_arrives_after_the_audio_before_it() -> None:

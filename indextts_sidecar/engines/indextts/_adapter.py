@@ -297,7 +297,8 @@ class IndexTTSEngine(Engine[Any, Any]):
                 f"IndexTTS is not installed in this interpreter ({sys.executable}): install upstream IndexTTS "
                 "into this venv (git clone https://github.com/index-tts/index-tts && pip install -e index-tts), "
                 f"or the PyPI package {PYPI25_DISTRIBUTION if version == '2.5' else PYPI_DISTRIBUTION}; "
-                "see docs/indextts.md; `python -m indextts_sidecar --doctor` checks the set-up"
+                "see the IndexTTS set-up guide (docs/indextts.md in the source repository); `python -m "
+                "indextts_sidecar --doctor` checks the set-up"
             )
         found = f" (it has {other.label}, which cannot run this checkpoint)" if other is not None else ""
         raise LoadError(

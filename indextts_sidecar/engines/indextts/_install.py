@@ -254,7 +254,10 @@ def installation_problem(prefer: tuple[str, ...]) -> Union[str, None]:
         return f"importing the indextts package fails: {type(exc).__name__}: {exc}"
     if flavour is None:
         versions = " or ".join(f"IndexTTS-{v}" for v in prefer)
-        return f"no installed code for {versions} (see docs/indextts.md; `indextts-client doctor` tells more)"
+        return (
+            f"no installed code for {versions} (see the IndexTTS set-up guide, docs/indextts.md in the source "
+            "repository; `indextts-client doctor` tells more)"
+        )
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed"
     return None
@@ -269,5 +272,8 @@ def import_hint(exc: BaseException) -> str:
             "(pip install transformers==4.52.1, or use the PyPI package indextts2-inference with transformers>=5)"
         )
     if "torch" in text:
-        return "; install torch into this venv as upstream's pins ask (see docs/indextts.md)"
+        return (
+            "; install torch into this venv as upstream's pins ask (the IndexTTS set-up guide, docs/indextts.md "
+            "in the source repository)"
+        )
     return ""
