@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -61,7 +62,17 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.40' ({exc})") from exc
 
-__all__ = ["AudioAutoscaling", "QueuedAudioPolicy", "RayClient", "SidecarReplica", "deployment", "http_ingress"]
+__all__ = [
+    "AudioAutoscaling",
+    "QueuedAudioPolicy",
+    "RayClient",
+    "SidecarReplica",
+    "deployment",
+    "estimate_seconds",
+    "http_ingress",
+]
+
+log = logging.getLogger("indextts_client")
 
 
 #: The replica's metrics, by name.
@@ -128,27 +139,29 @@ class AudioAutoscaling:
     upscale_delay_s: float = 10.0
     downscale_delay_s: float = 300.0
     look_back_period_s: float = 10.0
-    metrics_interval_s: float = 2.0
+    #: How often replicas and handles report (Serve's default, 10 s, when None).  Serve 2.60
+    #: marks the field deprecated (a DeprecationWarning when set) but still reads only it.
+    metrics_interval_s: Union[float, None] = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
             raise ValueError("need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
         positive = ("target_audio_seconds", "chars_per_second", "default_request_seconds", "look_back_period_s")
-        if any(not getattr(self, name) > 0 for name in (*positive, "metrics_interval_s")):
+        interval = self.metrics_interval_s
+        if any(not getattr(self, name) > 0 for name in positive) or (interval is not None and not interval > 0):
             raise ValueError(f"{', '.join(positive)} and metrics_interval_s must be > 0")
         if self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
             raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
 
     def serve_config(self) -> dict[str, Any]:
         """This as Serve's ``autoscaling_config``, with the queued-audio policy."""
-        return {
+        config: dict[str, Any] = {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,
             "initial_replicas": self.initial_replicas,
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
             "look_back_period_s": self.look_back_period_s,
-            "metrics_interval_s": self.metrics_interval_s,
             "policy": {
                 "policy_function": QueuedAudioPolicy,
                 "policy_kwargs": {
@@ -157,6 +170,9 @@ class AudioAutoscaling:
                 },
             },
         }
+        if self.metrics_interval_s is not None:
+            config["metrics_interval_s"] = self.metrics_interval_s
+        return config
 
 
 def estimate_seconds(text: str, chars_per_second: float) -> float:
@@ -241,6 +257,7 @@ class SidecarReplica:
             "samples": audio.samples.tobytes(),
             "sample_rate": audio.sample_rate,
             "timings": audio.timings,
+            "facts": audio.facts,
             "pid": client.pid,
         }
 
@@ -415,8 +432,14 @@ class RayClient:
                     if isinstance(exc, RayActorError):
                         raise CrashedError(_lost(exc, 0)) from exc
                     raise
+                log.warning("a request lost its replica (%s); sending it again", type(exc).__name__)
         samples = np.frombuffer(result["samples"], dtype=SAMPLE_DTYPE).copy()
-        return Audio(samples=samples, sample_rate=int(result["sample_rate"]), timings=dict(result["timings"]))
+        return Audio(
+            samples=samples,
+            sample_rate=int(result["sample_rate"]),
+            timings=dict(result["timings"]),
+            facts=dict(result.get("facts") or {}),
+        )
 
     async def info(self) -> dict[str, Any]:
         """A replica's sidecar facts: engine, capabilities, native rate."""
@@ -453,6 +476,7 @@ class RayClient:
                             raise CrashedError(_lost(exc, delivered)) from exc
                         raise
                     attempt += 1
+                    log.warning("a stream lost its replica before any audio (%s); sending it again", type(exc).__name__)
                     current[0] = handle.stream.remote(text, **kwargs)
                     continue
                 if item is None:
