@@ -1,0 +1,95 @@
+"""Losing a node: the second node of .ci/ray's cluster is killed while requests stream.
+
+It runs last (the cluster has one node after it).  Without .ci/ray's second node it skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ray` runs these tests in a Ray venv")
+from ray import serve  # noqa: E402
+from ray_support import SECOND_NODE, TIMEOUT  # noqa: E402
+
+from indextts_client import CrashedError  # noqa: E402
+from indextts_client.ray import RayClient, deployment  # noqa: E402
+from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(SECOND_NODE is None, reason="needs the two-node cluster that `bash .ci/ray` starts"),
+]
+
+
+@pytest.mark.anyio
+async def test_a_node_killed_mid_stream_loses_no_request(
+    cluster: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert SECOND_NODE is not None
+    # One tts_slot per node: one replica on each.
+    app = deployment("fake", num_replicas=2, num_cpus=0.25, resources={"tts_slot": 1}, max_ongoing_requests=8)
+    client = RayClient(serve.run(app, name="nodes", route_prefix=None))
+    voice = tmp_path / "voice.wav"
+    voice.write_bytes(b"RIFF")
+
+    with anyio.fail_after(TIMEOUT):
+        nodes = set()
+        while len(nodes) < 2:  # which replica answers is Serve's choice: ask until both have
+            nodes.add((await client.ping())["node_id"])
+        assert len(nodes) == 2
+
+        texts = [f"request {i} across two nodes" for i in range(12)]
+        streamed: dict[int, bytes] = {}
+        lost: dict[int, int] = {}  # stream -> chunks it had when its replica was lost
+        whole: dict[int, bytes] = {}
+        underway = [anyio.Event() for _ in range(6)]
+
+        async def stream(i: int) -> None:
+            chunks = 0
+            data = b""
+            try:
+                async with client.stream(texts[i], chunk_seconds=0.2, delay=0.4) as audio:
+                    async for chunk in audio:
+                        data += chunk.samples.tobytes()
+                        chunks += 1
+                        underway[i].set()
+            except CrashedError:
+                lost[i] = chunks
+                return
+            streamed[i] = data
+
+        async def synthesize(i: int) -> None:
+            # These deliver nothing before they finish: every one must come back whole.
+            audio = await client.synthesize(texts[i], voice=str(voice), chunk_seconds=0.2, delay=0.4)
+            whole[i] = audio.samples.tobytes()
+
+        caplog.set_level(logging.WARNING, logger="indextts_client")
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(stream, i)
+            for i in range(6, 12):
+                tg.start_soon(synthesize, i)
+            for event in underway:
+                await event.wait()
+            # Every stream has audio, every request is on a replica: the second node dies.
+            os.killpg(int(SECOND_NODE), signal.SIGKILL)
+
+        assert whole == {i: render_bytes(texts[i]) for i in range(6, 12)}
+        assert streamed == {i: render_bytes(texts[i]) for i in range(6) if i not in lost}
+        # The replica on the lost node had streams (Serve spreads them: both replicas
+        # answered); each of them had delivered audio, and ends with the Pool's error.
+        assert lost and all(chunks >= 1 for chunks in lost.values()), lost
+        assert len(streamed) + len(lost) == 6
+        resent = [r.getMessage() for r in caplog.records if "sending it again" in r.getMessage()]
+        assert resent, "no request was on the lost node's replica"
+        # The survivor serves on.
+        audio = await client.synthesize("after the node", voice=str(voice))
+        assert audio.samples.tobytes() == render_bytes("after the node")
+    serve.delete("nodes")
