@@ -43,6 +43,8 @@ async def main(args: argparse.Namespace) -> None:
         for _ in range(40):  # warm every path; see where the replicas are
             await client.synthesize("x")
             nodes[label].add((await client.ping())["node_id"])
+    if [len(nodes[label]) for label in clients] != [1, 2]:
+        raise SystemExit(f"the replicas are not where they should be: {nodes}")
     times: dict[str, list[float]] = {label: [] for label in clients}
     ratios = []
     for number in range(args.rounds):
@@ -75,6 +77,7 @@ def start(args: argparse.Namespace) -> Any:
         head_node_args={"num_cpus": 2, "resources": {"head_slot": 2, "tts_slot": 1}, "include_dashboard": False},
     )
     cluster.add_node(num_cpus=2, resources={"tts_slot": 1})
+    cluster.wait_for_nodes()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": root}})
     serve.start(proxy_location="Disabled")

@@ -60,7 +60,7 @@ try:
     from ray import serve
     from ray.exceptions import RayActorError
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.40' ({exc})") from exc
+    raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.60' ({exc})") from exc
 
 __all__ = [
     "AudioAutoscaling",
