@@ -33,8 +33,9 @@ async def test_a_node_killed_mid_stream_loses_no_request(
     cluster: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert SECOND_NODE is not None
-    # One tts_slot per node: one replica on each.
-    app = deployment("fake", num_replicas=2, num_cpus=0.25, resources={"tts_slot": 1}, max_ongoing_requests=8)
+    # One tts_slot per node: one replica on each, six requests each at most, so that the
+    # twelve below are six on each node.
+    app = deployment("fake", num_replicas=2, num_cpus=0.25, resources={"tts_slot": 1}, max_ongoing_requests=6)
     client = RayClient(serve.run(app, name="nodes", route_prefix=None))
     voice = tmp_path / "voice.wav"
     voice.write_bytes(b"RIFF")
