@@ -184,7 +184,8 @@ async def test_a_removed_replica_finishes_its_streams_before_it_goes(cluster: di
 @pytest.mark.anyio
 async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[str, Any], tmp_path: Path) -> None:
     app = deployment("fake", num_replicas=2, num_cpus=0.25, max_ongoing_requests=1, max_voices_per_replica=32)
-    client = RayClient(serve.run(app, name="voices", route_prefix=None))
+    handle = serve.run(app, name="voices", route_prefix=None)
+    client = RayClient(handle)
     voices = []
     for k in range(16):
         path = tmp_path / f"voice{k}.wav"
@@ -192,23 +193,34 @@ async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[s
         voices.append(str(path))
 
     with anyio.fail_after(TIMEOUT):
-        firsts = []
-        for voice in voices:  # the first time each voice is spoken: a miss wherever it lands
-            audio = await client.synthesize("first", voice=voice)
-            firsts.append(audio.facts["voice_cache"])
-        assert firsts == ["miss"] * len(voices)
-        # Later rounds go to the replica that spoke the voice.  Without affinity about half
-        # of the second round and a quarter of the third would land on the other replica.
+        # The first time each voice is spoken (through the handle, as RayClient sends it, to
+        # see the replica): a miss wherever it lands.
+        home = {}
+        for voice in voices:
+            result = await handle.options(multiplexed_model_id=voice).synthesize.remote("first", voice=voice)
+            assert result["facts"]["voice_cache"] == "miss"
+            home[voice] = result["pid"]
+        assert len(set(home.values())) == 2  # the router gives a new voice to the replica with fewer
+        # Serve's routers learn which replica has which voice a moment later, through its
+        # controller: a bounded poll with pings (a ping does not make a voice warm) until
+        # every voice's ping reaches its replica.
+        while True:
+            probes = {v: (await handle.options(multiplexed_model_id=v).ping.remote())["pid"] for v in voices}
+            if probes == home:
+                break
+            await anyio.sleep(0.1)
+        # Every later request goes to the replica that spoke the voice.  Without affinity
+        # about half of the second round and a quarter of the third would land on the other.
         misses = 0
         for _ in range(2):
             for voice in voices:
                 audio = await client.synthesize("again", voice=voice)
                 assert audio.samples.tobytes() == render_bytes("again")
                 misses += audio.facts["voice_cache"] == "miss"
-        assert misses <= 1, misses
+        assert misses == 0
 
-        # Busy: the replica warm with voices[0] holds a request that hangs; a second request
-        # for that voice goes to the other replica rather than waiting.
+        # Busy: the replica warm with voices[0] holds a request that hangs; a request for
+        # that voice goes to the other replica rather than waiting.
         async with anyio.create_task_group() as tg:
             held = anyio.Event()
 
