@@ -183,7 +183,9 @@ async def test_a_removed_replica_finishes_its_streams_before_it_goes(cluster: di
 
 @pytest.mark.anyio
 async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[str, Any], tmp_path: Path) -> None:
-    app = deployment("fake", num_replicas=2, num_cpus=0.25, max_ongoing_requests=1, max_voices_per_replica=32)
+    # Two requests per replica: with one, a replica whose request has just returned can still
+    # count it for a moment, look full, and send the next request for its voice elsewhere.
+    app = deployment("fake", num_replicas=2, num_cpus=0.25, max_ongoing_requests=2, max_voices_per_replica=32)
     handle = serve.run(app, name="voices", route_prefix=None)
     client = RayClient(handle)
     voices = []
@@ -219,8 +221,8 @@ async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[s
                 misses += audio.facts["voice_cache"] == "miss"
         assert misses == 0
 
-        # Busy: the replica warm with voices[0] holds a request that hangs; a request for
-        # that voice goes to the other replica rather than waiting.
+        # Busy: the replica warm with voices[0] holds two requests for it, one that hangs and
+        # one waiting behind it; a request for that voice goes to the other replica.
         async with anyio.create_task_group() as tg:
             held = anyio.Event()
 
@@ -231,6 +233,15 @@ async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[s
 
             tg.start_soon(hang)
             await held.wait()
+            tg.start_soon(hang)
+            # Once the second is on it, the warm replica is full: a ping for the voice (a
+            # bounded poll) is answered by the other replica, which holds neither.
+            while True:
+                other = await handle.options(multiplexed_model_id=voices[0]).ping.remote()
+                if other["pid"] != home[voices[0]]:
+                    break
+                await anyio.sleep(0.1)
+            assert other["audio_seconds"] == 0, other
             audio = await client.synthesize("elsewhere", voice=voices[0])
             assert audio.samples.tobytes() == render_bytes("elsewhere") and audio.facts["voice_cache"] == "miss"
             tg.cancel_scope.cancel()
