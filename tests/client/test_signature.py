@@ -39,12 +39,15 @@ def ray_client() -> Iterator[type]:
         return
     stand_in = types.ModuleType("ray")
     stand_in.serve = types.ModuleType("ray.serve")  # type: ignore[attr-defined]
-    sys.modules.update({"ray": stand_in, "ray.serve": stand_in.serve})  # type: ignore[attr-defined]
+    stand_in.exceptions = types.ModuleType("ray.exceptions")  # type: ignore[attr-defined]
+    stand_in.exceptions.RayActorError = type("RayActorError", (Exception,), {})  # type: ignore[attr-defined]
+    modules = {"ray": stand_in, "ray.serve": stand_in.serve, "ray.exceptions": stand_in.exceptions}  # type: ignore[attr-defined]
+    sys.modules.update(modules)
     try:
         yield importlib.import_module("indextts_client.ray").RayClient
     finally:
         # Imported against the stand-in: gone again, so that no other test finds it.
-        for name in ("ray", "ray.serve", "indextts_client.ray"):
+        for name in ("ray", "ray.serve", "ray.exceptions", "indextts_client.ray"):
             sys.modules.pop(name, None)
         if hasattr(indextts_client, "ray"):
             delattr(indextts_client, "ray")

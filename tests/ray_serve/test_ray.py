@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -21,22 +19,21 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ray` runs these tests in a Ray venv")
 from ray import serve  # noqa: E402
+from ray_support import ROOT, TIMEOUT  # noqa: E402
 
 from indextts_client import InvalidRequestError  # noqa: E402
 from indextts_client.ray import RayClient, deployment, http_ingress  # noqa: E402
 from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-HTTP: dict[str, int] = {}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMEOUT = 120
 
 
 def test_the_example_runs() -> None:
-    """examples/ray_serve.py starts its own local cluster: run it before this module's."""
+    """examples/ray_serve.py starts its own local cluster."""
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "ray_serve.py"), "fake", "2"],
-        env={**os.environ, "PYTHONPATH": ROOT},
+        # RAY_ADDRESS=local: its own one-node cluster, not the suite's.
+        env={**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": "local"},
         capture_output=True,
         text=True,
         timeout=180,
@@ -46,33 +43,12 @@ def test_the_example_runs() -> None:
     assert len(re.findall(r"^chunk \d+: \d+ samples$", done.stdout, re.M)) >= 2
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    # Workers import indextts_client from this checkout.
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    with socket.socket() as probe:  # a free loopback port for Serve's HTTP proxy
-        probe.bind(("127.0.0.1", 0))
-        HTTP["port"] = probe.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": HTTP["port"]})
-    try:
-        yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
 def run(app: Any, name: str) -> Any:
     return serve.run(app, name=name, route_prefix=None)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
-async def test_two_replicas_share_requests_and_stream(cluster: None) -> None:
+async def test_two_replicas_share_requests_and_stream(cluster: dict[str, Any]) -> None:
     handle = run(deployment("fake", num_replicas=2, num_cpus=0.5, max_ongoing_requests=1), "two")
     client = RayClient(handle)
     with anyio.fail_after(TIMEOUT):
@@ -106,7 +82,7 @@ async def test_two_replicas_share_requests_and_stream(cluster: None) -> None:
 
 
 @pytest.mark.anyio
-async def test_stream_text_speaks_fragments_as_ordered_sentences(cluster: None) -> None:
+async def test_stream_text_speaks_fragments_as_ordered_sentences(cluster: dict[str, Any]) -> None:
     handle = run(deployment("fake", num_replicas=1, num_cpus=0.5), "text")
     client = RayClient(handle)
     sentences = ["Hello there.", "How are you?", "Fine, thanks."]
@@ -132,7 +108,7 @@ async def test_stream_text_speaks_fragments_as_ordered_sentences(cluster: None) 
 
 
 @pytest.mark.anyio
-async def test_cancelling_the_caller_cancels_the_request_on_the_sidecar(cluster: None) -> None:
+async def test_cancelling_the_caller_cancels_the_request_on_the_sidecar(cluster: dict[str, Any]) -> None:
     # One replica, one request at a time: the second request can only run if the first,
     # which would hang forever, was cancelled on the sidecar.
     handle = run(deployment("fake", num_replicas=1, num_cpus=0.5, max_ongoing_requests=1), "cancel")
@@ -148,7 +124,7 @@ async def test_cancelling_the_caller_cancels_the_request_on_the_sidecar(cluster:
 
 
 @pytest.mark.anyio
-async def test_a_replica_whose_sidecar_died_is_replaced(cluster: None) -> None:
+async def test_a_replica_whose_sidecar_died_is_replaced(cluster: dict[str, Any]) -> None:
     app = deployment("fake", num_replicas=1, num_cpus=0.5, health_check_period_s=0.5, health_check_timeout_s=5)
     handle = run(app, "replace")
     client = RayClient(handle)
@@ -170,7 +146,7 @@ async def test_a_replica_whose_sidecar_died_is_replaced(cluster: None) -> None:
     serve.delete("replace")
 
 
-def test_ray_client_under_trio(cluster: None) -> None:
+def test_ray_client_under_trio(cluster: dict[str, Any]) -> None:
     """Ray's handles do not run under trio: RayClient waits in a worker thread there."""
     handle = run(deployment("fake", num_replicas=1, num_cpus=0.5), "trio")
 
@@ -192,11 +168,12 @@ def test_ray_client_under_trio(cluster: None) -> None:
 
 
 @pytest.mark.anyio
-async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
+async def test_the_http_app_as_the_deployments_ingress(cluster: dict[str, Any]) -> None:
+    port = cluster["http_port"]
     httpx = pytest.importorskip("httpx")
     run(deployment("fake", num_replicas=1, num_cpus=0.5), "sidecars")
     serve.run(http_ingress("sidecars", api_key="k3y-for-tests"), name="http", route_prefix="/")
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{HTTP['port']}", timeout=TIMEOUT) as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as http:
         with anyio.fail_after(TIMEOUT):
             body = {"model": "indextts", "input": "over ray", "voice": "alloy", "response_format": "wav"}
             health = await http.get("/health")
@@ -211,6 +188,13 @@ async def test_the_http_app_as_the_deployments_ingress(cluster: None) -> None:
             assert wav.content[:4] == b"RIFF" and wav.content[44:] == render_bytes("over ray")
             pcm = await http.post("/v1/audio/speech", json={**body, "response_format": "pcm"}, headers=headers)
             assert pcm.content == render_bytes("over ray")  # the fake engine runs at 24 kHz already
+            # The replica reports its engine's speed control, so speed works through Ray too:
+            # speed 2.0 halves the fake engine's seconds per character.
+            fast = await http.post(
+                "/v1/audio/speech", json={**body, "response_format": "pcm", "speed": 2.0}, headers=headers
+            )
+            assert fast.status_code == 200, fast.text
+            assert fast.content == render_bytes("over ray", seconds_per_char=0.03)
             assert (await http.get("/health")).json() == {"status": "ok"}  # details need the key
             health = await http.get("/health", headers=headers)
             assert health.status_code == 200 and health.json()["replica"]["pid"] > 0
