@@ -31,6 +31,7 @@ from ._wire import InvalidRequest
 from .engines import RequestError
 from .protocol import (
     EMOTION_NAMES,
+    MAX_DEPTH,
     Done,
     EmotionAudio,
     EmotionText,
@@ -43,6 +44,7 @@ from .protocol import (
     Ready,
     Shutdown,
     Synthesize,
+    nests_deeper,
 )
 
 __all__ = ["SEED_MAX_FRAME_SIZE", "SeedWire"]
@@ -56,8 +58,11 @@ SEED_MAX_FRAME_SIZE = 64 * 1024 * 1024
 SEED_OPS = ("ping", "synthesize", "shutdown")
 #: Characters of an unknown ``op`` echoed in the error (the seed echoed it whole).
 _ECHO_CHARS = 80
-#: An absolute path in a message, as our messages quote them: replaced, never shown.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w/.])/[^\s'\",;()]+")
+#: An absolute path in a message: replaced, never shown.  Our messages quote paths with
+#: ``repr()`` (single quotes, or double quotes when the path holds a single quote, with
+#: backslash escapes), so a quoted path is taken whole, spaces and quotes included; a bare
+#: path ends at a space or punctuation.
+_ABSOLUTE_PATH = re.compile(r"""'/(?:[^'\\]|\\.)*'|"/(?:[^"\\]|\\.)*"|(?<![\w/.])/[^\s'",;()]+""")
 #: Our error codes by the seed stage they are reported under, where no request is known.
 _RECV_CODES = frozenset({"frame_too_large", "truncated_frame", "invalid_message"})
 #: Seed fields the seed's parent may send that no engine here takes: logged and not used.
@@ -112,7 +117,7 @@ def _emotion(seed: _SeedSynthesize) -> Union[protocol.Emotion, None]:
 
 
 def _without_paths(message: str) -> str:
-    return _ABSOLUTE_PATH.sub("<path>", message)
+    return _ABSOLUTE_PATH.sub(lambda match: "'<path>'" if match[0][0] in "'\"" else "<path>", message)
 
 
 def _stage_of(error: Error) -> str:
@@ -163,6 +168,12 @@ class SeedWire:
             field = protocol.field_of(exc, "$")
             error = Error(code="invalid_message", message=f"{op}: {exc}", detail={"stage": op, "field": field})
             raise InvalidRequest(error) from None
+        if isinstance(seed, _SeedSynthesize) and seed.options and nests_deeper(seed.options, MAX_DEPTH - 1):
+            # The same bound as our own wire's, on every Python (msgspec's JSON limit follows the
+            # interpreter's: 3.13 decodes a thousand levels), before any engine sees the options.
+            message = f"synthesize: the message nests deeper than {MAX_DEPTH} levels - at `$.options`"
+            error = Error(code="invalid_message", message=message, detail={"stage": "synthesize", "field": "$.options"})
+            raise InvalidRequest(error)
         self._last_id += 1
         request_id = self._last_id
         match seed:

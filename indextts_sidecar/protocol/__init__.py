@@ -32,6 +32,7 @@ from ._codec import (
     decode_request,
     encode,
     frame,
+    nests_deeper,
 )
 from ._peek import Peek, peek
 from .errors import describe_invalid, field_of
@@ -110,6 +111,7 @@ __all__ = [
     "field_of",
     "encode",
     "frame",
+    "nests_deeper",
     "audio_frame_parts",
     "is_terminal",
     "peek",

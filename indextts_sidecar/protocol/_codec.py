@@ -21,6 +21,7 @@ __all__ = [
     "decode_request",
     "encode",
     "frame",
+    "nests_deeper",
 ]
 
 #: Size of the length prefix in bytes.
@@ -72,12 +73,12 @@ def decode_request(body: Union[bytes, bytearray, memoryview]) -> Request:
     thousands of levels), and engine options are the one place a request can nest freely.
     """
     request = _request_decoder.decode(body)
-    if isinstance(request, Synthesize) and request.options and _nests_deeper(request.options, MAX_DEPTH - 1):
+    if isinstance(request, Synthesize) and request.options and nests_deeper(request.options, MAX_DEPTH - 1):
         raise msgspec.ValidationError(f"the message nests deeper than {MAX_DEPTH} levels - at `$.options`")
     return request
 
 
-def _nests_deeper(value: Any, limit: int) -> bool:
+def nests_deeper(value: Any, limit: int) -> bool:
     """Whether decoded msgpack ``value`` (itself level 1) nests more than ``limit`` levels; iterative."""
     stack = [(value, 1)]
     while stack:

@@ -203,6 +203,31 @@ def test_a_voice_outside_the_voice_dir_is_refused_without_its_path(tmp_path: Pat
         assert _pcm(audio) == render_bytes("hi")
 
 
+def test_a_path_with_spaces_and_quotes_is_never_shown_even_in_part(tmp_path: Path) -> None:
+    allowed, elsewhere = tmp_path / "voices", tmp_path / 'my "odd" voices'
+    allowed.mkdir()
+    with seed_child("--voice-dir", str(allowed)) as parent:
+        parent.receive()
+        for name in ("bob smith.wav", "o'brien.wav"):
+            _, error = parent.synthesize(text="hi", ref_audio=str(elsewhere / name))
+            assert error["code"] == "invalid_input" and "outside the allowed directories" in error["message"]
+            assert "voices" not in error["message"] and name not in error["message"], error["message"]
+            assert "'<path>'" in error["message"]
+
+
+def test_options_nested_past_the_limit_are_refused_on_every_python() -> None:
+    deep: Any = "leaf"
+    for _ in range(200):  # 3.13's decoder takes this; 3.10-3.12 take it too (under 1,000 levels)
+        deep = [deep]
+    with seed_child() as parent:
+        parent.receive()
+        _, error = parent.synthesize(text="hi", options={"nested": deep})
+        assert (error["op"], error["code"], error["field"]) == ("error", "invalid_message", "$.options")
+        assert "deeper than 64 levels" in error["message"]
+        _, audio = parent.synthesize(text="hi")  # and the sidecar goes on
+        assert _pcm(audio) == render_bytes("hi")
+
+
 def test_an_engine_that_prints_to_stdout_does_not_corrupt_the_wire() -> None:
     with seed_child() as parent:
         parent.receive()
