@@ -31,6 +31,7 @@ __all__ = [
     "EspeakRequestOptions",
     "sentence_spans",
     "split_sentences",
+    "language_voices",
     "voice_known",
     "voice_table",
 ]
@@ -140,6 +141,8 @@ def _read_voice_file(path: str) -> tuple[str | None, list[str]]:
         with open(path, encoding="utf-8", errors="replace") as lines:
             for line in lines:
                 key, _, rest = line.strip().partition(" ")
+                # A name line may end in a comment ("Cherokee //https://..."), as any line may.
+                rest = rest.partition("//")[0]
                 if key == "name" and rest.strip() and name is None:
                     name = rest.strip()
                 elif key == "language" and rest.split():
@@ -147,6 +150,18 @@ def _read_voice_file(path: str) -> tuple[str | None, list[str]]:
     except OSError:
         pass
     return name, languages
+
+
+@functools.lru_cache(maxsize=4)
+def language_voices(data_path: str) -> dict[str, str]:
+    """Each name and language code a voice file declares (lower-cased), to the identifier of
+    the first voice with it.  ``espeak_SetVoiceByName`` takes file paths, but not every name
+    or language code ``voices()`` lists (``en-gb``, ``zh``, ``fr-fr``, ``Cherokee``...)."""
+    table: dict[str, str] = {}
+    for voice in voice_table(data_path)[0]:
+        for key in (voice["name"], *voice["languages"]):
+            table.setdefault(str(key).lower(), str(voice["identifier"]))
+    return table
 
 
 def voice_known(voice: str, known: frozenset[str]) -> bool:
@@ -318,6 +333,14 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         # Voice first: the parameters below are set for the voice now current, and are
         # set on every request because espeak keeps them between calls.
         status = lib.espeak_SetVoiceByName(voice.encode("utf-8"))
+        data_path = _data_path()
+        if status == _EE_NOT_FOUND and data_path is not None:
+            # A name or language code the voice files list that the library does not take:
+            # the voice file that declares it, with the variant asked for.
+            base, plus, variant = voice.partition("+")
+            by_language = language_voices(data_path).get(base.lower())
+            if by_language is not None:
+                status = lib.espeak_SetVoiceByName(f"{by_language}{plus}{variant}".encode())
         if status == _EE_NOT_FOUND:
             raise RequestError(_unknown_voice(voice), field="voice")
         if status != _EE_OK:
