@@ -361,3 +361,26 @@ async def test_a_lone_request_waits_batch_wait_ms_at_most_and_then_runs_alone(tm
             audio = await client.synthesize("nobody else", record=str(tmp_path / "r.json"))
             assert audio.samples.tobytes() == _expected("nobody else")
             assert _batch_of(tmp_path / "r.json") is None  # synthesize(): no company came
+
+
+async def test_a_lone_request_waiting_for_company_is_cancelled_at_once() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE, "-o", "max_batch=4", "--batch-wait-ms", "10000") as peer:
+            await peer.request(protocol.Load(id=1))
+            await peer.send(_synth(2, "waits for company"))
+            ping = 100
+            while True:  # until the engine thread holds it (active), waiting: no frame of it yet
+                ping += 1
+                (pong,) = await peer.request(protocol.Ping(id=ping))
+                assert isinstance(pong, protocol.Pong)
+                if pong.active == 2:
+                    break
+            began = anyio.current_time()
+            await peer.send(protocol.Cancel(id=3, target=2))
+            frames = await peer.collect({2, 3})
+            # Without the wake-up it would end when the 10 s wait ran out.
+            assert anyio.current_time() - began < 5.0
+            error = frames[2][-1]
+            assert isinstance(error, protocol.Error) and error.code == "cancelled", error
+            assert not [f for f in frames[2] if isinstance(f, protocol.Audio)]
+            assert frames[3] == [protocol.Ok(id=3, info={"found": True})]
