@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 
@@ -29,11 +29,13 @@ from ..protocol.engine_info import EngineDescription, SpeedControl  # shared wit
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BatchItem",
     "Cancelled",
     "Chunk",
     "Engine",
     "EngineDescription",
     "EngineError",
+    "ItemDone",
     "LoadError",
     "NoOptions",
     "ProgressFn",
@@ -116,6 +118,32 @@ class SynthesisRequest(Generic[RequestOptionsT]):
     sample_rate: Union[int, None] = None
 
 
+@dataclass(frozen=True)
+class BatchItem(Generic[RequestOptionsT]):
+    """One request of a batch, as the engine sees it (see :meth:`Engine.synthesize_batch`)."""
+
+    request: SynthesisRequest[RequestOptionsT]
+    #: This request's own progress (segment messages etc.).
+    progress: ProgressFn
+    #: True once this request was cancelled or missed its deadline: drop it at its next step.
+    cancelled: Callable[[], bool]
+
+
+class ItemDone:
+    """Yielded as ``(index, ItemDone(error))`` by :meth:`Engine.synthesize_batch` to end one item early.
+
+    ``error`` None ends the item successfully at once; an :class:`EngineError` fails only that item.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Union[EngineError, None] = None) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"ItemDone({self.error!r})"
+
+
 class Engine(Generic[OptionsT, RequestOptionsT]):
     """Base class of engines.  Subclasses set the class attributes and override the methods."""
 
@@ -171,6 +199,30 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
         """
         raise NotImplementedError
 
+    @property
+    def max_batch(self) -> int:
+        """How many requests :meth:`synthesize_batch` takes at most; 1 (the default): never batched.
+
+        May depend on the engine options; read once, before ``ready``, so it must not need the model.
+        """
+        return 1
+
+    def synthesize_batch(
+        self, items: Sequence[BatchItem[RequestOptionsT]]
+    ) -> Iterator[tuple[int, Union[Chunk, ItemDone]]]:
+        """Synthesize 2..:attr:`max_batch` requests at once; on the engine thread, after :meth:`load`.
+
+        A lone request still goes to :meth:`synthesize`.  Yields ``(index into items, chunk)``
+        in any interleaving, each chunk int16 at :attr:`sample_rate` as for :meth:`synthesize`
+        (never modified after it is yielded).  ``(index, ItemDone(None))`` ends that item
+        successfully at once, ``(index, ItemDone(err))`` fails only that item with ``err``.
+        Items not ended when the generator returns end successfully; an exception escaping
+        the generator fails every item not yet ended.  The engine should drop an item whose
+        ``cancelled()`` is True at its next step: the sidecar has already answered it and
+        discards its later chunks.
+        """
+        raise NotImplementedError
+
     def unload(self) -> None:
         """Drop the model and free its memory."""
 
@@ -220,11 +272,20 @@ def describe_engine(name: str) -> EngineDescription:
         name=name,
         description=doc[0] if doc else "",
         native_sample_rate=cls.native_sample_rate,
+        max_batch=_default_max_batch(cls),
         capabilities=list(cls.capabilities),
         available=problem is None,
         problem=problem,
         speed=cls.speed,
     )
+
+
+def _default_max_batch(cls: type[Engine[Any, Any]]) -> int:
+    """``max_batch`` of the engine with its default options (engines import nothing before load); 1 on failure."""
+    try:
+        return max(1, int(cls(msgspec.convert({}, cls.Options)).max_batch))
+    except Exception:
+        return 1
 
 
 class heartbeat:
