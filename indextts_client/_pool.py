@@ -30,23 +30,23 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 
-from ._audio import Audio, AudioChunk
+from ._audio import Audio
 from ._client import Client
 from ._detached import spawn_detached
-from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
+from ._exceptions import ClosedError, SidecarError, unwrap
 from ._mps import MpsDaemon
-from ._request import Synthesis
+from ._pool_routing import Member, Router, device_env
+from ._pool_stream import RETRYABLE, PoolStream
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._types import Health, LoadInfo
@@ -58,9 +58,6 @@ __all__ = ["MemberHealth", "Pool", "PoolLease", "PoolStream"]
 
 log = logging.getLogger("indextts_client")
 
-#: Failures after which a request that delivered nothing may run on another member.
-#: StartError: a member could not (re)start, e.g. a remote sidecar that refuses connections.
-_RETRYABLE = (CrashedError, BusyError, RestartLimitError, StartError)
 #: Client options that only make sense for a sidecar the client spawns itself.
 _SPAWN_ONLY = frozenset(
     {"engine_options", "python", "command", "sidecar_args", "inherit_env", "cwd", "shared_audio", "exit_with_parent"}
@@ -92,50 +89,12 @@ class MemberHealth:
     mps: Union[bool, None] = None
 
 
-@dataclass
-class _Member:
-    index: int
-    device: Union[str, None]
-    client: Client
-    outstanding: int = 0
-    served: int = 0
-    url: Union[str, None] = None
-    #: Healing: when the next revival is due, failed revivals in a row, one under way.
-    revive_at: Union[float, None] = None
-    revive_failures: int = 0
-    reviving: bool = False
-
-    @property
-    def usable(self) -> bool:
-        return not (self.client.closed or self.client.dead)
-
-
 @dataclass(frozen=True)
 class PoolLease:
     """A member held by :meth:`Pool.lease`: its client and its index in :attr:`Pool.members`."""
 
     client: Client
     index: int
-
-
-@dataclass
-class _Routing:
-    """The state routing decides on; changed only under the pool's lock."""
-
-    members: list[_Member]
-    affinity: dict[str, int] = field(default_factory=dict)
-    turn: itertools.count[int] = field(default_factory=itertools.count)
-
-
-def _device_env(device: str) -> dict[str, str]:
-    """Pin a member to one GPU: ``cuda:1`` / ``1`` -> ``CUDA_VISIBLE_DEVICES=1``; ``cpu`` -> none."""
-    name = device.strip()
-    if name == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    index = name.split(":", 1)[1] if name.startswith("cuda:") else name
-    if not index.isdigit():
-        raise ValueError(f"device {device!r}: give cuda:N, N or cpu")
-    return {"CUDA_VISIBLE_DEVICES": index}
 
 
 class Pool:
@@ -210,23 +169,23 @@ class Pool:
             base_env.update(self._mps.env)
         for index in range(count):
             device = devices[index] if devices is not None else None
-            env = {**base_env, **(_device_env(device) if device is not None else {})}
-            members.append(_Member(index, device, Client(engine, env=env, **client_kwargs)))
+            env = {**base_env, **(device_env(device) if device is not None else {})}
+            members.append(Member(index, device, Client(engine, env=env, **client_kwargs)))
         remote_kwargs = {k: v for k, v in client_kwargs.items() if k not in _SPAWN_ONLY}
         for url in urls:
             client = Client(url=url, token=token, ssl_context=ssl_context, **remote_kwargs)
-            members.append(_Member(len(members), None, client, url=url))
-        self._routing = _Routing(members)
-        self._lock = anyio.Lock()
-        self._room = anyio.Condition(self._lock)
-        self._max_outstanding = max_outstanding
-        self._pool_timeout = pool_timeout
+            members.append(Member(len(members), None, client, url=url))
+        self._router = Router(
+            members,
+            max_outstanding=max_outstanding,
+            pool_timeout=pool_timeout,
+            affinity_slack=affinity_slack,
+            on_release=self._wake_healer,
+            revival_note=self._revival_note,
+        )
         self._retries = retries
-        self._affinity_slack = affinity_slack
         self._revive_after = revive_after
         self._max_revive_after = max_revive_after
-        self._closed = False
-        self._started = False
         #: The healer: a task outside the caller's scopes, woken when a member may have died.
         self._heal_wake = anyio.Event()
         self._healer_done: Union[anyio.Event, None] = None
@@ -236,7 +195,7 @@ class Pool:
     @property
     def members(self) -> tuple[Client, ...]:
         """The members' clients, in order (for inspection; route requests through the pool)."""
-        return tuple(m.client for m in self._routing.members)
+        return tuple(m.client for m in self._router.members)
 
     async def __aenter__(self) -> Pool:
         await self.start()
@@ -260,27 +219,26 @@ class Pool:
             await self._mps.start()
         try:
             async with anyio.create_task_group() as tg:
-                for member in self._routing.members:
+                for member in self._router.members:
                     tg.start_soon(member.client.start)
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
             raise _first_error(exc) from None
-        self._started = True
+        self._router.started = True
         self._healer_done = anyio.Event()
         spawn_detached(self._heal, "indextts_client pool healer")
 
     async def aclose(self) -> None:
         """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""
-        self._closed = True
+        self._router.closed = True
         with anyio.CancelScope(shield=True):
-            async with self._room:
-                self._room.notify_all()
+            await self._router.wake_all()
             self._heal_wake.set()
             if self._healer_done is not None:
                 await self._healer_done.wait()
             async with anyio.create_task_group() as tg:
-                for member in self._routing.members:
+                for member in self._router.members:
                     tg.start_soon(member.client.aclose)
             if self._mps is not None:
                 await self._mps.stop()  # after its clients: the sidecars have exited
@@ -293,11 +251,11 @@ class Pool:
         assert done is not None
         try:
             async with anyio.create_task_group() as tg:
-                while not self._closed:
+                while not self._router.closed:
                     self._heal_wake = anyio.Event()
                     now = anyio.current_time()
                     soonest = math.inf
-                    for member in self._routing.members:
+                    for member in self._router.members:
                         due = self._due(member)
                         if due is None or member.reviving:
                             continue
@@ -316,7 +274,7 @@ class Pool:
         finally:
             done.set()
 
-    def _due(self, member: _Member) -> Union[float, None]:
+    def _due(self, member: Member) -> Union[float, None]:
         """When the dead ``member`` should next be revived; None when it is not dead."""
         client = member.client
         dead_at = client.dead_since
@@ -327,10 +285,10 @@ class Pool:
             member.revive_at = dead_at + self._revive_wait(member)
         return member.revive_at
 
-    def _revive_wait(self, member: _Member) -> float:
+    def _revive_wait(self, member: Member) -> float:
         return float(min(self._max_revive_after, self._revive_after * 2**member.revive_failures))
 
-    async def _revive(self, member: _Member) -> None:
+    async def _revive(self, member: Member) -> None:
         try:
             await member.client.revive()
         except Exception as exc:  # a SidecarError; anything else must not stop the healer either
@@ -342,90 +300,35 @@ class Pool:
             else:
                 member.revive_failures = 0
                 log.info("pool member %d revived", member.index)
-                async with self._room:
-                    self._room.notify_all()
+                await self._router.wake_all()
         finally:
             # Still dead: the next attempt waits twice as long, counted from now.
             member.revive_at = anyio.current_time() + self._revive_wait(member) if member.client.dead else None
             member.reviving = False
             self._heal_wake.set()
 
-    def _wake_healer(self, member: _Member) -> None:
+    def _wake_healer(self, member: Member) -> None:
         if member.client.dead:
             self._heal_wake.set()
 
     # ------------------------------------------------------------ routing
 
-    def _pick(self, voice: Union[str, None], exclude: set[int]) -> Union[_Member, None]:
-        """The member for the next request, or None when every usable one is full.  Under the lock."""
-        routing = self._routing
-        usable = [m for m in routing.members if m.usable and m.index not in exclude]
-        if not usable and exclude:
-            usable = [m for m in routing.members if m.usable]  # better the same member than none
-        room = [m for m in usable if m.outstanding < self._max_outstanding]
-        if not room:
-            return None
-        least = min(m.outstanding for m in room)
-        if voice is not None:
-            warm = routing.affinity.get(voice)
-            for member in room:
-                if member.index == warm and member.outstanding <= least + self._affinity_slack:
-                    return member
-        # Round robin among the least busy, so equal members share the load.
-        candidates = [m for m in room if m.outstanding == least]
-        return candidates[next(routing.turn) % len(candidates)]
-
-    async def _acquire(self, voice: Union[str, None], exclude: set[int]) -> _Member:
-        deadline = math.inf if self._pool_timeout is None else anyio.current_time() + self._pool_timeout
-        async with self._room:
-            while True:
-                if self._closed:
-                    raise ClosedError("the pool is closed")
-                if not self._started:
-                    raise RuntimeError("the pool is not started: use 'async with Pool(...)' or 'await pool.start()'")
-                if not any(m.usable for m in self._routing.members):
-                    raise RestartLimitError(f"every member of the pool is dead or closed{self._revival_note()}")
-                member = self._pick(voice, exclude)
-                if member is not None:
-                    member.outstanding += 1
-                    return member
-                with anyio.move_on_after(deadline - anyio.current_time()):
-                    await self._room.wait()
-                    continue
-                raise BusyError(
-                    f"every member of the pool has {self._max_outstanding} requests in flight; "
-                    f"no room within pool_timeout={self._pool_timeout} s",
-                    code="busy",
-                    retryable=True,
-                )
-
-    async def _release(self, member: _Member, voice: Union[str, None], served: bool) -> None:
-        with anyio.CancelScope(shield=True):
-            async with self._room:
-                member.outstanding -= 1
-                self._wake_healer(member)
-                if served:
-                    member.served += 1
-                    if voice is not None:
-                        self._routing.affinity[voice] = member.index
-                self._room.notify_all()
-
     @asynccontextmanager
     async def lease(self, voice: Union[str, None] = None) -> AsyncIterator[PoolLease]:
         """The member routing picks for ``voice``, held for the caller's own requests until the
         block ends, where it counts as one request in flight (waiting, or ``BusyError``, as one)."""
-        member = await self._acquire(voice, set())
+        member = await self._router.acquire(voice, set())
         served = False
         try:
             yield PoolLease(member.client, member.index)
             served = True
         finally:
-            await self._release(member, voice, served)
+            await self._router.release(member, voice, served)
 
     def _revival_note(self) -> str:
         now = anyio.current_time()
-        due = [d for d in (self._due(m) for m in self._routing.members) if d is not None]
-        if not due or self._closed:
+        due = [d for d in (self._due(m) for m in self._router.members) if d is not None]
+        if not due or self._router.closed:
             return ""
         return f"; the next revival is in {max(0.0, min(due) - now):.1f} s"
 
@@ -440,24 +343,24 @@ class Pool:
         voice: Union[str, None] = kwargs.get("voice")
         tried: set[int] = set()
         for attempt in range(self._retries + 1):
-            member = await self._acquire(voice, tried)
+            member = await self._router.acquire(voice, tried)
             served = False
             try:
                 audio = await member.client.synthesize(text, **kwargs)
                 served = True
                 return audio
-            except _RETRYABLE:
+            except RETRYABLE:
                 if attempt == self._retries:
                     raise
                 tried.add(member.index)
             finally:
-                await self._release(member, voice, served)
+                await self._router.release(member, voice, served)
         raise AssertionError("unreachable")  # pragma: no cover
 
     @same_parameters(REQUESTER.stream)
     def stream(self, text: str, **kwargs: Any) -> PoolStream:
         """As :meth:`Client.stream`: ``async with pool.stream(text) as chunks: async for chunk in chunks``."""
-        return PoolStream(self, text, kwargs)
+        return PoolStream(self._router, self._retries, text, kwargs)
 
     async def load(self) -> list[LoadInfo]:
         """Load the model on every member (concurrently); returns each member's load info.
@@ -467,7 +370,7 @@ class Pool:
         """
         infos = await self._on_all(lambda client: client.load())
         if self._mps is not None:
-            for member, attached in zip(self._routing.members, await self.mps_attached(), strict=True):
+            for member, attached in zip(self._router.members, await self.mps_attached(), strict=True):
                 if attached is False:
                     log.warning(
                         "pool member %d (pid %s) is not attached to the pool's MPS daemon: it time-slices %s",
@@ -486,7 +389,7 @@ class Pool:
         """
         if self._mps is None:
             raise ValueError("this pool runs no MPS daemon (mps=True)")
-        pids = [None if member.url is not None else member.client.pid for member in self._routing.members]
+        pids = [None if member.url is not None else member.client.pid for member in self._router.members]
         return await self._mps.attached(pids)
 
     async def unload(self) -> None:
@@ -500,14 +403,14 @@ class Pool:
 
     async def ping(self) -> list[Health]:
         """Every member's health, in member order."""
-        if self._closed:
+        if self._router.closed:
             raise ClosedError("the pool is closed")
         return await self._on_all(lambda client: client.ping())
 
     async def health(self, *, timeout: float = 5.0) -> list[MemberHealth]:  # noqa: ASYNC109
         """Per member: state, requests in flight, restarts, pid and its ping (memory, queue depth)."""
-        reports: list[Union[MemberHealth, None]] = [None] * len(self._routing.members)
-        mps: list[Union[bool, None]] = [None] * len(self._routing.members)
+        reports: list[Union[MemberHealth, None]] = [None] * len(self._router.members)
+        mps: list[Union[bool, None]] = [None] * len(self._router.members)
         if self._mps is not None and self._mps.running:
             try:
                 with anyio.fail_after(timeout):
@@ -515,7 +418,7 @@ class Pool:
             except (SidecarError, TimeoutError, OSError) as exc:
                 log.warning("the pool's MPS daemon did not answer: %s", exc)
 
-        async def probe(member: _Member) -> None:
+        async def probe(member: Member) -> None:
             client = member.client
             state = "closed" if client.closed else "dead" if client.dead else "ready"
             health: Union[Health, None] = None
@@ -547,19 +450,19 @@ class Pool:
             )
 
         async with anyio.create_task_group() as tg:
-            for member in self._routing.members:
+            for member in self._router.members:
                 tg.start_soon(probe, member)
         return [r for r in reports if r is not None]
 
     async def _on_all(self, call: Any) -> list[Any]:
-        results: list[Any] = [None] * len(self._routing.members)
+        results: list[Any] = [None] * len(self._router.members)
 
-        async def one(member: _Member) -> None:
+        async def one(member: Member) -> None:
             results[member.index] = await call(member.client)
 
         try:
             async with anyio.create_task_group() as tg:
-                for member in self._routing.members:
+                for member in self._router.members:
                     if member.usable:
                         tg.start_soon(one, member)
         except BaseException as exc:
@@ -588,94 +491,6 @@ class Pool:
             lookahead=lookahead,
             max_sentence_chars=max_sentence_chars,
         )
-
-
-class PoolStream:
-    """A streamed request on a pool member; moves to another member if its own fails before any audio."""
-
-    def __init__(self, pool: Pool, text: str, kwargs: dict[str, Any]) -> None:
-        self._pool = pool
-        self._text = text
-        self._kwargs = kwargs
-        self._voice: Union[str, None] = kwargs.get("voice")
-        self._member: Union[_Member, None] = None
-        self._synthesis: Union[Synthesis, None] = None
-        self._tried: set[int] = set()
-        self._attempt = 0
-        self._delivered = False
-        self._done = False
-        #: The sidecar's seconds per phase (``queued``, ``first_audio``...), once it finished.
-        self.timings: dict[str, float] = {}
-        #: The engine's facts about it (``voice_cache``...), once it finished.
-        self.facts: dict[str, Any] = {}
-        #: The index of the member serving it (the last one tried), None before one is chosen.
-        self.member_index: Union[int, None] = None
-
-    async def __aenter__(self) -> PoolStream:
-        await self._open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> None:
-        await self._close(served=self._done)
-
-    def __aiter__(self) -> PoolStream:
-        if self._synthesis is None and not self._done:
-            # Not entered: iterating would end at once, silently, with no audio.
-            raise RuntimeError("iterate inside 'async with pool.stream(...) as chunks:'")
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        while True:
-            synthesis = self._synthesis
-            if synthesis is None:
-                raise StopAsyncIteration
-            try:
-                chunk = await synthesis.__anext__()
-            except StopAsyncIteration:
-                self._done = True
-                raise
-            except _RETRYABLE:
-                if self._delivered or self._attempt >= self._pool._retries:
-                    raise
-                member = self._member
-                assert member is not None
-                self._tried.add(member.index)
-                self._attempt += 1
-                await self._close(served=False)
-                await self._open()
-                continue
-            self._delivered = True
-            return chunk
-
-    async def _open(self) -> None:
-        member = await self._pool._acquire(self._voice, self._tried)
-        self._member = member
-        self.member_index = member.index
-        try:
-            synthesis = member.client.stream(self._text, **self._kwargs)
-            await synthesis.__aenter__()
-        except BaseException:
-            self._member = None
-            await self._pool._release(member, self._voice, False)
-            raise
-        self._synthesis = synthesis
-
-    async def _close(self, *, served: bool) -> None:
-        synthesis, member = self._synthesis, self._member
-        self._synthesis = self._member = None
-        try:
-            if synthesis is not None:
-                with anyio.CancelScope(shield=True):
-                    await synthesis.__aexit__(None, None, None)
-                self.timings, self.facts = synthesis.timings, synthesis.facts
-        finally:
-            if member is not None:
-                await self._pool._release(member, self._voice, served)
 
 
 def _summary_of(exc: SidecarError) -> str:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 from indextts_sidecar.voicestore import VoiceLimits
 
@@ -47,7 +47,13 @@ _VOICE_BOUNDS = (
 )
 
 
-def add_voice_arguments(parser: argparse.ArgumentParser, bounds: Union[argparse._ArgumentGroup, None] = None) -> None:
+class ArgumentTaker(Protocol):
+    """A parser or one of its argument groups (``parser.add_argument_group(...)``)."""
+
+    def add_argument(self, *names: str, **settings: Any) -> argparse.Action: ...
+
+
+def add_voice_arguments(parser: argparse.ArgumentParser, bounds: Union[ArgumentTaker, None] = None) -> None:
     """``--voice NAME=VALUE``, ``--voice-dir DIR`` and the store's bounds (in ``bounds``, a group)."""
     parser.add_argument(
         "--voice", action="append", default=[], metavar="NAME=VALUE", help="map a voice name to what the sidecar gets"

@@ -201,7 +201,7 @@ async def test_six_sigkills_of_one_member_fail_none_of_a_hundred_requests_with_t
             async def killer() -> None:
                 # Kill member 0 each time it is up again with requests in flight.
                 nonlocal kills
-                member, last = p._routing.members[0], None
+                member, last = p._router.members[0], None
                 while kills < 6 and not finished.is_set():
                     pid = member.client.pid
                     if pid is not None and pid != last and member.outstanding and member.client.is_alive():
