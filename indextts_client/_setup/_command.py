@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,7 +130,7 @@ class Reporter:
         if self.console is not None:
             from rich.markup import escape
 
-            self.console.print(escape(text))
+            self.console.print(escape(text), soft_wrap=True)
         else:
             print(text, file=sys.stderr)
 
@@ -269,8 +270,8 @@ async def _verify(engine: str, python: str, model_dir: Path, reporter: Reporter)
         what = f"{first.what} (fix: {first.fix})" if first else "the doctor could not run"
         raise SetupError(f"the doctor found a problem: {what}; `indextts-client doctor --engine {engine}` tells more")
     device = "cuda" if report.torch.cuda_available else "mps" if report.torch.mps_available else "cpu"
-    versions = {name: report.packages.get(name) for name in ("indextts-sidecar", "torch", "transformers")}
-    versions["indextts"] = report.indextts.version
+    versions = {name: report.packages.get(name) for name in ("torch", "transformers", "indextts")}
+    versions["indextts-sidecar"] = report.packages.get("indextts_sidecar")
     with tempfile.TemporaryDirectory() as folder:
         voice = _voice_clip(Path(folder))
         try:
@@ -397,23 +398,32 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
 def setup_command_main(args: argparse.Namespace) -> int:
     """Run ``setup``; a failure is one line on stderr (exit 1) and leaves the record incomplete."""
     reporter = Reporter(args.quiet)
+
+    def interrupted(signum: int, frame: object) -> None:
+        # Not KeyboardInterrupt: huggingface_hub's download threads are not daemons, and its
+        # thread pool's exit would wait for a stalled one.  What is on disk stays: the next run
+        # resumes the partial files.
+        _mark_failed(args.engine, "interrupted")
+        if sys.stderr.isatty():
+            sys.stderr.write("\x1b[?25h")  # the cursor rich's live display hid
+        print(
+            "\nindextts-client setup: interrupted; run the same command again to resume (downloads continue "
+            "where they stopped, a built venv is kept)",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, interrupted)
     try:
         record = _setup(args, reporter)
     except SetupError as exc:
         _mark_failed(args.engine, str(exc))
         print(f"indextts-client setup: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        _mark_failed(args.engine, "interrupted")
-        print(
-            "indextts-client setup: interrupted; run the same command again to resume (downloads continue "
-            "where they stopped, a built venv is kept)",
-            file=sys.stderr,
-        )
-        sys.stderr.flush()
-        sys.stdout.flush()
-        # huggingface_hub's download threads are not daemons: a plain exit would wait for them.
-        os._exit(130)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     engine = record.engine
     print(
         f"{engine} is ready: {record.python} with {record.model_dir}. Now: "

@@ -1,8 +1,9 @@
 """The checkpoints and the auxiliary models, from the Hugging Face hub (or ``HF_ENDPOINT``).
 
-huggingface_hub does the work: resumable downloads (an interrupted file continues from its
-``.incomplete`` part), ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` as it
-reads them.  The auxiliary models go where the adapter looks for them
+huggingface_hub does the work (its hub API, its metadata request, its ``http_get`` with its
+retries), reading ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` as it always
+does; each file grows in ``<target>.part``, which the next run resumes with a ``Range`` request
+after a Ctrl-C or a crash.  The auxiliary models go where the adapter looks for them
 (``<model_dir>/hf_cache``, the layout of upstream's ``ensure_models_available``), so the
 sidecar then runs with ``HF_HUB_OFFLINE=1``.  Every failure becomes a :class:`SetupError`
 whose one line names the fix.
@@ -16,7 +17,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from ._build import SetupError
 
@@ -56,8 +57,6 @@ AUX_MODELS = (
         (("config.json", "bigvgan/config.json"), ("bigvgan_generator.pt", "bigvgan/bigvgan_generator.pt")),
     ),
 )
-#: Where partial downloads live (huggingface_hub's ``.incomplete`` files, resumed on the next run).
-STAGING = ".download"
 
 
 def _endpoint() -> str:
@@ -90,26 +89,25 @@ def hub_errors(repo_id: str, where: Path) -> Iterator[None]:
             f"HF_HUB_OFFLINE is set and {repo_id} is not on disk: unset HF_HUB_OFFLINE, "
             "or pass --model-dir a directory that holds the checkpoints"
         ) from None
-    except (errors.LocalEntryNotFoundError, errors.HfHubHTTPError, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403):
             raise SetupError(
-                f"the disk under {where} is full: free space there (a partial download resumes on the next run), "
-                "or put the models elsewhere with --model-dir DIR or INDEXTTS_HOME"
-            ) from None
-        if (
-            isinstance(exc, errors.HfHubHTTPError)
-            and exc.response is not None
-            and exc.response.status_code
-            in (
-                401,
-                403,
-            )
-        ):
-            raise SetupError(
-                f"{_endpoint()} refused {repo_id} ({exc.response.status_code}): set HF_TOKEN to a token with access "
+                f"{_endpoint()} refused {repo_id} ({status}): set HF_TOKEN to a token with access "
                 "(accept the model's terms on its page first if it is gated)"
             ) from None
-        if isinstance(exc, OSError) and not _is_network(exc):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SetupError(
+            f"the hub at {_endpoint()} failed on {repo_id} ({first}): try again later, set HF_ENDPOINT to a "
+            "mirror, or pass --model-dir a directory that holds the checkpoints"
+        ) from None
+    except (errors.LocalEntryNotFoundError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise SetupError(
+                f"the disk under {where} is full: free space there (the partial download resumes on the next run), "
+                "or put the models elsewhere with --model-dir DIR or INDEXTTS_HOME"
+            ) from None
+        if isinstance(exc, OSError) and not _is_network(exc) and not isinstance(exc, errors.LocalEntryNotFoundError):
             raise SetupError(f"cannot write under {where}: {exc.strerror or exc}") from None
         raise SetupError(
             f"cannot reach the hub at {_endpoint()} for {repo_id} ({type(exc).__name__}): check the network, "
@@ -143,49 +141,102 @@ def check_space(needed: int, where: Path) -> None:
         )
 
 
-def _sizes(repo_id: str, allow: Union[list[str], None], local_dir: Path) -> int:
-    """Bytes still to download (huggingface_hub's dry run, which compares with what is on disk)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+class _Remote(NamedTuple):
+    name: str
+    size: int
+    target: Path
 
-    was_disabled = are_progress_bars_disabled()
-    disable_progress_bars()  # the dry run's own bar says nothing worth showing
-    try:
-        plan = snapshot_download(repo_id, local_dir=str(local_dir), allow_patterns=allow, dry_run=True)
-    finally:
-        if not was_disabled:
-            enable_progress_bars()
-    return sum(int(f.file_size or 0) for f in plan if f.will_download)
+
+def _listing(repo_id: str) -> tuple[str, dict[str, int]]:
+    """The commit ``main`` points at, and every file of the repository with its size."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi()
+    commit = api.model_info(repo_id).sha
+    assert commit is not None
+    files = {
+        entry.path: int(entry.size)
+        for entry in api.list_repo_tree(repo_id, recursive=True, revision=commit)
+        if isinstance(entry, RepoFile)
+    }
+    return commit, files
+
+
+def _fetch(repo_id: str, commit: str, remote: _Remote, bar: Any) -> None:
+    """One file to ``remote.target``, resuming ``<target>.part`` from an earlier run.
+
+    huggingface_hub's own ``hf_hub_download`` resumes a dropped connection within a run, but
+    (since 1.x) starts every run on a fresh temporary file; here the partial file keeps its
+    name, with the ETag it belongs to beside it, and its size becomes the ``Range`` asked for.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    headers = build_hf_headers()
+    meta = get_hf_file_metadata(hf_hub_url(repo_id, remote.name, revision=commit), headers=headers)
+    part = remote.target.with_name(remote.target.name + ".part")
+    tag = remote.target.with_name(remote.target.name + ".part-etag")
+    etag = meta.etag or ""
+    resume = part.stat().st_size if part.exists() else 0
+    if resume and (not tag.exists() or tag.read_text() != etag or (meta.size is not None and resume > meta.size)):
+        part.unlink()  # a partial file of another version of the file: start again
+        resume = 0
+    remote.target.parent.mkdir(parents=True, exist_ok=True)
+    tag.write_text(etag)
+    with open(part, "ab") as out:
+        http_get(
+            meta.location,
+            out,
+            resume_size=resume,
+            headers=headers,
+            expected_size=meta.size,
+            displayed_filename=remote.name,
+            tqdm_class=bar,
+        )
+    os.replace(part, remote.target)
+    tag.unlink()
+
+
+def _download(repo_id: str, wanted: dict[str, Path], where: Path, bar: Callable[[str], Any], label: str) -> None:
+    """The files of ``repo_id`` named in ``wanted`` (None: all of them, into ``where``) that are not on disk."""
+    from huggingface_hub import constants
+
+    with hub_errors(repo_id, where):
+        if constants.HF_HUB_OFFLINE:
+            raise SetupError(
+                f"HF_HUB_OFFLINE is set and {repo_id} is not on disk: unset HF_HUB_OFFLINE, "
+                "or pass --model-dir a directory that holds the checkpoints"
+            )
+        commit, files = _listing(repo_id)
+        if not wanted:
+            wanted = {name: where / name for name in files}
+        unknown = sorted(set(wanted) - set(files))
+        if unknown:
+            raise SetupError(f"{repo_id} has no {', '.join(unknown)}: check --model")
+        todo = [_Remote(name, files[name], target) for name, target in wanted.items() if not target.is_file()]
+        partial = sum(
+            p.stat().st_size for p in (r.target.with_name(r.target.name + ".part") for r in todo) if p.exists()
+        )
+        check_space(sum(r.size for r in todo) - partial, where)
+        for remote in todo:
+            _fetch(repo_id, commit, remote, bar(f"{label}: {remote.name}"))
 
 
 def download_model(repo_id: str, model_dir: Path, bar: Callable[[str], Any]) -> Path:
     """The whole repository ``repo_id`` into ``model_dir`` (resumed where a run stopped)."""
-    from huggingface_hub import snapshot_download
-
-    with hub_errors(repo_id, model_dir):
-        model_dir.mkdir(parents=True, exist_ok=True)
-        check_space(_sizes(repo_id, None, model_dir), model_dir)
-        snapshot_download(repo_id, local_dir=str(model_dir), tqdm_class=bar(repo_id), max_workers=4)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _download(repo_id, {}, model_dir, bar, repo_id.rpartition("/")[2])
     return model_dir
 
 
 def download_aux(model_dir: Path, version: str, bar: Callable[[str], Any]) -> None:
     """The auxiliary models upstream would fetch at load, into ``<model_dir>/hf_cache`` as the adapter reads them."""
-    from huggingface_hub import hf_hub_download
-
     cache = model_dir / "hf_cache"
     for model in AUX_MODELS:
         if model.v2_only and version != "2":
             continue
-        wanted = [(remote, cache / local) for remote, local in model.files if not (cache / local).is_file()]
-        if not wanted:
-            continue
-        staging = cache / STAGING / model.repo_id.replace("/", "--")
-        with hub_errors(model.repo_id, cache):
-            staging.mkdir(parents=True, exist_ok=True)
-            check_space(_sizes(model.repo_id, [remote for remote, _ in wanted], staging), cache)
-            for remote, target in wanted:
-                path = hf_hub_download(model.repo_id, remote, local_dir=str(staging), tqdm_class=bar(model.label))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
-    shutil.rmtree(cache / STAGING, ignore_errors=True)
+        wanted = {remote: cache / local for remote, local in model.files if not (cache / local).is_file()}
+        if wanted:
+            _download(model.repo_id, wanted, cache, bar, model.label)

@@ -2,7 +2,7 @@
 
 What huggingface_hub (checked against its source) asks of a hub:
 
-* ``GET /api/models/{repo}/revision/{rev}``: the model's info (``sha`` is the commit);
+* ``GET /api/models/{repo}`` (or ``.../revision/{rev}``): the model's info (``sha`` is the commit);
 * ``GET /api/models/{repo}/tree/{rev}?recursive=...``: the files, with ``size`` and ``oid``;
 * ``HEAD /{repo}/resolve/{rev}/{path}``: ``ETag``, ``X-Repo-Commit``, ``Content-Length``;
 * ``GET`` of the same URL, with ``Range: bytes=N-`` when it resumes a partial file.
@@ -54,6 +54,8 @@ class Hub:
         #: (method, path, Range header or None) of every request, in order.
         self.requests: list[tuple[str, str, Union[str, None]]] = []
         self.stall: Union[Stall, None] = None
+        #: When set, every file request answers this status (a hub in trouble).
+        self.fail_with: Union[int, None] = None
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -120,12 +122,12 @@ class Hub:
                 path = unquote(urlparse(self.path).path)
                 with hub._lock:
                     hub.requests.append((self.command, path, self.headers.get("Range")))
-                api = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(revision|tree)/([^/]+)(/.*)?", path)
+                api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(/.*)?)?", path)
                 if api:
                     repo = self._repo(api.group(1))
                     if repo is None:
                         return
-                    if api.group(2) == "revision":
+                    if api.group(2) in (None, "revision"):
                         siblings = [{"rfilename": name} for name in repo.files]
                         self._json({"id": api.group(1), "sha": repo.sha, "siblings": siblings, "gated": repo.gated})
                         return
@@ -142,6 +144,9 @@ class Hub:
                     return
                 repo = self._repo(resolve.group(1))
                 if repo is None:
+                    return
+                if hub.fail_with is not None:
+                    self._error(hub.fail_with, "", "Internal Error")
                     return
                 if repo.gated and not self._authorized():
                     self._error(401, "GatedRepo", "Access to this model is restricted")
