@@ -55,6 +55,9 @@ from ._registry import (
 __all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "setup_command_main"]
 
 _VERSION_OF = {"indextts2": "2", "indextts2.5": "2.5"}
+#: The test synthesis's cap on mel tokens (several seconds of audio; "Hello." needs about one).
+VERIFY_MEL_TOKENS = 200
+QWEN_EMO_DIR = "qwen0.6bemo4-merge"
 _ENGINE_OF = {"2": "indextts2", "2.5": "indextts2.5"}
 
 
@@ -258,7 +261,9 @@ def _voice_clip(folder: Path) -> str:
     return str(path)
 
 
-async def _verify(engine: str, python: str, model_dir: Path, reporter: Reporter) -> tuple[str, dict[str, Any]]:
+async def _verify(
+    engine: str, python: str, model_dir: Path, options: dict[str, Any], reporter: Reporter
+) -> tuple[str, dict[str, Any]]:
     """The doctor's checks, then one short synthesis on the device it found; returns (device, versions)."""
     from .._client import Client
     from .._doctor import run_doctor
@@ -278,11 +283,12 @@ async def _verify(engine: str, python: str, model_dir: Path, reporter: Reporter)
             async with Client(
                 engine,
                 python=python,
-                engine_options={"model_dir": str(model_dir), "device": device},
+                engine_options={"model_dir": str(model_dir), "device": device, **options},
                 env={"HF_HUB_OFFLINE": "1"},
                 ready_timeout=300,
             ) as client:
-                audio = await client.synthesize("Hello.", voice=voice, timeout=1800)
+                # A bound on the audio: a model that never says "stop" (a random one) still ends.
+                audio = await client.synthesize("Hello.", voice=voice, timeout=1800, max_mel_tokens=VERIFY_MEL_TOKENS)
         except SidecarError as exc:
             raise SetupError(f"the test synthesis on {device} failed: {exc}") from None
     if len(audio) == 0:
@@ -381,6 +387,12 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         with reporter.step("downloading the auxiliary models into hf_cache/"), reporter.downloads() as bar:
             download_aux(model_dir, _VERSION_OF[engine], bar)
     record.model_dir = str(model_dir)
+    record.engine_options = {}
+    if engine == "indextts2" and args.source != "pypi" and not (model_dir / QWEN_EMO_DIR).is_dir():
+        # Upstream IndexTTS-2 loads the Qwen emotion model unless told not to; without it, emotion
+        # from text is refused and everything else works.
+        record.engine_options["use_qwen_emo"] = False
+        reporter.say(f"  no {QWEN_EMO_DIR}/ there: use_qwen_emo is off (no emotion from text)")
     write_record(record)
 
     # 3. Verify, then register as ready.
@@ -388,7 +400,9 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         record.versions = {"indextts-sidecar": _installed_version(python, "indextts-sidecar")}
     else:
         with reporter.step("verifying: the doctor, then one short synthesis"):
-            record.device, record.versions = anyio.run(_verify, engine, python, model_dir, reporter)
+            record.device, record.versions = anyio.run(
+                _verify, engine, python, model_dir, record.engine_options, reporter
+            )
         record.verified = True
     record.status, record.error = "ready", None
     write_record(record)

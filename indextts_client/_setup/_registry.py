@@ -64,6 +64,9 @@ class EnvRecord(msgspec.Struct, kw_only=True):
     model: Union[str, None] = None
     #: "cuda", "mps" or "cpu": where the verification ran (or would run).
     device: str = "cpu"
+    #: Engine options every client of this environment starts with (given ones win), e.g.
+    #: ``use_qwen_emo: false`` for a checkpoint directory without the Qwen emotion model.
+    engine_options: dict[str, Any] = msgspec.field(default_factory=dict)
     #: The venv ``setup`` built (removed with the record); None for an adopted one.
     venv: Union[str, None] = None
     #: Versions found in the venv: indextts-sidecar, torch, transformers, indextts.
@@ -185,7 +188,7 @@ def discover(
     for name in candidates:
         record = read_record(name)
         if record is not None and record.ready:
-            options = {"model_dir": record.model_dir, **(engine_options or {})}
+            options = {"model_dir": record.model_dir, **record.engine_options, **(engine_options or {})}
             # The checkpoints and the auxiliary models are on disk: nothing is fetched at load.
             return Discovered(record.python, options, {"HF_HUB_OFFLINE": "1"})
     if importlib.util.find_spec("indextts") is not None or importlib.util.find_spec("indextts25") is not None:

@@ -1,0 +1,95 @@
+"""``indextts-client setup`` for real: a venv built from upstream's checkout, then ``say`` with no --python.
+
+setup builds the engine venv from the upstream snapshot (``INDEXTTS_UPSTREAM_SRC``) as a local
+source, with torch from the ordinary package index (``--torch pypi``: PyTorch's own index is
+not reachable in CI) and pip (whose cache and wheel directories already hold what the github
+venv was built from: minutes, not a second torch download; uv would fill a cache of its own),
+constrained to the github venv's pins.  The checkpoints are the tiny random ones of the
+conformance suite, given with ``--model-dir``; setup's verification runs the doctor and one
+synthesis on the CPU.  Then ``say --engine indextts2`` finds the environment in the registry.
+
+It needs INDEXTTS_UPSTREAM_PYTHON (the github venv, which builds the fixture) and is skipped,
+saying why, without it.  Set ``INDEXTTS_SETUP_VENV`` to keep the built venv between runs
+(setup then repairs it in place, which takes seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+from conftest import HERE, ROOT, flavour_named, upstream_src
+
+#: A venv build installs several GB (from pip's cache): a bound, not an expectation.
+SETUP_LIMIT = 1800
+
+
+def _cli(args: list[str], env: dict[str, str], limit: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "indextts_client", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.timeout(SETUP_LIMIT + 300)
+def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: object, tmp_path: Path) -> None:
+    flavour = flavour_named("2")
+    ckpt = checkpoints(flavour)  # type: ignore[operator]
+    home = tmp_path / "home"
+    venv = os.environ.get("INDEXTTS_SETUP_VENV") or str(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
+    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    base = subprocess.run(
+        [flavour.python, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    setup = _cli(
+        [
+            "setup",
+            "indextts2",
+            "--source",
+            upstream_src(),
+            "--torch",
+            "pypi",
+            "--installer",
+            "pip",
+            "--base-python",
+            base,
+            "--venv",
+            venv,
+            "--constraint",
+            str(HERE / "pins-github.txt"),
+            "--model-dir",
+            str(ckpt),
+        ],
+        env,
+        SETUP_LIMIT,
+    )
+    sys.stderr.write(setup.stderr[-4000:])
+    assert setup.returncode == 0, setup.stderr[-4000:]
+    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
+    assert setup.stdout.strip().startswith("indextts2 is ready: ")
+
+    listed = _cli(["envs", "--json"], env, 60)
+    assert f'"engine":"indextts2","python":"{venv}/bin/python"' in listed.stdout
+    assert '"status":"ready"' in listed.stdout and '"verified":true' in listed.stdout
+
+    out = tmp_path / "hello.wav"
+    fast = ["--set", "max_mel_tokens=12", "--set", "num_beams=1", "--ready-timeout", "300", "-q"]
+    voice = str(ckpt / "voice.wav")
+    say = _cli(["say", "Hello there.", "--engine", "indextts2", "--voice", voice, "-o", str(out), *fast], env, 600)
+    assert say.returncode == 0, say.stderr[-4000:]
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 22050 and w.getnchannels() == 1
+        assert w.getnframes() > 0
+
+    doctor = _cli(["doctor", "--engine", "indextts2"], env, 600)
+    assert doctor.returncode == 0, doctor.stdout[-4000:]
