@@ -132,3 +132,23 @@ def test_envs_lists_and_removes(tmp_path: Path, home: Path) -> None:
     again = run_cli(["envs", "remove", "indextts2.5"])
     assert again.returncode == 1 and "no environment registered for indextts2.5" in again.stderr
     assert (home / "envs" / "indextts2.json").is_file()
+
+
+async def test_a_pool_uses_the_registered_environment(tmp_path: Path, standin_env: dict[str, str], voice: str) -> None:
+    from indextts_client import Pool
+
+    _register(make_checkpoints(tmp_path / "ckpt"))
+    async with Pool("indextts2", size=1, env=standin_env) as pool:
+        audio = await pool.synthesize("Hello there.", voice=voice)
+    assert len(audio) > 0 and audio.sample_rate == 22050
+
+
+def test_a_blocking_client_uses_the_registered_environment(
+    tmp_path: Path, standin_env: dict[str, str], voice: str
+) -> None:
+    from indextts_client import BlockingClient
+
+    _register(make_checkpoints(tmp_path / "ckpt"))
+    with BlockingClient("indextts2", env=standin_env) as client:
+        audio = client.synthesize("Hello.", voice=voice)
+    assert len(audio) > 0 and audio.sample_rate == 22050

@@ -16,6 +16,7 @@ saying why, without it.  Set ``INDEXTTS_SETUP_VENV`` to keep the built venv betw
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import wave
@@ -93,3 +94,5 @@ def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: obj
 
     doctor = _cli(["doctor", "--engine", "indextts2"], env, 600)
     assert doctor.returncode == 0, doctor.stdout[-4000:]
+    if not os.environ.get("INDEXTTS_SETUP_VENV"):
+        shutil.rmtree(venv)  # several GB: pytest keeps the last runs' temporary folders
