@@ -341,7 +341,7 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         if torch == "auto":
             torch = "cuda" if detect_gpu() else "cpu"
         upstream, checkout = upstream_requirement(engine, args.source)
-        with reporter.step(f"creating the venv {venv} ({'uv' if uv else 'venv + pip'})"):
+        with reporter.step(f"preparing the venv {venv} ({'uv' if uv else 'venv + pip'})"):
             python = str(create_venv(venv, args.base_python, uv, log))
         constraints = [Path(c).absolute() for c in args.constraint]
         if checkout is not None:
