@@ -92,7 +92,9 @@ def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: obj
         assert w.getframerate() == 22050 and w.getnchannels() == 1
         assert w.getnframes() > 0
 
+    # The doctor, too, finds the environment (it judges upstream's defaults, so the tiny fixture's
+    # missing Qwen folder is a problem there: exit 1, not 2).
     doctor = _cli(["doctor", "--engine", "indextts2"], env, 600)
-    assert doctor.returncode == 0, doctor.stdout[-4000:]
+    assert doctor.returncode in (0, 1) and f"{venv}/bin/python" in doctor.stdout, doctor.stdout[-4000:]
     if not os.environ.get("INDEXTTS_SETUP_VENV"):
         shutil.rmtree(venv)  # several GB: pytest keeps the last runs' temporary folders
