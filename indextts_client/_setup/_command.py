@@ -222,6 +222,17 @@ def _installed_version(python: str, distribution: str) -> Union[str, None]:
     return out.stdout.strip() or None
 
 
+def _need_hub() -> None:
+    """Downloads need huggingface_hub (the cli extra): say so instead of a traceback."""
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise SetupError(
+            "downloading needs huggingface_hub: pip install 'indextts-sidecar[cli]' (or huggingface_hub), "
+            "or pass --model-dir a directory that holds the checkpoints and hf_cache/"
+        ) from None
+
+
 def _check_model_dir(model_dir: Path, engine: str) -> None:
     from indextts_sidecar.engines.indextts import checkpoint_version
 
@@ -377,6 +388,7 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
     else:
         repo_id = args.model or DEFAULT_MODELS[engine]
         model_dir = home / "models" / repo_id.replace("/", "--")
+        _need_hub()
         with reporter.step(f"downloading {repo_id} into {model_dir}"), reporter.downloads() as bar:
             download_model(repo_id, model_dir, bar)
         _check_model_dir(model_dir, engine)
@@ -388,6 +400,7 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
             "with --model-dir, or leave it out to download the checkpoints"
         )
     if _missing(model_dir, engine, aux=True):
+        _need_hub()
         with reporter.step("downloading the auxiliary models into hf_cache/"), reporter.downloads() as bar:
             download_aux(model_dir, _VERSION_OF[engine], bar)
     record.model_dir = str(model_dir)

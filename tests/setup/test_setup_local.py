@@ -155,3 +155,16 @@ def test_a_source_that_is_no_upstream_checkout_is_refused(tmp_path: Path) -> Non
     result = run_cli(["setup", "indextts2", "--source", str(tmp_path), "--venv", str(tmp_path / "v")])
     assert result.returncode == 1
     assert "not a checkout of upstream IndexTTS" in result.stderr and os.fspath(tmp_path) in result.stderr
+
+
+def test_without_huggingface_hub_a_download_names_the_extra(tmp_path: Path) -> None:
+    hidden = (
+        "import sys; sys.modules['huggingface_hub'] = None; from indextts_client._cli import main; "
+        f"sys.exit(main(['setup', 'indextts2', '--python', {sys.executable!r}, '--no-verify']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 1
+    assert "downloading needs huggingface_hub: pip install 'indextts-sidecar[cli]'" in result.stderr
+    assert "Traceback" not in result.stderr
