@@ -253,3 +253,19 @@ def test_ctrl_c_mid_download_then_the_next_run_resumes(home: Path) -> None:
         assert ranges[-1] == f"bytes={kept}-"
         assert (_model_dir(home) / "gpt.pth").read_bytes() == repos["IndexTeam/IndexTTS-2"].files["gpt.pth"]
         assert not _not_ready()
+
+
+def test_a_disk_that_fills_mid_download_is_the_same_one_line(tmp_path: Path) -> None:
+    # A write that fails with ENOSPC (what the preflight cannot foresee: another writer on the
+    # disk) reaches setup as an OSError; hub_errors turns it into the same fix.
+    import errno
+
+    from indextts_client._setup._build import SetupError
+    from indextts_client._setup._hub import hub_errors
+
+    with pytest.raises(SetupError) as caught, hub_errors("IndexTeam/IndexTTS-2", tmp_path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(caught.value) == (
+        f"the disk under {tmp_path} is full: free space there (the partial download resumes on the next run), "
+        "or put the models elsewhere with --model-dir DIR or INDEXTTS_HOME"
+    )
