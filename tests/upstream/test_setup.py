@@ -21,6 +21,7 @@ import subprocess
 import sys
 import wave
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import HERE, ROOT, flavour_named, upstream_src
@@ -96,5 +97,47 @@ def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: obj
     # missing Qwen folder is a problem there: exit 1, not 2).
     doctor = _cli(["doctor", "--engine", "indextts2"], env, 600)
     assert doctor.returncode in (0, 1) and f"{venv}/bin/python" in doctor.stdout, doctor.stdout[-4000:]
+
+    # The hub path with the real code: the tiny checkpoints served by a loopback hub (the main
+    # repository and the four auxiliary ones), fetched into INDEXTTS_HOME by adopting the venv
+    # just built, then verified by a synthesis that loads them from where setup put them.
+    sys.path.insert(0, str(ROOT / "tests" / "setup"))
+    from hub_support import Hub
+
+    with Hub(_fixture_repos(ckpt)).running() as hub:
+        online = {**env, "HF_ENDPOINT": hub.url}
+        online.pop("HF_HUB_OFFLINE")
+        fetched = _cli(["setup", "indextts2", "--python", f"{venv}/bin/python"], online, 1200)
+        assert fetched.returncode == 0, fetched.stderr[-4000:]
+        assert "samples at 22050 Hz on cpu" in fetched.stderr
+    model_dir = home / "models" / "IndexTeam--IndexTTS-2"
+    assert (model_dir / "hf_cache" / "bigvgan" / "bigvgan_generator.pt").is_file()
+    assert f"with {model_dir}." in fetched.stdout
+
     if not os.environ.get("INDEXTTS_SETUP_VENV"):
         shutil.rmtree(venv)  # several GB: pytest keeps the last runs' temporary folders
+
+
+def _fixture_repos(ckpt: Path) -> dict[str, Any]:
+    """The conformance fixture as the hub's repositories: IndexTeam/IndexTTS-2 and the auxiliary ones."""
+    from hub_support import Repo
+
+    def read(*parts: str) -> bytes:
+        return ckpt.joinpath(*parts).read_bytes()
+
+    main = {
+        str(path.relative_to(ckpt)): path.read_bytes()
+        for path in sorted(ckpt.rglob("*"))
+        if path.is_file() and "hf_cache" not in path.parts and not path.name.startswith("voice")
+    }
+    codec = read("hf_cache", "semantic_codec_model.safetensors")
+    w2v = {path.name: path.read_bytes() for path in (ckpt / "hf_cache" / "w2v-bert-2.0").iterdir() if path.is_file()}
+    return {
+        "IndexTeam/IndexTTS-2": Repo(main),
+        "facebook/w2v-bert-2.0": Repo(w2v),
+        "amphion/MaskGCT": Repo({"semantic_codec/model.safetensors": codec}),
+        "funasr/campplus": Repo({"campplus_cn_common.bin": read("hf_cache", "campplus_cn_common.bin")}),
+        "nvidia/bigvgan_v2_22khz_80band_256x": Repo(
+            {name: read("hf_cache", "bigvgan", name) for name in ("config.json", "bigvgan_generator.pt")}
+        ),
+    }
