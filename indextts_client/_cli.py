@@ -2,7 +2,9 @@
 
     indextts-client say "Hello there." -o hello.wav [--engine espeak] [--python PATH] [--voice REF.wav]
     indextts-client engines [--python PATH]
-    indextts-client doctor --python PATH [--engine NAME] [--model-dir DIR]
+    indextts-client doctor [--python PATH] [--engine NAME] [--model-dir DIR]
+    indextts-client setup indextts2 [--source github|pypi|PATH] [--torch auto|cpu|cuda|pypi] [--model-dir DIR]
+    indextts-client envs [--json] | envs remove ENGINE
 
 The console script is not called ``indextts``: upstream IndexTTS installs one of that
 name, and both may live in the same venv.  Every failure is one line on stderr, never a
@@ -350,12 +352,36 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor", help="check an engine venv: versions, GPU, indextts, checkpoints", parents=[verbose]
     )
-    doctor.add_argument("--python", required=True, help="interpreter of the engine's venv")
+    doctor.add_argument(
+        "--python", default=None, help="interpreter of the engine's venv (default: the one setup registered)"
+    )
     doctor.add_argument(
         "--engine", default=None, help="the engine to check (default: IndexTTS, whichever flavour is installed)"
     )
     doctor.add_argument("--model-dir", default=None, help="checkpoint directory to check")
+
+    from ._setup._command import add_envs_parser, add_setup_parser
+
+    add_setup_parser(commands, [verbose])
+    add_envs_parser(commands, [verbose])
     return parser
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """``doctor``: the given interpreter, else the environment setup registered for the engine."""
+    from ._doctor import doctor_command
+
+    python, model_dir = args.python, args.model_dir
+    if python is None:
+        from ._setup._command import registered_for_doctor
+        from ._setup._registry import setup_command
+
+        record = registered_for_doctor(args.engine)
+        if record is None:
+            engine = args.engine or "indextts2"
+            raise UsageError(f"no --python and no environment set up for {engine}: run `{setup_command(engine)}`")
+        python, model_dir = record.python, model_dir or record.model_dir
+    return doctor_command(python, model_dir, args.engine)
 
 
 def main(argv: Union[list[str], None] = None) -> int:
@@ -381,9 +407,15 @@ def main(argv: Union[list[str], None] = None) -> int:
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(name)s: %(message)s")
     try:
         if args.command == "doctor":
-            from ._doctor import doctor_command
+            return _doctor(args)
+        if args.command == "setup":
+            from ._setup._command import setup_command_main
 
-            return doctor_command(args.python, args.model_dir, args.engine)
+            return setup_command_main(args)
+        if args.command == "envs":
+            from ._setup._command import envs_command
+
+            return envs_command(args)
         if args.command == "engines":
             return _engines(args)
         return anyio.run(_say, args)

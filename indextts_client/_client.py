@@ -35,6 +35,7 @@ from ._exceptions import RestartLimitError
 from ._process import Redactor
 from ._request import Requester
 from ._settings import SidecarSettings
+from ._setup._registry import discover
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
 from ._transports import (
@@ -42,6 +43,7 @@ from ._transports import (
     SpawnTransport,
     StreamsTransport,
     Transport,
+    UnavailableTransport,
     child_environment,
     sidecar_command,
 )
@@ -73,7 +75,10 @@ class Client(Requester):
 
     * ``engine``: the engine's name (``--engine``); None leaves the sidecar's default.
     * ``engine_options``: a mapping; each item is passed as ``-o key=<json>``.
-    * ``python``: the interpreter that runs ``-m indextts_sidecar`` (default: this one).
+    * ``python``: the interpreter that runs ``-m indextts_sidecar`` (default: this one; for an
+      IndexTTS engine given no ``model_dir`` either, the environment ``indextts-client setup``
+      registered, with its ``model_dir``, and :class:`StartError` naming the setup command
+      when there is none).
     * ``command``: replaces ``[python, "-m", "indextts_sidecar"]``, e.g.
       ``["uv", "run", "python", "-m", "indextts_sidecar"]``.
     * ``sidecar_args``: appended to the command line.
@@ -160,16 +165,22 @@ class Client(Requester):
         token: Union[str, bytes, None] = None,
         ssl_context: Union[ssl.SSLContext, None] = None,
     ) -> None:
-        child_env = child_environment(env, inherit_env=inherit_env)
+        # An IndexTTS engine named without an interpreter or a model_dir: the registered environment.
+        found = discover(engine, python=python, command=command, engine_options=engine_options)
+        child_env = {**found.env, **child_environment(env, inherit_env=inherit_env)}
         transport: Transport
-        if url is not None:
+        if found.missing is not None and url is None:
+            transport = UnavailableTransport(found.missing)
+        elif url is not None:
             if engine is not None or command is not None or python is not None:
                 raise ValueError("give url (a running sidecar) or engine/command/python (one to spawn), not both")
             transport = SocketTransport(parse_url(url), ssl_context=ssl_context)
         elif token is not None or ssl_context is not None:
             raise ValueError("token and ssl_context are for a sidecar reached by url")
         else:
-            argv = sidecar_command(engine, engine_options, python=python, command=command, sidecar_args=sidecar_args)
+            argv = sidecar_command(
+                engine, found.engine_options, python=found.python, command=command, sidecar_args=sidecar_args
+            )
             transport = SpawnTransport(argv, env=child_env, cwd=cwd, exit_with_parent=exit_with_parent)
         if shared_audio is not None:
             warnings.warn(

@@ -38,6 +38,7 @@ __all__ = [
     "SpawnTransport",
     "StreamsTransport",
     "Transport",
+    "UnavailableTransport",
     "child_environment",
     "sidecar_command",
 ]
@@ -186,6 +187,21 @@ class StreamsTransport(Transport):
         finally:
             await _close_quietly(self.send)
             await _close_quietly(self.receive)
+
+
+class UnavailableTransport(Transport):
+    """No sidecar can be reached: opening raises :class:`StartError` with ``message`` (the fix)."""
+
+    restartable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    @asynccontextmanager
+    async def open(self, settings: SidecarSettings) -> AsyncIterator[Link]:
+        raise StartError(self.message)
+        yield  # pragma: no cover - a generator, for asynccontextmanager
 
 
 async def _close_quietly(stream: Union[ByteReceiveStream, ByteSendStream]) -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 from harness import make_checkpoints
+
+# The registry of `indextts-client setup` decides which interpreter Client("indextts2") spawns:
+# no test may see the registry of the machine it runs on (tests/setup/ give each test its own).
+os.environ["INDEXTTS_HOME"] = tempfile.mkdtemp(prefix="indextts-home-")
 
 try:
     from hypothesis import settings
