@@ -45,6 +45,7 @@ from ._exceptions import (
     VersionMismatchError,
 )
 from ._handshake import LossInfo
+from ._mps import MpsUnavailableError
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
 from ._stream_text import FLUSH, BlockingTextStream, SentenceChunk, SentenceEnd, TextFeed, TextStream
@@ -76,6 +77,7 @@ __all__ = [
     "LoadInfo",
     "LossInfo",
     "MemberHealth",
+    "MpsUnavailableError",
     "Pool",
     "PoolStream",
     "ProgressCallback",

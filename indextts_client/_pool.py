@@ -22,6 +22,10 @@
   audio reached the caller, is retried on another member (``retries`` times, default
   once).  One that already delivered audio fails with the member's error: audio is
   never silently duplicated.
+* **Several per GPU.**  ``per_device=N`` places N sidecars on each of ``devices``;
+  ``mps=True`` runs them under a private NVIDIA MPS control daemon (:mod:`._mps`),
+  started before them and stopped after them, and :meth:`Pool.mps_attached` (also run
+  by :meth:`Pool.load`, and in :meth:`Pool.health`) tells which attached to it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ._audio import Audio, AudioChunk
 from ._client import Client
 from ._detached import spawn_detached
 from ._exceptions import BusyError, ClosedError, CrashedError, RestartLimitError, SidecarError, StartError, unwrap
+from ._mps import MpsDaemon
 from ._request import Synthesis
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
@@ -81,6 +86,9 @@ class MemberHealth:
     url: Union[str, None] = None
     #: For a dead member: seconds until the pool next tries to revive it (0: now); else None.
     retry_in: Union[float, None] = None
+    #: With ``mps=True``: whether its sidecar is a client of the pool's MPS daemon (False before
+    #: its model loaded, or when it fell back to time-slicing); None without MPS.
+    mps: Union[bool, None] = None
 
 
 @dataclass
@@ -124,9 +132,12 @@ def _device_env(device: str) -> dict[str, str]:
 class Pool:
     """Several sidecars behind one Client-like API.  See the module docstring.
 
-    ``size`` sidecars, or one per entry of ``devices`` (each with ``CUDA_VISIBLE_DEVICES``
-    pinned, so each sees its GPU as ``cuda:0``).  ``client_kwargs`` go to every
-    :class:`Client` (``engine_options``, ``python``, ``env``, timeouts...).
+    ``size`` sidecars, or ``per_device`` (default 1) per entry of ``devices`` (each with
+    ``CUDA_VISIBLE_DEVICES`` pinned, so each sees its GPU as ``cuda:0``).  ``mps=True``
+    shares each GPU between its sidecars through a private NVIDIA MPS daemon
+    (:class:`~._mps.MpsUnavailableError` from :meth:`start` where there is no NVIDIA
+    driver).  ``client_kwargs`` go to every :class:`Client` (``engine_options``,
+    ``python``, ``env``, timeouts...).
 
     ``urls`` adds one member per running sidecar reached over a socket
     (``tcp://HOST:PORT``, ``unix:///PATH``; ``token`` and ``ssl_context`` apply to each),
@@ -143,6 +154,8 @@ class Pool:
         *,
         size: Union[int, None] = None,
         devices: Union[Sequence[str], None] = None,
+        per_device: int = 1,
+        mps: bool = False,
         max_outstanding: int = 4,
         pool_timeout: Union[float, None] = 30.0,
         retries: int = 1,
@@ -156,11 +169,20 @@ class Pool:
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls is a list of addresses, not one string")
+        if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
+            raise ValueError(f"per_device must be an int >= 1, not {per_device!r}")
+        if per_device > 1 and devices is None:
+            raise ValueError("per_device places sidecars on each of devices: give devices (or size alone)")
+        if devices is not None:
+            # Round robin over the devices: members next to each other are on different GPUs.
+            devices = [device for _ in range(per_device) for device in devices]
         if devices is not None and size is not None and size != len(devices):
-            raise ValueError("give size or devices, or a size equal to len(devices)")
+            raise ValueError("give size or devices, or a size equal to len(devices) * per_device")
         if devices is not None and not devices:
             raise ValueError("devices is empty")
         count = len(devices) if devices is not None else (size if size is not None else (0 if urls else 1))
+        if mps and count < 1:
+            raise ValueError("mps=True shares a GPU between sidecars the pool spawns; this pool spawns none")
         if count < 0 or count + len(urls) < 1:
             raise ValueError("a pool needs at least one member")
         if max_outstanding < 1:
@@ -173,6 +195,10 @@ class Pool:
             raise ValueError("revive_after must be > 0 and max_revive_after >= revive_after")
         members = []
         base_env = dict(client_kwargs.pop("env", None) or {})
+        #: The private MPS daemon, when asked for: each spawned sidecar gets its directories.
+        self._mps = MpsDaemon() if mps else None
+        if self._mps is not None:
+            base_env.update(self._mps.env)
         for index in range(count):
             device = devices[index] if devices is not None else None
             env = {**base_env, **(_device_env(device) if device is not None else {})}
@@ -216,7 +242,13 @@ class Pool:
         await self.aclose()
 
     async def start(self) -> None:
-        """Start every member concurrently; if one fails to start, stop the others and raise its error."""
+        """Start every member concurrently; if one fails to start, stop the others and raise its error.
+
+        With ``mps=True`` the MPS daemon starts first; where it cannot, nothing else does
+        (:class:`~._mps.MpsUnavailableError`).
+        """
+        if self._mps is not None:
+            await self._mps.start()
         try:
             async with anyio.create_task_group() as tg:
                 for member in self._routing.members:
@@ -241,6 +273,8 @@ class Pool:
             async with anyio.create_task_group() as tg:
                 for member in self._routing.members:
                     tg.start_soon(member.client.aclose)
+            if self._mps is not None:
+                await self._mps.stop()  # after its clients: the sidecars have exited
 
     # ------------------------------------------------------------ healing
 
@@ -405,8 +439,34 @@ class Pool:
         return PoolStream(self, text, kwargs)
 
     async def load(self) -> list[LoadInfo]:
-        """Load the model on every member (concurrently); returns each member's load info."""
-        return await self._on_all(lambda client: client.load())
+        """Load the model on every member (concurrently); returns each member's load info.
+
+        With ``mps=True`` it then checks that each member attached to the MPS daemon and
+        logs a warning for each that did not (it time-slices the GPU instead).
+        """
+        infos = await self._on_all(lambda client: client.load())
+        if self._mps is not None:
+            for member, attached in zip(self._routing.members, await self.mps_attached(), strict=True):
+                if attached is False:
+                    log.warning(
+                        "pool member %d (pid %s) is not attached to the pool's MPS daemon: it time-slices %s",
+                        member.index,
+                        member.client.pid,
+                        member.device or "its GPU",
+                    )
+        return infos
+
+    async def mps_attached(self) -> list[Union[bool, None]]:
+        """Per member: whether its sidecar is a client of the pool's MPS daemon.
+
+        False for one that has not loaded its model (CUDA attaches at its first use) or that
+        fell back to time-slicing; None for a member with no process here (remote, not
+        running).  Raises ``ValueError`` for a pool without ``mps=True``.
+        """
+        if self._mps is None:
+            raise ValueError("this pool runs no MPS daemon (mps=True)")
+        pids = [None if member.url is not None else member.client.pid for member in self._routing.members]
+        return await self._mps.attached(pids)
 
     async def unload(self) -> None:
         await self._on_all(lambda client: client.unload())
@@ -426,6 +486,13 @@ class Pool:
     async def health(self, *, timeout: float = 5.0) -> list[MemberHealth]:  # noqa: ASYNC109
         """Per member: state, requests in flight, restarts, pid and its ping (memory, queue depth)."""
         reports: list[Union[MemberHealth, None]] = [None] * len(self._routing.members)
+        mps: list[Union[bool, None]] = [None] * len(self._routing.members)
+        if self._mps is not None and self._mps.running:
+            try:
+                with anyio.fail_after(timeout):
+                    mps = await self.mps_attached()
+            except (SidecarError, TimeoutError, OSError) as exc:
+                log.warning("the pool's MPS daemon did not answer: %s", exc)
 
         async def probe(member: _Member) -> None:
             client = member.client
@@ -455,6 +522,7 @@ class Pool:
                 error=error,
                 url=member.url,
                 retry_in=retry_in,
+                mps=mps[member.index],
             )
 
         async with anyio.create_task_group() as tg:

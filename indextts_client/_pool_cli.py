@@ -17,6 +17,14 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--size", type=int, help="sidecars (default 1)")
     group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
+    parser.add_argument(
+        "--per-device", type=int, default=1, metavar="N", help="with --devices: N sidecars on each device (default 1)"
+    )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="share each GPU between its sidecars through a private NVIDIA MPS daemon (needs the NVIDIA driver)",
+    )
     parser.add_argument("--python", help="the engine venv's interpreter")
     parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
     parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
@@ -31,6 +39,10 @@ def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
         parser.error(f"--option: {exc}")
     if args.size is not None and args.size < 1:
         parser.error("--size must be >= 1")
+    if args.per_device < 1:
+        parser.error("--per-device must be >= 1")
+    if args.per_device > 1 and not args.devices:
+        parser.error("--per-device needs --devices (several sidecars without devices: --size)")
     kwargs: dict[str, Any] = {
         "engine_options": engine_options,
         "max_outstanding": args.max_outstanding,
@@ -38,8 +50,11 @@ def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     }
     if args.devices:
         kwargs["devices"] = [d for d in args.devices.split(",") if d]
+        kwargs["per_device"] = args.per_device
     else:
         kwargs["size"] = args.size or 1
+    if args.mps:
+        kwargs["mps"] = True
     if args.python:
         kwargs["python"] = args.python
     return kwargs

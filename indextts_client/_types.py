@@ -59,6 +59,8 @@ class SidecarInfo:
     pid: int
     max_frame_size: int
     sample_rate: Union[int, None]
+    #: Requests the engine runs at once as one batch at most; 1: one at a time.
+    max_batch: int = 1
     capabilities: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     dropped_options: tuple[str, ...] = ()
@@ -72,6 +74,7 @@ class SidecarInfo:
             pid=ready.pid,
             max_frame_size=ready.max_frame_size,
             sample_rate=ready.sample_rate,
+            max_batch=ready.max_batch,
             capabilities=tuple(ready.capabilities),
             options=dict(ready.options),
             dropped_options=tuple(ready.dropped_options),

@@ -154,8 +154,9 @@ class SocketService:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        batch_wait: float = 0.0,
     ) -> None:
-        self.scheduler = Scheduler(engine)
+        self.scheduler = Scheduler(engine, batch_wait=batch_wait)
         self._ready = ready
         self._make_server = make_server
         self._token = token
@@ -363,6 +364,7 @@ async def serve_socket(
     read_fd: int,
     write_fd: int,
     parent_pid: Union[int, None],
+    batch_wait: float = 0.0,
 ) -> int:
     """Bind, say where on stdout, serve until SIGTERM/SIGINT (or the parent is gone); the exit code."""
     try:
@@ -381,6 +383,7 @@ async def serve_socket(
         max_connections=config.max_connections,
         max_handshakes=config.max_handshakes,
         handshake_timeout=config.handshake_timeout,
+        batch_wait=batch_wait,
     )
     log.info(
         "listening on %s (%s%s)",

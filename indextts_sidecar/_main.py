@@ -108,6 +108,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PID",
         help=f"stop (as on SIGTERM) once process PID is gone; also {PARENT_ENV} (see docs/protocol.md)",
     )
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="with an engine that batches, how long a lone request waits for others to share its batch "
+        "(default 0: it starts at once)",
+    )
     _add_limit_arguments(parser)
     _add_socket_arguments(parser)
     _add_other_arguments(parser)
@@ -321,6 +329,8 @@ def _check_arguments(args: Any) -> Union[tuple[str, str], None]:
     ):
         if not (math.isfinite(seconds) and seconds > 0):
             return f"{name} must be more than 0 and finite", name
+    if not (math.isfinite(args.batch_wait_ms) and 0 <= args.batch_wait_ms <= 10_000):
+        return "--batch-wait-ms must be between 0 and 10000", "--batch-wait-ms"
     return None
 
 
@@ -383,6 +393,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         pid=os.getpid(),
         max_frame_size=args.max_frame_size,
         sample_rate=engine.sample_rate,
+        max_batch=max(1, int(engine.max_batch)),
         capabilities=[
             *cls.capabilities,
             *(["registered_voices"] if args.voice_dir or uploads_only else []),
@@ -461,13 +472,17 @@ def _serve(
             write_timeout=args.write_timeout if listen is not None else None,
             path_voices=not uploads_only,
             wire=wire_named(args.wire, args.max_frame_size),
+            batch_wait=args.batch_wait_ms / 1000,
         )
 
     if listen is not None:
+        import functools
+
         from ._listen import serve_socket
 
         try:
-            code: int = anyio.run(serve_socket, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
+            serve = functools.partial(serve_socket, batch_wait=args.batch_wait_ms / 1000)
+            code: int = anyio.run(serve, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
         finally:
             if private is not None:
                 import shutil

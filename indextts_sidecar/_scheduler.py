@@ -13,6 +13,14 @@ every lane and every job's ``finished`` flag: the event loop (enqueue, cancel, s
 the engine thread (pick, finish) decide under it.  What they write under it goes through
 the connection's :class:`~._outbox.Outbox`, which never blocks; waiting for room (an
 audio slot) happens outside it.
+
+An engine whose :attr:`~.engines.Engine.max_batch` is 2 or more gets several
+``synthesize`` jobs at once when several wait once its model is loaded: the engine thread
+takes the first as usual and then, going on round robin, the next ``synthesize`` at the
+head of each lane, up to ``max_batch``, and runs them through
+:func:`~._jobs.execute_batch`.  A lone job starts at once, unless ``batch_wait`` asks the
+thread to wait that long for company.  A job of a batch that is cancelled is answered at
+once; the engine drops it at its next step.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any, Union
 
 import anyio
 
-from ._jobs import Job, JobOutput, execute, shutting_down
+from ._jobs import Job, JobOutput, cancelled_error, execute, execute_batch, shutting_down
 from .engines import Engine
 from .protocol import Error
 
@@ -36,17 +44,26 @@ log = logging.getLogger("indextts_sidecar")
 
 
 class Lane:
-    """One connection's jobs at the scheduler: those waiting, in order, and the one running."""
+    """One connection's jobs at the scheduler: those waiting, in order, and those running."""
 
-    __slots__ = ("idle_waiter", "output", "running", "waiting")
+    __slots__ = ("active", "idle_waiter", "output", "waiting")
 
     def __init__(self, output: JobOutput) -> None:
         self.output = output
         #: Waiting for the engine thread, oldest first.
         self.waiting: dict[int, Job] = {}
-        self.running: Union[Job, None] = None
-        #: Set (on the event loop) when the running job ends, if the event loop waits for that.
+        #: Taken by the engine thread and not yet ended there: one, or several of a batch.
+        self.active: list[Job] = []
+        #: Set (on the event loop) when the running jobs end, if the event loop waits for that.
         self.idle_waiter: Union[anyio.Event, None] = None
+
+    @property
+    def running(self) -> Union[Job, None]:
+        """The oldest job running that has no terminal frame yet, if any."""
+        for job in self.active:
+            if not job.finished:
+                return job
+        return None
 
     @property
     def depth(self) -> int:
@@ -57,8 +74,12 @@ class Lane:
 class Scheduler:
     """One engine thread, fed round robin from the lanes of the connections attached to it."""
 
-    def __init__(self, engine: Engine[Any, Any]) -> None:
+    def __init__(self, engine: Engine[Any, Any], *, batch_wait: float = 0.0) -> None:
         self.engine = engine
+        #: Jobs per batch at most (read once: it must not change while serving).
+        self.max_batch = max(1, int(engine.max_batch))
+        #: Seconds a lone ``synthesize`` waits for company when the engine batches.
+        self.batch_wait = batch_wait
         self.started = time.monotonic()
         #: Guards every lane and every ``Job.finished``.
         self.lock = threading.RLock()
@@ -107,7 +128,8 @@ class Scheduler:
         """Stop job ``job_id`` of ``lane``; False if it is neither waiting nor running.
 
         A waiting job leaves the queue and ends at once, with ``reason`` (default: cancelled
-        while queued); a running one is told to stop and ends on the engine thread, in order.
+        while queued); a running one is told to stop and ends on the engine thread, in order,
+        except one of a batch, which is answered at once (the engine drops it at its next step).
         """
         with self.lock:
             job = lane.waiting.pop(job_id, None)
@@ -116,33 +138,35 @@ class Scheduler:
                     reason = Error(code="cancelled", id=job_id, message="cancelled while queued")
                 lane.output.finish(job, reason)
                 return True
-            running = lane.running
-            if running is not None and running.id == job_id and not running.finished:
-                running.cancel.set()
-                return True
+            for running in lane.active:
+                if running.id == job_id and not running.finished:
+                    running.cancel.set()
+                    if running.batched:
+                        lane.output.finish(running, cancelled_error(running))
+                    return True
         return False
 
     def stop_all(self, lane: Lane, code: str = "shutting_down") -> Union[anyio.Event, None]:
-        """End ``lane``'s waiting jobs (``shutting_down``) and tell its running one to stop.
+        """End ``lane``'s waiting jobs (``shutting_down``) and tell its running ones to stop.
 
-        Returns an event set once the running job has ended, or None when none runs.  Loop thread.
+        Returns an event set once the running jobs have ended, or None when none runs.  Loop thread.
         """
         with self.lock:
             for job in list(lane.waiting.values()):
                 del lane.waiting[job.id]
                 lane.output.finish(job, shutting_down(job))
-            running = lane.running
-            if running is None:
+            if not lane.active:
                 return None
-            running.cancel_code = code
-            running.cancel.set()
+            for running in lane.active:
+                running.cancel_code = code
+                running.cancel.set()
             return self._idle_event(lane)
 
     def until_idle(self, lane: Lane) -> Union[anyio.Event, None]:
         """None if ``lane`` has nothing waiting or running; else an event set when its running job ends
         (wait, then ask again).  Loop thread."""
         with self.lock:
-            if not lane.waiting and lane.running is None:
+            if not lane.waiting and not lane.active:
                 return None
             return self._idle_event(lane)
 
@@ -160,6 +184,7 @@ class Scheduler:
     # ------------------------------------------------------ engine thread
 
     def _pick(self) -> Union[tuple[Lane, Job], None]:
+        """The next job, round robin over the lanes; it becomes its lane's running job.  Under the lock."""
         count = len(self._lanes)
         for step in range(count):
             index = (self._turn + step) % count
@@ -168,20 +193,95 @@ class Scheduler:
                 # The next turn starts after this connection: round robin.
                 self._turn = index + 1
                 job = lane.waiting.pop(next(iter(lane.waiting)))
-                lane.running = job
+                lane.active.append(job)
                 return lane, job
         return None
 
+    def _companions(self, batch: list[tuple[Lane, Job]]) -> None:
+        """Add ``synthesize`` jobs to ``batch`` up to ``max_batch``, round robin.  Under the lock.
+
+        Only a job at the head of its lane joins: a connection's jobs start in its order.
+        """
+        while len(batch) < self.max_batch:
+            count = len(self._lanes)
+            for step in range(count):
+                index = (self._turn + step) % count
+                lane = self._lanes[index]
+                if lane.waiting:
+                    head = lane.waiting[next(iter(lane.waiting))]
+                    if head.kind == "synthesize":
+                        self._turn = index + 1
+                        del lane.waiting[head.id]
+                        lane.active.append(head)
+                        batch.append((lane, head))
+                        break
+            else:
+                return
+
+    def _take(self) -> Union[list[tuple[Lane, Job]], None]:
+        """What the engine thread runs next: one job, or a batch of ``synthesize`` jobs."""
+        with self.lock:
+            if self._closed:
+                return None
+            picked = self._pick()
+            if picked is None:
+                return []
+            batch = [picked]
+            if not self._batches(picked[1]):
+                return batch
+            self._companions(batch)
+            if len(batch) > 1 or self.batch_wait <= 0:
+                return self._as_batch(batch)
+        # A lone job waits up to --batch-wait-ms for company; every job queued meanwhile wakes us.
+        deadline = time.monotonic() + self.batch_wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._tokens.get(timeout=left)
+            except queue.Empty:
+                break
+            with self.lock:
+                self._companions(batch)
+                if len(batch) >= self.max_batch or self._closed:
+                    break
+        with self.lock:
+            self._companions(batch)
+            return self._as_batch(batch)
+
+    def _batches(self, job: Job) -> bool:
+        """Whether ``job`` may start a batch: a ``synthesize`` for a loaded engine that batches."""
+        return self.max_batch > 1 and job.kind == "synthesize" and self.engine.loaded
+
+    def _as_batch(self, batch: list[tuple[Lane, Job]]) -> list[tuple[Lane, Job]]:
+        if len(batch) > 1:
+            for _, job in batch:
+                job.batched = True
+        return batch
+
     def _main(self) -> None:
         while True:
-            # A token per job; one left by a job cancelled while queued finds nothing.
-            self._tokens.get()
-            with self.lock:
-                if self._closed:
-                    return
-                picked = self._pick()
-            if picked is not None:
-                self._run(*picked)
+            work = self._take()
+            if work is None:
+                return
+            if not work:
+                # A token per job queued, or on close; one left by a job cancelled while
+                # queued, or taken into a batch, only wakes us to find nothing.
+                self._tokens.get()
+            elif len(work) == 1:
+                self._run(*work[0])
+            else:
+                self._run_batch(work)
+
+    def _end(self, lane: Lane, job: Job, terminal: Any) -> None:
+        """``job`` ended on the engine thread: its terminal frame, unless it has one, and its lane's idle event."""
+        with self.lock:
+            if job in lane.active:
+                lane.active.remove(job)
+            lane.output.finish(job, terminal)
+            idle = None
+            if not lane.active:
+                idle, lane.idle_waiter = lane.idle_waiter, None
+        if idle is not None:
+            lane.output.post(idle.set)
 
     def _run(self, lane: Lane, job: Job) -> None:
         """Run one job to its end and send its terminal frame; on the engine thread."""
@@ -191,9 +291,20 @@ class Scheduler:
         except Exception as exc:  # a bug here must still end the request
             log.exception("internal error running request %d", job.id)
             terminal = Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}")
-        with self.lock:
-            lane.running = None
-            lane.output.finish(job, terminal)
-            idle, lane.idle_waiter = lane.idle_waiter, None
-        if idle is not None:
-            lane.output.post(idle.set)
+        self._end(lane, job, terminal)
+
+    def _run_batch(self, batch: list[tuple[Lane, Job]]) -> None:
+        """Run ``synthesize`` jobs as one batch; each ends with its own terminal frame.  Engine thread."""
+        ended = [False] * len(batch)
+
+        def end(index: int, terminal: Any) -> None:
+            ended[index] = True
+            self._end(*batch[index], terminal)
+
+        try:
+            execute_batch(self.engine, [(job, lane.output) for lane, job in batch], end)
+        except Exception as exc:  # a bug here must still end every request
+            log.exception("internal error running a batch")
+            for index, (lane, job) in enumerate(batch):
+                if not ended[index]:
+                    self._end(lane, job, Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}"))

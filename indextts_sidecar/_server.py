@@ -100,11 +100,12 @@ class Server:
         path_voices: bool = True,
         drain_at_eof: bool = False,
         wire: Union[Wire, None] = None,
+        batch_wait: float = 0.0,
     ) -> None:
         self.engine = engine
         #: A server that makes its own scheduler runs and closes it; a shared one is its owner's.
         self._owns_scheduler = scheduler is None
-        self.scheduler = scheduler if scheduler is not None else Scheduler(engine)
+        self.scheduler = scheduler if scheduler is not None else Scheduler(engine, batch_wait=batch_wait)
         self.voices = voices
         self.wire: Wire = wire if wire is not None else MsgpackWire()
         #: A ``register_voice`` read and not yet carried out: the read loop runs it in a thread.

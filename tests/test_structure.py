@@ -125,6 +125,7 @@ SUPERVISION = (
     "_settings*",
     "_process",
     "_detached",
+    "_mps",
 )
 FACADES = ("_client", "_pool", "_pool_cli", "_blocking", "_signature", "_stream_text")
 SERVING = ("http", "http.*", "ray", "wyoming")

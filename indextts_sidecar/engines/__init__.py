@@ -272,11 +272,20 @@ def describe_engine(name: str) -> EngineDescription:
         name=name,
         description=doc[0] if doc else "",
         native_sample_rate=cls.native_sample_rate,
+        max_batch=_default_max_batch(cls),
         capabilities=list(cls.capabilities),
         available=problem is None,
         problem=problem,
         speed=cls.speed,
     )
+
+
+def _default_max_batch(cls: type[Engine[Any, Any]]) -> int:
+    """``max_batch`` of the engine with its default options (engines import nothing before load); 1 on failure."""
+    try:
+        return max(1, int(cls(msgspec.convert({}, cls.Options)).max_batch))
+    except Exception:
+        return 1
 
 
 class heartbeat:

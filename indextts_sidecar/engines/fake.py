@@ -8,22 +8,39 @@ characters whose tones the chunk holds (:mod:`indextts_sidecar.protocol.segments
 
 Per-request ``options`` inject faults at chunk boundaries: see :class:`FakeRequestOptions`.
 Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
+
+With ``max_batch=N`` (N >= 2) it batches: :meth:`FakeEngine.synthesize_batch` makes each
+request's chunks exactly as :meth:`FakeEngine.synthesize` would, one chunk per request
+per step, and pays the simulated compute (``delay``) once per step for the whole batch
+(the longest ``delay`` of the requests still in it), as a GPU decoding a batch does.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
 from ..protocol import EMOTION_NAMES, EmotionVector
 from ..protocol.segments import segment_message
-from . import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
+from . import (
+    BatchItem,
+    Cancelled,
+    Engine,
+    EngineError,
+    ItemDone,
+    LoadError,
+    ProgressFn,
+    RequestError,
+    SpeedControl,
+    SynthesisRequest,
+)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -50,6 +67,8 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Reject what the real engines reject: empty text, emotion weights outside [0, 1] or
     #: NaN, a ``voice`` that is not a readable file (the sidecar's path policy).
     validate: bool = True
+    #: Requests synthesized at once as one batch at most; 1: none (no ``synthesize_batch``).
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
 
 
 class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -82,6 +101,7 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     stderr_bytes: _Count = 0
     #: Write what the engine received (text, voice, emotion, these options, sample rate) as
     #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
+    #: In a batch it adds ``batch``: the ids of the batch's requests, in the batch's order.
     record: Union[str, None] = None
 
 
@@ -200,12 +220,76 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self._loaded = False
         self._cache = None
 
+    @property
+    def max_batch(self) -> int:
+        return self.options.max_batch
+
     def synthesize(
         self,
         request: SynthesisRequest[FakeRequestOptions],
         progress: ProgressFn,
         cancelled: Callable[[], bool],
     ) -> Iterator[Any]:
+        plan = self._plan(request)
+        for index in range(plan.count):
+            if plan.options.delay:
+                _sleep_unless_cancelled(plan.options.delay, cancelled)
+            if index == plan.options.fail_at:
+                if plan.options.fail_raw:
+                    raise RuntimeError(plan.options.fail_message)
+                raise EngineError(plan.options.fail_message)
+            plan.crash_if_asked(index)
+            if index == plan.options.hang_at:
+                while not cancelled():
+                    time.sleep(0.005)
+                raise Cancelled
+            if cancelled():
+                raise Cancelled
+            yield plan.chunk(index, progress)
+
+    def synthesize_batch(
+        self, items: Sequence[BatchItem[FakeRequestOptions]]
+    ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        ids = [item.request.id for item in items]
+        plans = [self._plan(item.request, batch=ids) for item in items]
+        self._request_facts = {}
+        #: Each request's next chunk; a request leaves ``active`` when it ends or is cancelled.
+        next_chunk = [0] * len(items)
+        active = []
+        for i, plan in enumerate(plans):
+            if plan.count:
+                active.append(i)
+            else:
+                yield i, ItemDone()  # no audio at all: done before any step
+        while active:
+            active = [i for i in active if not items[i].cancelled()]
+            hanging = {i for i in active if next_chunk[i] == plans[i].options.hang_at}
+            if active and len(hanging) == len(active):
+                time.sleep(0.005)  # every request left hangs: until one is cancelled
+                continue
+            # One step's compute for the whole batch: the longest delay of those in it.
+            delay = max((plans[i].options.delay for i in active), default=0.0)
+            if delay:
+                _sleep_unless(delay, functools.partial(_all_cancelled, [items[i] for i in active]))
+            for i in list(active):
+                plan, index = plans[i], next_chunk[i]
+                if i in hanging or items[i].cancelled():
+                    continue
+                if index == plan.options.fail_at:
+                    if plan.options.fail_raw:
+                        raise RuntimeError(plan.options.fail_message)  # escapes: fails the whole batch
+                    active.remove(i)
+                    yield i, ItemDone(EngineError(plan.options.fail_message))
+                    continue
+                plan.crash_if_asked(index)
+                next_chunk[i] = index + 1
+                yield i, plan.chunk(index, items[i].progress)
+                if index + 1 == plan.count:
+                    active.remove(i)
+                    yield i, ItemDone()  # its Done goes out now, not when the batch ends
+
+    def _plan(self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None) -> _Plan:
+        """What a request produces, after its side effects (lines, stderr, record, facts)."""
         opts = request.options
         for line in range(opts.print_lines):
             if line % 2:
@@ -215,7 +299,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
         if opts.record is not None:
-            _record(opts.record, request)
+            _record(opts.record, request, batch)
         self._request_facts = {}
         if request.voice is not None:
             # Bounded by the voices a test uses; a real engine's cache has a size.
@@ -237,42 +321,53 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             self._cache = (key, audio)
         self._request_facts["stages"] = {"render": time.perf_counter() - began}
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
-        count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
         char_samples = max(1, round(per_char * self.options.sample_rate))  # as render() lays them out
+        return _Plan(request, audio, chunk, char_samples)
+
+
+class _Plan:
+    """One request's audio cut into chunks, and the progress that names each chunk's characters."""
+
+    __slots__ = ("audio", "char_samples", "chunk_samples", "count", "options", "spans")
+
+    def __init__(
+        self, request: SynthesisRequest[FakeRequestOptions], audio: Any, chunk: int, char_samples: int
+    ) -> None:
+        self.options = request.options
+        self.audio = audio
+        self.chunk_samples = chunk
+        self.char_samples = char_samples
+        self.count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
         # A ``seconds`` longer than the text's own audio repeats the text: no span names that.
-        spans = bool(request.text) and len(audio) <= char_samples * len(request.text)
-        for index in range(count):
-            if opts.delay:
-                _sleep_unless_cancelled(opts.delay, cancelled)
-            if index == opts.fail_at:
-                if opts.fail_raw:
-                    raise RuntimeError(opts.fail_message)
-                raise EngineError(opts.fail_message)
-            if index == opts.crash_at and (opts.crash_once is None or _first_time(opts.crash_once)):
-                sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
-                sys.stderr.flush()
-                os._exit(opts.exit_code)
-            if index == opts.hang_at:
-                while not cancelled():
-                    time.sleep(0.005)
-                raise Cancelled
-            if cancelled():
-                raise Cancelled
-            first, end = index * chunk, min((index + 1) * chunk, len(audio))
-            # The characters whose tones the chunk holds, the one its end cuts included.
-            message = segment_message(first // char_samples, -(-end // char_samples)) if spans else ""
-            progress("synthesize", (index + 1) / count, message)
-            yield audio[first:end]
+        self.spans = bool(request.text) and len(audio) <= char_samples * len(request.text)
+
+    def crash_if_asked(self, index: int) -> None:
+        opts = self.options
+        if index == opts.crash_at and (opts.crash_once is None or _first_time(opts.crash_once)):
+            sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
+            sys.stderr.flush()
+            os._exit(opts.exit_code)
+
+    def chunk(self, index: int, progress: ProgressFn) -> Any:
+        """Chunk ``index``, after its ``synthesize`` progress."""
+        chunk, char_samples = self.chunk_samples, self.char_samples
+        first, end = index * chunk, min((index + 1) * chunk, len(self.audio))
+        # The characters whose tones the chunk holds, the one its end cuts included.
+        message = segment_message(first // char_samples, -(-end // char_samples)) if self.spans else ""
+        progress("synthesize", (index + 1) / self.count, message)
+        return self.audio[first:end]
 
 
-def _record(path: str, request: SynthesisRequest[FakeRequestOptions]) -> None:
-    received = {
+def _record(path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None]) -> None:
+    received: dict[str, Any] = {
         "text": request.text,
         "voice": request.voice,
         "emotion": msgspec.to_builtins(request.emotion),
         "options": msgspec.to_builtins(request.options),
         "sample_rate": request.sample_rate,
     }
+    if batch is not None:
+        received["batch"] = batch
     with open(path, "wb") as file:
         file.write(msgspec.json.encode(received))
 
@@ -287,13 +382,23 @@ def _first_time(marker: str) -> bool:
 
 
 def _sleep_unless_cancelled(seconds: float, cancelled: Callable[[], bool]) -> None:
+    if not _sleep_unless(seconds, cancelled):
+        raise Cancelled
+
+
+def _all_cancelled(items: Sequence[BatchItem[Any]]) -> bool:
+    return all(item.cancelled() for item in items)
+
+
+def _sleep_unless(seconds: float, stop: Callable[[], bool]) -> bool:
+    """Sleep ``seconds``, polling ``stop``; False if it came true first."""
     deadline = time.monotonic() + seconds
-    while not cancelled():
+    while not stop():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return True
         time.sleep(min(left, 0.005))
-    raise Cancelled
+    return False
 
 
 def _flood_stderr(size: int) -> None:

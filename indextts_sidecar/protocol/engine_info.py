@@ -51,6 +51,8 @@ class EngineDescription(msgspec.Struct, kw_only=True):
     name: str
     description: str = ""
     native_sample_rate: Union[int, None] = None
+    #: Requests it runs at once as one batch at most with its default options; 1: one at a time.
+    max_batch: int = 1
     capabilities: list[str] = msgspec.field(default_factory=list)
     #: Whether its dependencies are there, as far as can be told without loading a model.
     available: bool = False

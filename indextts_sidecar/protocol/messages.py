@@ -228,6 +228,8 @@ class Ready(_Message, tag="ready"):
     max_frame_size: int
     #: The engine's native rate when it is known without loading the model.
     sample_rate: Union[int, None] = None
+    #: Requests the engine runs at once as one batch at most; 1: one at a time (older sidecars send none).
+    max_batch: int = 1
     capabilities: list[str] = msgspec.field(default_factory=list)
     #: Engine options that were accepted, after defaults.
     options: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import anyio
+import msgspec
 import pytest
 from client_support import expected, fake_client
 
 from indextts_client import EngineError, InvalidRequestError
+from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest
+from indextts_sidecar.engines import EngineError as EngineFailure
+from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, FakeRequestOptions, render_bytes
 
 pytestmark = pytest.mark.anyio
 
@@ -46,3 +50,108 @@ async def test_the_fake_engine_rejects_what_real_engines_reject(tmp_path: Path) 
             with pytest.raises(EngineError) as failed:
                 await client.synthesize("", fail_at=0)
             assert failed.value.code == "engine_error"
+
+
+# ------------------------------------------------------------------ batch mode
+
+
+def _engine(**options: Any) -> FakeEngine:
+    engine = FakeEngine(msgspec.convert({"sample_rate": 8000, "seconds_per_char": 0.01, **options}, FakeOptions))
+    engine.load(lambda *args: None, lambda: False)
+    return engine
+
+
+def _request(request_id: int, text: str, **options: Any) -> SynthesisRequest[FakeRequestOptions]:
+    opts = msgspec.convert({"chunk_seconds": 0.02, **options}, FakeRequestOptions)
+    return SynthesisRequest(id=request_id, text=text, voice=None, emotion=None, options=opts)
+
+
+def _item(request: SynthesisRequest[FakeRequestOptions], flag: list[bool], seen: list[str]) -> BatchItem[Any]:
+    def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
+        seen.append(message)
+
+    return BatchItem(request=request, progress=progress, cancelled=lambda: flag[0])
+
+
+def test_max_batch_is_the_engine_option_and_one_by_default() -> None:
+    assert _engine().max_batch == 1
+    assert _engine(max_batch=4).max_batch == 4
+    with pytest.raises(msgspec.ValidationError):
+        _engine(max_batch=0)
+
+
+def test_each_request_of_a_batch_gets_exactly_its_audio_and_progress_alone() -> None:
+    engine = _engine(max_batch=3)
+    requests = [_request(1, "one"), _request(2, "a longer text here"), _request(3, "mid length")]
+    alone = {}
+    alone_progress = {}
+    for request in requests:
+        seen: list[str] = []
+        chunks = list(engine.synthesize(request, lambda _s, _f=None, m="", seen=seen: seen.append(m), lambda: False))
+        alone[request.id] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        alone_progress[request.id] = seen
+    progress: dict[int, list[str]] = {r.id: [] for r in requests}
+    items = [_item(r, [False], progress[r.id]) for r in requests]
+    got: dict[int, bytearray] = {r.id: bytearray() for r in requests}
+    ended: list[int] = []
+    for index, value in engine.synthesize_batch(items):
+        request_id = requests[index].id
+        assert request_id not in ended, "a chunk after the item's ItemDone"
+        if isinstance(value, ItemDone):
+            assert value.error is None
+            ended.append(request_id)
+        else:
+            got[request_id] += memoryview(value).cast("B")
+    assert ended == [1, 3, 2]  # the shortest ends first, each at once after its last chunk
+    for request in requests:
+        assert bytes(got[request.id]) == alone[request.id] == render_bytes(request.text, 8000, seconds_per_char=0.01)
+        assert progress[request.id] == alone_progress[request.id]
+
+
+def test_a_batch_pays_the_simulated_compute_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from indextts_sidecar.engines import fake
+
+    slept: list[float] = []
+    monkeypatch.setattr(fake, "_sleep_unless", lambda seconds, stop: slept.append(seconds) or True)
+    engine = _engine(max_batch=4)
+    requests = [_request(i, "abcd" * i, delay=0.25 * i) for i in (1, 2, 3)]  # 2, 4 and 6 chunks
+    items = [_item(r, [False], []) for r in requests]
+    list(engine.synthesize_batch(items))
+    # Six steps; each pays the longest delay of the requests still in the batch, once.
+    assert slept == [0.75] * 6
+
+
+def test_a_batch_drops_a_cancelled_request_and_fails_only_the_one_that_fails() -> None:
+    engine = _engine(max_batch=4)
+    requests = [
+        _request(1, "keeps going on"),
+        _request(2, "is cancelled", hang_at=1),
+        _request(3, "fails here", fail_at=2, fail_message="item three broke"),
+    ]
+    flags = [[False], [False], [False]]
+    items = [_item(r, flag, []) for r, flag in zip(requests, flags, strict=True)]
+    got: dict[int, bytearray] = {1: bytearray(), 2: bytearray(), 3: bytearray()}
+    done: dict[int, Any] = {}
+    for index, value in engine.synthesize_batch(items):
+        request_id = requests[index].id
+        if isinstance(value, ItemDone):
+            done[request_id] = value.error
+            continue
+        got[request_id] += memoryview(value).cast("B")
+        if request_id == 1 and len(got[1]) >= 4 * 160:  # request 2 hangs at its chunk 1 meanwhile
+            flags[1][0] = True
+    assert set(done) == {1, 3}  # the cancelled one is dropped, never ended by the engine
+    assert done[1] is None and bytes(got[1]) == render_bytes("keeps going on", 8000, seconds_per_char=0.01)
+    assert isinstance(done[3], EngineFailure) and str(done[3]) == "item three broke"
+    assert bytes(got[3]) == render_bytes("fails here", 8000, seconds_per_char=0.01)[: 2 * 320]
+    assert bytes(got[2]) == render_bytes("is cancelled", 8000, seconds_per_char=0.01)[:320]
+
+
+def test_fail_raw_in_a_batch_escapes_the_generator() -> None:
+    engine = _engine(max_batch=2)
+    items = [
+        _item(_request(1, "abc"), [False], []),
+        _item(_request(2, "abcdef", fail_at=1, fail_raw=True), [False], []),
+    ]
+    with pytest.raises(RuntimeError, match="injected failure"):
+        list(engine.synthesize_batch(items))
