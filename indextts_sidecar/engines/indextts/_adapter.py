@@ -800,6 +800,7 @@ class _Batch:
                 continue
             member.restored = voices.restore(self.model, member.voice)
             segment_texts.start()
+            member.item.progress("prepare", None, f"in a batch of {len(self.members)}")
             member.item.progress("prepare", None, "preparing the references and the first segment")
             reports[index] = self._step(index)
             member.texts.texts = list(segment_texts.texts)
