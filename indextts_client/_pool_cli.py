@@ -50,7 +50,8 @@ def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     }
     if args.devices:
         kwargs["devices"] = [d for d in args.devices.split(",") if d]
-        kwargs["per_device"] = args.per_device
+        if args.per_device > 1:
+            kwargs["per_device"] = args.per_device
     else:
         kwargs["size"] = args.size or 1
     if args.mps:

@@ -143,6 +143,7 @@ class Scheduler:
                     running.cancel.set()
                     if running.batched:
                         lane.output.finish(running, cancelled_error(running))
+                    self._tokens.put(None)  # a lone job waiting for company stops waiting
                     return True
         return False
 
@@ -160,6 +161,7 @@ class Scheduler:
             for running in lane.active:
                 running.cancel_code = code
                 running.cancel.set()
+            self._tokens.put(None)  # a lone job waiting for company stops waiting
             return self._idle_event(lane)
 
     def until_idle(self, lane: Lane) -> Union[anyio.Event, None]:
@@ -240,11 +242,14 @@ class Scheduler:
             except queue.Empty:
                 break
             with self.lock:
+                if batch[0][1].cancel.is_set() or self._closed:
+                    break  # it ends at once, alone
                 self._companions(batch)
-                if len(batch) >= self.max_batch or self._closed:
+                if len(batch) >= self.max_batch:
                     break
         with self.lock:
-            self._companions(batch)
+            if not batch[0][1].cancel.is_set():
+                self._companions(batch)
             return self._as_batch(batch)
 
     def _batches(self, job: Job) -> bool:

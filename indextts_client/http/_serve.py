@@ -208,7 +208,7 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
     )
     server = uvicorn.Server(config)
     sock, url = _listen(parser, args)
-    sidecars = len(kwargs["devices"]) if "devices" in kwargs else kwargs["size"]
+    sidecars = len(kwargs["devices"]) * kwargs.get("per_device", 1) if "devices" in kwargs else kwargs["size"]
     print(
         f"{prog}: listening on {url} (engine {args.engine}, starting {sidecars} sidecar(s))",
         file=sys.stderr,

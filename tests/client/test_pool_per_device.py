@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -192,13 +193,23 @@ async def test_mps_daemon_env_attachment_check_and_stop(fake_driver: Path, caplo
         assert calls.count(f"quit|{pipe}|{logs} alive=") == 1
 
 
+def test_serve_and_wyoming_take_per_device_and_mps() -> None:
+    for command in ("serve", "wyoming"):
+        result = subprocess.run(
+            [sys.executable, "-m", "indextts_client", command, "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--per-device N" in result.stdout and "--mps" in result.stdout, command
+
+
 def test_the_pool_options_say_per_device_and_mps() -> None:
     parser = argparse.ArgumentParser()
     add_pool_arguments(parser)
     args = parser.parse_args(["--devices", "cuda:0,cuda:1", "--per-device", "3", "--mps"])
     kwargs = pool_kwargs(args, parser)
     assert (kwargs["devices"], kwargs["per_device"], kwargs["mps"]) == (["cuda:0", "cuda:1"], 3, True)
-    assert "mps" not in pool_kwargs(parser.parse_args([]), parser)
+    plain = pool_kwargs(parser.parse_args(["--devices", "0"]), parser)
+    assert "mps" not in plain and "per_device" not in plain  # what Pool takes by default
     for bad in (["--per-device", "2"], ["--devices", "0", "--per-device", "0"]):
         with pytest.raises(SystemExit):
             pool_kwargs(parser.parse_args(bad), parser)

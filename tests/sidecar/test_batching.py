@@ -327,3 +327,60 @@ async def test_ready_and_describe_say_max_batch_and_a_bad_batch_wait_is_refused(
         async with spawn("fake", "--batch-wait-ms", "-1") as peer:
             error = await peer.expect(protocol.Error)
             assert error.code == "invalid_option" and error.detail["field"] == "--batch-wait-ms", error
+
+
+async def test_shutdown_during_a_batch_ends_each_of_its_requests_once(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE, "-o", "max_batch=4") as peer:
+            await _hold_engine(peer, 1)
+            await peer.send(_synth(2, "hangs in the batch", tmp_path / "2.json", hang_at=1))
+            await peer.send(_synth(3, "hangs there too", hang_at=2))
+            assert await _queued(peer, 50) == []
+            await _release(peer, 1)
+            frames: dict[int, list[protocol.Reply]] = {2: [], 3: []}
+            while sum(isinstance(f, protocol.Audio) for f in frames[3]) < 2:  # both now hang
+                reply = await peer.reply()
+                frames[reply.id].append(reply)  # type: ignore[union-attr]
+            await peer.send(protocol.Shutdown(id=9))
+            rest = await peer.collect({2, 3, 9})
+            for request_id in (2, 3):
+                ending = rest[request_id][-1]
+                assert isinstance(ending, protocol.Error) and ending.code == "shutting_down", ending
+            assert rest[9] == [protocol.Ok(id=9, info={"exit_code": 0})]
+            assert pcm_of(frames[2] + rest[2]) == _expected("hangs in the batch")[:CHUNK]
+            assert _batch_of(tmp_path / "2.json") == [2, 3]
+            assert await peer.recv() is None
+            assert await peer.process.wait() == 0
+
+
+async def test_a_lone_request_waits_batch_wait_ms_at_most_and_then_runs_alone(tmp_path: Path) -> None:
+    options = {"sample_rate": RATE, "seconds_per_char": PER_CHAR, "max_batch": 4}
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake", engine_options=options, sidecar_args=["--batch-wait-ms", "50"]) as client:
+            await client.load()
+            audio = await client.synthesize("nobody else", record=str(tmp_path / "r.json"))
+            assert audio.samples.tobytes() == _expected("nobody else")
+            assert _batch_of(tmp_path / "r.json") is None  # synthesize(): no company came
+
+
+async def test_a_lone_request_waiting_for_company_is_cancelled_at_once() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE, "-o", "max_batch=4", "--batch-wait-ms", "10000") as peer:
+            await peer.request(protocol.Load(id=1))
+            await peer.send(_synth(2, "waits for company"))
+            ping = 100
+            while True:  # until the engine thread holds it (active), waiting: no frame of it yet
+                ping += 1
+                (pong,) = await peer.request(protocol.Ping(id=ping))
+                assert isinstance(pong, protocol.Pong)
+                if pong.active == 2:
+                    break
+            began = anyio.current_time()
+            await peer.send(protocol.Cancel(id=3, target=2))
+            frames = await peer.collect({2, 3})
+            # Without the wake-up it would end when the 10 s wait ran out.
+            assert anyio.current_time() - began < 5.0
+            error = frames[2][-1]
+            assert isinstance(error, protocol.Error) and error.code == "cancelled", error
+            assert not [f for f in frames[2] if isinstance(f, protocol.Audio)]
+            assert frames[3] == [protocol.Ok(id=3, info={"found": True})]

@@ -117,3 +117,67 @@ def test_stop_all_ends_one_connections_waiting_jobs_only() -> None:
             assert list(b.waiting) == [6, 7]
             assert scheduler.until_idle(a) is None
             scheduler.stop_all(b)
+
+
+class _BatchingEngine(FakeEngine):
+    """Loaded, batching up to three; records what it ran: a batch's ids, or one id alone."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeOptions(sample_rate=8000))
+        self._loaded = True
+        self.ran: list[tuple[int, ...]] = []
+
+    @property
+    def max_batch(self) -> int:
+        return 3
+
+    def synthesize(self, request: Any, progress: Any, cancelled: Any) -> Iterator[Any]:
+        self.ran.append((request.id,))
+        yield b"\x01\x00"
+
+    def synthesize_batch(self, items: Any) -> Iterator[tuple[int, Any]]:
+        self.ran.append(tuple(item.request.id for item in items))
+        for index in range(len(items)):
+            yield index, b"\x01\x00"
+
+
+class _FrameOutput(_Output):
+    """An output that also takes the running jobs' frames (and drops them)."""
+
+    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview) -> bool:
+        return True
+
+    def progress(self, job: Job, stage: str, fraction: Any, message: str) -> None:
+        pass
+
+
+def test_a_batch_takes_synthesize_jobs_round_robin_from_the_heads_of_the_queues() -> None:
+    from indextts_sidecar.engines import SynthesisRequest
+    from indextts_sidecar.engines.fake import FakeRequestOptions
+
+    def job(job_id: int, kind: str = "synthesize") -> Job:
+        request = SynthesisRequest(id=job_id, text="x", voice=None, emotion=None, options=FakeRequestOptions())
+        return Job(job_id, kind, request if kind == "synthesize" else None)
+
+    engine = _BatchingEngine()
+    scheduler = Scheduler(engine)
+    try:
+        ended: list[tuple[str, int, str]] = []
+        done = threading.Event()
+        a, b, c = (scheduler.attach(_FrameOutput(name, ended, done, 7)) for name in "abc")  # type: ignore[arg-type]
+        with scheduler.lock:
+            for lane, jobs in ((a, [job(1), job(2), job(3)]), (b, [job(4, "unload"), job(5)]), (c, [job(6), job(7)])):
+                for each in jobs:
+                    assert scheduler.enqueue(lane, each, limit=8) is None
+        assert done.wait(TIMEOUT)
+        # a's head, then round robin: b's head is an unload, so b gives nothing to the batch (its
+        # synthesize may not pass its unload); c's head, then a's next.  Then b's unload alone;
+        # the next, c's 7, finds the model unloaded: it runs alone and loads it; then a's 3 and
+        # b's 5 together.
+        assert engine.ran == [(1, 6, 2), (7,), (3, 5)]
+        codes = {(name, job_id): code for name, job_id, code in ended}
+        assert len(ended) == len(codes) == 7  # one terminal each
+        assert codes == {**{key: "Done" for key in codes}, ("b", 4): "Ok"}
+        assert ended.index(("b", 4, "Ok")) < ended.index(("b", 5, "Done"))
+    finally:
+        scheduler.close()
