@@ -99,10 +99,13 @@ def batch_sizes(events: list[ProgressEvent]) -> list[str]:
 
 
 @pytest.mark.parametrize("name", GITHUB)
-async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkpoints: Any) -> None:
+async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkpoints: Any, tmp_path: Path) -> None:
+    """One sidecar (loading costs most of the time): alone, then batched, then a batch with a bad request."""
     flavour = flavour_named(name)
     ckpt = checkpoints(flavour)
     jobs = requests(ckpt)
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"RIFF but not audio at all")
     async with batching_client(flavour, ckpt) as c:
         await c.load()
         assert c.info.max_batch == 4
@@ -111,35 +114,26 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkp
             events: list[ProgressEvent] = []
             alone.append(await c.synthesize(text, on_progress=events.append, **DETERMINISTIC, **options))
             assert batch_sizes(events) == []  # a lone request runs upstream's generator by itself
-        # The same requests again, alone: deterministic decoding repeats itself exactly.
-        again = await c.synthesize(jobs[1][0], **DETERMINISTIC, **jobs[1][1])
-        assert np.array_equal(again.samples, alone[1].samples)
+        # Deterministic decoding repeats itself exactly, alone.
+        again = await c.synthesize(jobs[0][0], **DETERMINISTIC, **jobs[0][1])
+        assert np.array_equal(again.samples, alone[0].samples)
+
         batched, events_of = await gather(c, jobs)
-    for i, result in enumerate(batched):
-        assert isinstance(result, Audio), result
-        assert batch_sizes(events_of[i]) == ["in a batch of 3"], [e.message for e in events_of[i]]
-        assert_equal_audio(alone[i], result)
-    # Segments are streamed as they come: the three-segment request reports each one.
-    ready = [e.message for e in events_of[1] if " ready (" in e.message]
-    assert len(ready) >= 2, ready
+        for i, result in enumerate(batched):
+            assert isinstance(result, Audio), result
+            assert batch_sizes(events_of[i]) == ["in a batch of 3"], [e.message for e in events_of[i]]
+            assert_equal_audio(alone[i], result)
+        # Segments are streamed as they come: the three-segment request reports each one.
+        ready = [e.message for e in events_of[1] if " ready (" in e.message]
+        assert len(ready) >= 2, ready
 
-
-@pytest.mark.parametrize("name", GITHUB)
-async def test_a_bad_request_fails_alone_and_the_batch_goes_on(name: str, checkpoints: Any, tmp_path: Path) -> None:
-    flavour = flavour_named(name)
-    ckpt = checkpoints(flavour)
-    junk = tmp_path / "junk.wav"
-    junk.write_bytes(b"RIFF but not audio at all")
-    good = requests(ckpt)[::2]
-    jobs = [good[0], ("Hello there.", {"voice": str(junk), "seed": 5}), good[1]]
-    async with batching_client(flavour, ckpt) as c:
-        await c.load()
-        alone = [await c.synthesize(text, **DETERMINISTIC, **options) for text, options in good]
-        results, events_of = await gather(c, jobs)
+        # A bad request fails alone; the others of its batch are unchanged.
+        bad = ("Hello there.", {"voice": str(junk), "seed": 5})
+        results, events_of = await gather(c, [jobs[0], bad, jobs[2]])
+        assert batch_sizes(events_of[0]) == ["in a batch of 3"]
+        assert isinstance(results[1], Exception) and "preparing the references failed" in str(results[1])
+        assert_equal_audio(alone[0], results[0])
+        assert_equal_audio(alone[2], results[2])
         # ... and the sidecar goes on serving.
-        after = await c.synthesize(good[0][0], **DETERMINISTIC, **good[0][1])
-    assert batch_sizes(events_of[0]) == ["in a batch of 3"]
-    assert isinstance(results[1], Exception) and "preparing the references failed" in str(results[1])
-    assert_equal_audio(alone[0], results[0])
-    assert_equal_audio(alone[1], results[2])
-    assert np.array_equal(after.samples, alone[0].samples)
+        after = await c.synthesize(jobs[0][0], **DETERMINISTIC, **jobs[0][1])
+        assert np.array_equal(after.samples, alone[0].samples)
