@@ -27,12 +27,12 @@ from conftest import Flavour, flavour_named
 
 from indextts_client import Audio, Client, ProgressEvent
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
+#: Each test loads a sidecar and runs ten requests: minutes on two busy cores.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(1500)]
 
 GITHUB = ["2", "2.5"]
 #: Greedy, one beam, short: deterministic and quick on a CPU.
 DETERMINISTIC: dict[str, Any] = {"max_mel_tokens": 12, "do_sample": False}
-SHORT_SEGMENTS = {"max_text_tokens_per_segment": 6}
 #: Samples (of each request) allowed to differ by one int16 step; none may differ by more.
 SHARE = 0.01
 
@@ -58,13 +58,15 @@ def batching_client(flavour: Flavour, ckpt: Path, **engine_options: Any) -> Clie
     )
 
 
-def requests(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
+def requests(ckpt: Path, name: str) -> list[tuple[str, dict[str, Any]]]:
     """Three requests: two voices, one to three segments, each with its own seed."""
     voice, voice2 = str(ckpt / "voice.wav"), str(ckpt / "voice2.wav")
+    # 2.5's tiny tokenizer has a token for about every character; IndexTTS-2's for about every word.
+    segments = {"max_text_tokens_per_segment": 6 if name == "2" else 20}
     return [
         ("Hello there.", {"voice": voice, "seed": 1}),
-        ("Hello there. This is a test. We speak slowly.", {"voice": voice2, "seed": 2, **SHORT_SEGMENTS}),
-        ("We speak slowly and clearly.", {"voice": voice, "seed": 3, **SHORT_SEGMENTS}),
+        ("Hello there. This is a test. We speak slowly.", {"voice": voice2, "seed": 2, **segments}),
+        ("We speak slowly and clearly.", {"voice": voice, "seed": 3, **segments}),
     ]
 
 
@@ -103,7 +105,7 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkp
     """One sidecar (loading costs most of the time): alone, then batched, then a batch with a bad request."""
     flavour = flavour_named(name)
     ckpt = checkpoints(flavour)
-    jobs = requests(ckpt)
+    jobs = requests(ckpt, name)
     junk = tmp_path / "junk.wav"
     junk.write_bytes(b"RIFF but not audio at all")
     async with batching_client(flavour, ckpt) as c:
@@ -114,9 +116,6 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkp
             events: list[ProgressEvent] = []
             alone.append(await c.synthesize(text, on_progress=events.append, **DETERMINISTIC, **options))
             assert batch_sizes(events) == []  # a lone request runs upstream's generator by itself
-        # Deterministic decoding repeats itself exactly, alone.
-        again = await c.synthesize(jobs[0][0], **DETERMINISTIC, **jobs[0][1])
-        assert np.array_equal(again.samples, alone[0].samples)
 
         batched, events_of = await gather(c, jobs)
         for i, result in enumerate(batched):
@@ -134,6 +133,6 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(name: str, checkp
         assert isinstance(results[1], Exception) and "preparing the references failed" in str(results[1])
         assert_equal_audio(alone[0], results[0])
         assert_equal_audio(alone[2], results[2])
-        # ... and the sidecar goes on serving.
+        # ... and the sidecar goes on serving; deterministic decoding repeats itself exactly.
         after = await c.synthesize(jobs[0][0], **DETERMINISTIC, **jobs[0][1])
         assert np.array_equal(after.samples, alone[0].samples)
