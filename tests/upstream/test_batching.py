@@ -7,7 +7,7 @@ PCM, compared sample by sample with a tolerance of one step (1/32768 of full sca
 batched matrix product sums in another order than a one-row product, so floats differ in
 their last bits (about 1e-7 relative), and after the 25 CFM steps and the vocoder that is
 still far below one int16 step, except where a sample lies within that much of a rounding
-boundary.  Those samples are few (measured: at most 0.33% of a request's samples,
+boundary.  Those samples are few (measured: under 0.5% of a request's samples,
 bench/probe_batch_equal.py), so the test also bounds their share (1%); a decoding that
 drifted (another token, another noise) differs everywhere.
 
