@@ -6,7 +6,8 @@ repository on ``PYTHONPATH``::
     python bench/_upstream_direct.py 2|2.5 MODEL_DIR DEVICE
 
 Loads the model as the sidecar's adapter does (the same constructor keywords: no Qwen, the
-auxiliary models of ``MODEL_DIR/hf_cache``), then reads one JSON request a line on stdin
+auxiliary models of ``MODEL_DIR/hf_cache``, handed over where the constructor takes them),
+then reads one JSON request a line on stdin
 (``text``, ``voice``, ``max_mel_tokens``) and answers each with one JSON line: the wall
 seconds of ``infer(..., stream_return=True)`` consumed to its end, and the samples it gave.
 Upstream prints to stdout, so its prints go to stderr and the answers to the stdout this
@@ -16,6 +17,7 @@ process was given.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -30,13 +32,11 @@ def main() -> int:
     os.dup2(2, 1)  # upstream's prints
     sys.stdout = sys.stderr
     module = importlib.import_module("indextts.infer_v2_5" if version == "2.5" else "indextts.infer_v2")
-    model = module.IndexTTS2(
-        cfg_path=os.path.join(model_dir, "config.yaml"),
-        model_dir=model_dir,
-        device=device,
-        use_qwen_emo=False,
-        aux_paths=aux_paths(model_dir),
-    )
+    kwargs = {"cfg_path": os.path.join(model_dir, "config.yaml"), "model_dir": model_dir, "device": device}
+    accepted = inspect.signature(module.IndexTTS2.__init__).parameters
+    if "aux_paths" in accepted:  # 2.5 reads <model_dir>/hf_cache by itself
+        kwargs["aux_paths"] = aux_paths(model_dir)
+    model = module.IndexTTS2(use_qwen_emo=False, **kwargs)
     answers.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
