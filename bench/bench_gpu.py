@@ -26,6 +26,20 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   audio seconds per second and the memory of each sidecar (torch's allocator as the
   sidecar's health answer reports it, and ``nvidia-smi``'s per-process figure on a GPU).
 
+* ``batch``: c = 1, 2, 4, 8 concurrent requests (the medium text, greedy, a seed each) into one
+  sidecar that batches (``max_batch=8``, ``--batch-wait-ms 100`` so that requests sent together
+  form one batch), against the same requests into one sidecar that does not (``max_batch=1``),
+  and against c sidecars (up to the largest ``--sidecars``).  The top-level ``batch`` section
+  holds ``equal_to_unbatched`` (each request of a batch of 4 against itself alone in the same
+  sidecar: at most one int16 step apart on at most 1% of the samples, see
+  tests/upstream/test_batching.py), ``throughput_ratio`` (aggregate audio
+  seconds per second at c over c = 1, batching sidecar), ``first_audio_ratio`` (median first
+  audio at c over c = 1), the same against the other two configurations, and memory per
+  configuration.
+* ``overhead``: the same request through the public client and through upstream's
+  ``IndexTTS2.infer`` called directly in one process (``bench/_upstream_direct.py``) on the same
+  device, interleaved: our wall time over upstream's, median and spread.
+
 Writes the JSON file after every cell (a run stopped half-way keeps what it measured) and
 prints a table at the end.  ``--budget`` seconds after the start, cells not yet begun are
 recorded as skipped.
@@ -54,6 +68,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import anyio
+import numpy as np
 
 from indextts_client import Client, ProgressEvent, SidecarError
 
@@ -241,7 +256,9 @@ class Sidecar:
         return {key: int(value) for key, value in health.memory.items()}
 
 
-async def start(stack: AsyncExitStack, setup: Setup, model: str, **engine_options: Any) -> Sidecar:
+async def start(
+    stack: AsyncExitStack, setup: Setup, model: str, sidecar_args: tuple[str, ...] = (), **engine_options: Any
+) -> Sidecar:
     options: dict[str, Any] = {"model_dir": str(setup.ckpts[model]), "device": setup.device, "use_qwen_emo": False}
     options.update(engine_options)
     client = Client(
@@ -257,6 +274,7 @@ async def start(stack: AsyncExitStack, setup: Setup, model: str, **engine_option
         ready_timeout=120,
         idle_timeout=LOAD_TIMEOUT,
         max_restarts=0,
+        sidecar_args=sidecar_args,
     )
     sidecar = Sidecar(await stack.enter_async_context(client), model, setup.stages)
     started = time.perf_counter()
@@ -379,6 +397,8 @@ class Run:
                 ("stream", self.stream),
                 ("voice_cache", self.voice_cache),
                 ("sidecars", self.sidecars),
+                ("batch", self.batch),
+                ("overhead", self.overhead),
             ):
                 if kind not in self.args.cells:
                     continue
@@ -395,7 +415,7 @@ class Run:
         if "throughput" in cells:
             keys += [(0, engine_options(p, a)) for p, a, reason in self.variants(model) if reason is None]
         default = self.default_variant(model)
-        if {"stream", "voice_cache", "sidecars"} & set(cells):
+        if {"stream", "voice_cache", "sidecars", "batch", "overhead"} & set(cells):
             keys.append((0, default))
         if "voice_cache" in cells:
             keys.append((0, {**default, "voice_cache": 0}))
@@ -421,13 +441,15 @@ class Run:
             for index, options in self.wanted(model):
                 group.start_soon(one, index, options)
 
-    async def sidecar(self, model: str, warm: str, index: int = 0, **options: Any) -> Sidecar:
+    async def sidecar(
+        self, model: str, warm: str, index: int = 0, sidecar_args: tuple[str, ...] = (), **options: Any
+    ) -> Sidecar:
         """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once."""
-        key = (model, index, tuple(sorted(options.items())))
+        key = (model, index, tuple(sorted(options.items())), *sidecar_args)
         if key in self.failed:
             raise self.failed[key]
         if key not in self.shared:
-            sidecar = await start(self.stack, self.setup, model, **options)
+            sidecar = await start(self.stack, self.setup, model, sidecar_args, **options)
             await warm_up(sidecar, warm)
             self.shared[key] = sidecar
         return self.shared[key]
@@ -599,8 +621,249 @@ class Run:
                 }
             )
 
+    async def batch(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        counts = sorted(self.args.concurrency)
+        cell: dict[str, Any] = {"kind": "batch", "model": model, "text": "medium", **self.variant_label(model)}
+        if self.over_budget():
+            return self.skip(cell, "time budget spent")
+        default = self.default_variant(model)
+        batching = await self.sidecar(
+            model, warm, 0, ("--batch-wait-ms", str(BATCH_WAIT_MS)), max_batch=max(counts), **default
+        )
+        single = await self.sidecar(model, warm, 0, **default)
+        tokens = budget(model, natural_seconds(TEXTS["medium"]))
+        text = TEXTS["medium"]
+
+        # Equal audio: each request of a batch of 4 (or fewer) against itself alone, in the same
+        # sidecar (one after another, each runs by itself): the random weights of the GitHub
+        # flavours' fixtures are drawn anew in each process, so two sidecars never sound alike.
+        c_equal = max(c for c in counts if c <= 4)
+        alone = [await collect(batching, text, warm, tokens, seed=i) for i in range(c_equal)]
+        together = await concurrently([batching] * c_equal, text, warm, tokens)
+        differences = [audio_difference(a["samples"], b["samples"]) for a, b in zip(alone, together, strict=True)]
+        equal = all(d["max"] <= 1 and d["share"] <= 0.01 for d in differences)
+
+        configurations: dict[str, dict[int, list[dict[str, Any]]]] = {"batched": {}, "unbatched": {}, "sidecars": {}}
+        for c in counts:
+            many: list[Sidecar] = []
+            if c <= max(self.args.sidecars):
+                many = [await self.sidecar(model, warm, i, **default) for i in range(c)]
+            ways: list[tuple[str, list[Sidecar]]] = [("batched", [batching] * c), ("unbatched", [single] * c)]
+            if many:
+                ways.append(("sidecars", many))
+            for number in range(self.args.rounds):
+                order = ways if number % 2 == 0 else ways[::-1]
+                for name, sidecars in order:
+                    started = time.perf_counter()
+                    runs = await concurrently(sidecars, text, warm, tokens)
+                    wall = time.perf_counter() - started
+                    configurations[name].setdefault(c, []).append(
+                        {
+                            "wall": wall,
+                            "audio": sum(r["audio"] for r in runs),
+                            "first": statistics.median(r["first"] for r in runs),
+                        }
+                    )
+        memory = {
+            "batched": await batching.memory(),
+            "unbatched": await single.memory(),
+            "sidecars": [await s.memory() for s in self.live_sidecars(model, default)],
+        }
+        figures: dict[str, Any] = {}
+        for name, runs_of in configurations.items():
+            figures[name] = {
+                str(c): {
+                    "aggregate_audio_per_second": summary([r["audio"] / r["wall"] for r in runs]),
+                    "first_audio": summary([r["first"] for r in runs]),
+                    "wall": summary([r["wall"] for r in runs]),
+                }
+                for c, runs in runs_of.items()
+            }
+        self.add(
+            {
+                **cell,
+                "status": "ok",
+                "max_mel_tokens": tokens,
+                "batch_wait_ms": BATCH_WAIT_MS,
+                "decoding": {"do_sample": False, "seed": "request index"},
+                "equal_to_unbatched": equal,
+                "differences": differences,
+                "configurations": figures,
+                "memory": memory,
+            }
+        )
+        self.batch_section(model, equal, figures, memory)
+
+    def live_sidecars(self, model: str, default: dict[str, Any]) -> list[Sidecar]:
+        plain = tuple(sorted(default.items()))
+        return [s for key, s in self.shared.items() if key[0] == model and key[2] == plain and len(key) == 3]
+
+    def batch_section(self, model: str, equal: bool, figures: dict[str, Any], memory: dict[str, Any]) -> None:
+        section = self.result.setdefault(
+            "batch",
+            {
+                "equal_to_unbatched": {},
+                "throughput_ratio": {},
+                "first_audio_ratio": {},
+                "against_unbatched": {},
+                "against_sidecars": {},
+                "memory": {},
+            },
+        )
+        section["equal_to_unbatched"][model] = equal
+        batched = figures["batched"]
+        base = batched["1"]["aggregate_audio_per_second"]["median"]
+        first = batched["1"]["first_audio"]["median"]
+        section["throughput_ratio"][model] = {
+            c: v["aggregate_audio_per_second"]["median"] / base for c, v in batched.items()
+        }
+        section["first_audio_ratio"][model] = {c: v["first_audio"]["median"] / first for c, v in batched.items()}
+        for name in ("unbatched", "sidecars"):
+            other = figures[name]
+            section[f"against_{name}"][model] = {
+                c: v["aggregate_audio_per_second"]["median"] / other[c]["aggregate_audio_per_second"]["median"]
+                for c, v in batched.items()
+                if c in other
+            }
+        section["memory"][model] = memory
+        self.save()
+
+    async def overhead(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        cell: dict[str, Any] = {"kind": "overhead", "model": model, "text": "medium", **self.variant_label(model)}
+        if self.over_budget():
+            return self.skip(cell, "time budget spent")
+        if self.default_variant(model):
+            return self.skip(cell, "upstream called directly runs fp32 only here (bench/_upstream_direct.py)")
+        ours = await self.sidecar(model, warm, 0, **self.default_variant(model))
+        tokens = budget(model, natural_seconds(TEXTS["medium"]))
+        text = TEXTS["medium"]
+        async with await Direct.start(self.setup, model) as direct:
+            await direct.speak(text, warm, tokens)  # its first request: the warm-up ours had
+            pairs = []
+            for number in range(self.args.overhead_rounds):
+                order = ("ours", "upstream") if number % 2 == 0 else ("upstream", "ours")
+                wall: dict[str, float] = {}
+                for way in order:
+                    if way == "ours":
+                        wall[way] = (await ours.speak(text, warm, tokens))["wall"]
+                    else:
+                        wall[way] = await direct.speak(text, warm, tokens)
+                pairs.append(wall)
+        ratios = [p["ours"] / p["upstream"] for p in pairs]
+        self.add(
+            {
+                **cell,
+                "status": "ok",
+                "max_mel_tokens": tokens,
+                "ours": summary([p["ours"] for p in pairs]),
+                "upstream": summary([p["upstream"] for p in pairs]),
+                "ratio": summary(ratios),
+            }
+        )
+        self.result.setdefault("overhead", {})[model] = summary(ratios)
+        self.save()
+
     def variant_label(self, model: str) -> dict[str, Any]:
         return {"precision": "fp32" if self.args.device == "cpu" else HALF[model], "accel": False}
+
+
+#: How long the batching sidecar waits for company: requests sent together form one batch.
+BATCH_WAIT_MS = 100
+
+
+async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
+    """One streamed request, greedy: first audio, wall, its samples.  Upstream still prints its
+    times for it (counted, so that later waits for a sidecar's stage times stay in step)."""
+    started = time.perf_counter()
+    first = None
+    pieces = []
+    async with sidecar.client.stream(
+        text, voice=voice, max_mel_tokens=tokens, do_sample=False, timeout=REQUEST_TIMEOUT, **options
+    ) as chunks:
+        async for chunk in chunks:
+            if first is None:
+                first = time.perf_counter() - started
+            pieces.append(chunk.samples)
+    sidecar.requests += 1
+    wall = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("the stream ended without audio")
+    samples = np.concatenate(pieces)
+    return {"first": first, "wall": wall, "samples": samples, "audio": len(samples) / 22050}
+
+
+async def concurrently(sidecars: list[Sidecar], text: str, voice: str, tokens: int) -> list[dict[str, Any]]:
+    """One request per entry of ``sidecars`` (the same sidecar may come several times), all at once;
+    request i has seed i."""
+    results: list[Any] = [None] * len(sidecars)
+
+    async def one(i: int, sidecar: Sidecar) -> None:
+        results[i] = await collect(sidecar, text, voice, tokens, seed=i)
+
+    async with anyio.create_task_group() as group:
+        for i, sidecar in enumerate(sidecars):
+            group.start_soon(one, i, sidecar)
+    return results
+
+
+def audio_difference(a: Any, b: Any) -> dict[str, Any]:
+    if a.shape != b.shape:
+        return {"max": None, "share": 1.0, "samples": [int(a.size), int(b.size)]}
+    difference = np.abs(a.astype(np.int32) - b.astype(np.int32))
+    return {
+        "max": int(difference.max()) if difference.size else 0,
+        "share": float(np.count_nonzero(difference) / max(1, difference.size)),
+        "samples": int(a.size),
+    }
+
+
+class Direct:
+    """bench/_upstream_direct.py in upstream's venv: upstream's infer called in its own process."""
+
+    def __init__(self, process: Any) -> None:
+        self.process = process
+        self.lines = process.stdout
+
+    @classmethod
+    async def start(cls, setup: Setup, model: str) -> Direct:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), setup.src]),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        command = [setup.python, str(ROOT / "bench" / "_upstream_direct.py"), model, str(setup.ckpts[model])]
+        process = await anyio.open_process([*command, setup.device], env=env, stderr=subprocess.DEVNULL)
+        direct = cls(process)
+        with anyio.fail_after(LOAD_TIMEOUT):
+            await direct.answer()
+        return direct
+
+    async def answer(self) -> dict[str, Any]:
+        buffer = b""
+        while not buffer.endswith(b"\n"):
+            data = await self.lines.receive(1)
+            if not data:
+                raise RuntimeError("bench/_upstream_direct.py ended early")
+            buffer += data
+        return json.loads(buffer)  # type: ignore[no-any-return]
+
+    async def speak(self, text: str, voice: str, tokens: int) -> float:
+        request = {"text": text, "voice": voice, "max_mel_tokens": tokens}
+        await self.process.stdin.send((json.dumps(request) + "\n").encode())
+        with anyio.fail_after(REQUEST_TIMEOUT):
+            return float((await self.answer())["wall"])
+
+    async def __aenter__(self) -> Direct:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.process.stdin.aclose()
+        with anyio.move_on_after(30):
+            await self.process.wait()
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
 
 
 def engine_options(precision: str, accel: bool) -> dict[str, Any]:
@@ -725,6 +988,14 @@ def table(result: dict[str, Any]) -> str:
                 f"{label} voice_cache={cell['voice_cache']}: first round {fmt(cell['first_round'])} s, "
                 f"later rounds {fmt(cell['later_rounds'])} s"
             )
+        elif cell["kind"] == "batch":
+            parts = []
+            for name, by_c in cell["configurations"].items():
+                speeds = ", ".join(f"c={c}: {v['aggregate_audio_per_second']['median']:.2f}" for c, v in by_c.items())
+                parts.append(f"{name} {speeds}")
+            lines.append(f"{label}: equal audio {cell['equal_to_unbatched']}; audio s/s: " + "; ".join(parts))
+        elif cell["kind"] == "overhead":
+            lines.append(f"{label}: ours over upstream in process {fmt(cell['ratio'], digits=3)}")
         elif cell["kind"] == "sidecars":
             memory = ", ".join(str(m.get("cuda_reserved", m.get("rss", 0)) // 2**20) for m in cell["memory"])
             lines.append(
@@ -744,7 +1015,15 @@ def main(argv: Union[list[str], None] = None) -> int:
     parser.add_argument("--device", help="cpu, cuda:0...; default cuda:0, or cpu with --small")
     parser.add_argument("--models", type=parse_list, default=["2", "2.5"])
     parser.add_argument("--texts", type=parse_list, default=list(TEXTS))
-    parser.add_argument("--cells", type=parse_list, default=["throughput", "stream", "voice_cache", "sidecars"])
+    parser.add_argument(
+        "--cells",
+        type=parse_list,
+        default=["throughput", "stream", "voice_cache", "sidecars", "batch", "overhead"],
+    )
+    parser.add_argument(
+        "--concurrency", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4, 8], help="batch cell's c"
+    )
+    parser.add_argument("--overhead-rounds", type=int, help="overhead cell's interleaved pairs; default 10, 5 --small")
     parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")
     parser.add_argument(
         "--accel",
@@ -764,6 +1043,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.small else "cuda:0")
     args.rounds = args.rounds or (1 if args.small else 3)
+    args.overhead_rounds = args.overhead_rounds or (5 if args.small else 10)
     args.parallel_loads = args.parallel_loads or (1 if args.device == "cpu" else 8)
     SCALE[0] = args.scale or (0.1 if args.small else 1.0)
     for name in args.models:

@@ -309,7 +309,7 @@ REJECTED = [
     ({"options": {"max_text_tokens_per_segment": 0}}, "invalid_option", "$.options.max_text_tokens_per_segment"),
     ({"options": {"more_segment_before": -1}}, "invalid_option", "$.options.more_segment_before"),
     ({"options": {"use_random": "maybe"}}, "invalid_option", "$.options.use_random"),
-    ({"options": {"do_sample": False}}, "unknown_option", "$.options.do_sample"),  # upstream always samples
+    ({"options": {"seed": -1}}, "invalid_option", "$.options.seed"),
     ({"options": {"normalize_emotion": "no"}}, "invalid_option", "$.options.normalize_emotion"),
     ({"voice": None}, "invalid_input", "$.voice"),
     ({"voice": "/nonexistent/speaker.wav"}, "invalid_input", "$.voice"),

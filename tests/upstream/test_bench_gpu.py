@@ -53,7 +53,9 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
-    result = run_bench(tmp_path, ["2", "2.5"], ckpt_root, "--sidecars", "1,2")
+    result = run_bench(
+        tmp_path, ["2", "2.5"], ckpt_root, "--sidecars", "1,2", "--concurrency", "1,2", "--overhead-rounds", "2"
+    )
     config = result["config"]
     assert config["size"] == "small" and config["device"] == "cpu"
     assert config["weights"].startswith("random")
@@ -114,6 +116,16 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
             assert cell["requests"] == count * config["rounds"]
             assert cell["aggregate_audio_per_second"] > 0
             assert len(cell["memory"]) == count and all(m["rss"] > 0 for m in cell["memory"])
+    # batch: equal audio with greedy decoding, ratios per c against c = 1, memory per configuration.
+    batch = result["batch"]
+    assert batch["equal_to_unbatched"] == {"2": True, "2.5": True}, by_kind["batch"]
+    for model in ("2", "2.5"):
+        assert batch["throughput_ratio"][model]["1"] == 1.0 and batch["throughput_ratio"][model]["2"] > 0
+        assert set(batch["first_audio_ratio"][model]) == {"1", "2"}
+        assert set(batch["against_sidecars"][model]) == {"1", "2"}
+        assert batch["memory"][model]["batched"]["rss"] > 0
+        overhead = result["overhead"][model]
+        assert overhead["n"] == 2 and overhead["median"] > 0
 
 
 def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> None:
@@ -121,8 +133,8 @@ def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> No
     result = run_bench(tmp_path, ["2"], ckpt_root, "--budget", "0", "--texts", "short", "--sidecars", "1,4")
     cells = result["cells"]
     kinds = sorted({c["kind"] for c in cells})
-    assert kinds == ["sidecars", "stream", "throughput", "voice_cache"]
+    assert kinds == ["batch", "overhead", "sidecars", "stream", "throughput", "voice_cache"]
     spent = [c for c in cells if c.get("reason") == "time budget spent"]
-    assert {c["kind"] for c in spent} == {"sidecars", "stream", "throughput", "voice_cache"}
+    assert {c["kind"] for c in spent} == set(kinds)
     assert {c["sidecars"] for c in cells if c["kind"] == "sidecars"} == {1, 4}
     assert all(c["status"] == "skipped" for c in cells)

@@ -16,12 +16,25 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Union, cast
 
 from ...protocol import EmotionAudio, EmotionText, EmotionVector
 from ...protocol.segments import segment_text_message
-from .. import Cancelled, Engine, EngineError, LoadError, ProgressFn, RequestError, SynthesisRequest, heartbeat
+from .. import (
+    BatchItem,
+    Cancelled,
+    Engine,
+    EngineError,
+    ItemDone,
+    LoadError,
+    ProgressFn,
+    RequestError,
+    SynthesisRequest,
+    heartbeat,
+)
+from ._batched import Decoding, Hooks, decoding, install, interceptable, run_calls
+from ._batched import set_decoding as _set_decoding
 from ._emotion import check_vector, emotion_kwargs
 from ._install import (
     FLAVOUR_MODULES,
@@ -37,6 +50,7 @@ from ._install import (
     missing_checkpoints,
     package_dir,
 )
+from ._lockstep import Blocked, Chunk, End, Failed, Lockstep, Report
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
 from ._segments import SegmentTexts
@@ -94,6 +108,12 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._request_facts: dict[str, Any] = {}
         #: What upstream's segmenter cut the current request into (see _segments.py).
         self._segment_texts = SegmentTexts()
+        #: Why upstream's model calls cannot be intercepted (see _batched.py); None when they can.
+        self._intercept_problem: Union[str, None] = None
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.options.max_batch)
 
     @property
     def loaded(self) -> bool:
@@ -122,13 +142,6 @@ class IndexTTSEngine(Engine[Any, Any]):
                 "IndexTTS clones a voice: set voice to the path of a speaker reference clip", field="$.voice"
             )
         _check_readable(request.voice, "$.voice", "voice reference")
-        options = request.options
-        if options.do_sample is not None:
-            raise RequestError(
-                "do_sample has no effect: upstream IndexTTS always samples (it drops the option and passes True)",
-                field="$.options.do_sample",
-                code="unknown_option",
-            )
         emotion = request.emotion
         if isinstance(emotion, EmotionVector):
             check_vector(emotion, normalize=self._normalize_emotion(request))
@@ -203,6 +216,14 @@ class IndexTTSEngine(Engine[Any, Any]):
                     field=f"$.options.{name}",
                     code="unknown_option",
                 )
+        if _decoding_asked(options) and self._intercept_problem is not None:
+            name = "do_sample" if getattr(options, "do_sample", None) is False else "seed"
+            raise RequestError(
+                f"option {name!r} needs the adapter to reach upstream's model calls, which it cannot with "
+                f"the installed {self.flavour.label}: {self._intercept_problem}",
+                field=f"$.options.{name}",
+                code="unknown_option",
+            )
         if accelerated(self._model):
             for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
                 if getattr(options, name, None) is not None:
@@ -255,6 +276,9 @@ class IndexTTSEngine(Engine[Any, Any]):
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
         self._segment_texts.install(model)
+        self._intercept_problem = interceptable(model)
+        if self._intercept_problem is not None and opts.max_batch > 1:
+            log.warning("batches run one request after another: %s", self._intercept_problem)
         self._model = model
         self.flavour = flavour
         self._voices.clear()
@@ -405,12 +429,19 @@ class IndexTTSEngine(Engine[Any, Any]):
             raise Cancelled
         voice = request.voice
         assert voice is not None
+        context = self._decoding(request)
+        if context is not None:
+            install(model)
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
         self._segment_texts.start()
         emotion_path = kwargs.get("emo_audio_prompt")
-        with heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL), times.capturing():
+        with (
+            heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL),
+            times.capturing(),
+            decoding(context),
+        ):
             call = model.infer_generator if flavour.streams_with_generator else model.infer
             result = call(**kwargs)
         if isinstance(result, tuple):
@@ -428,7 +459,56 @@ class IndexTTSEngine(Engine[Any, Any]):
             if not restored:
                 self._voices.remember(model, voice, emotion_path)
 
-        yield from self._stream(iter(result), flavour, progress, cancelled, remember, (voice, emotion_path), times)
+        chunks = iter(result) if context is None else _within(context, iter(result))
+        yield from self._stream(chunks, flavour, progress, cancelled, remember, (voice, emotion_path), times)
+
+    def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
+        """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
+        options = request.options
+        if not _decoding_asked(options):
+            return None
+        return Decoding(
+            greedy=getattr(options, "do_sample", None) is False,
+            num_beams=getattr(options, "num_beams", None),
+            seed=getattr(options, "seed", None),
+        )
+
+    # ---------------------------------------------------------- batches
+
+    def synthesize_batch(self, items: Sequence[BatchItem[Any]]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        """Several requests at once: upstream's generators in lockstep, their model calls batched.
+
+        See _batched.py and _lockstep.py.  Where upstream's calls cannot be intercepted, the
+        requests run one after another through :meth:`synthesize`.
+        """
+        model = self._model
+        flavour = self.flavour
+        if model is None or flavour is None:
+            raise EngineError("synthesize called before load", code="internal")
+        if self._intercept_problem is not None:
+            yield from self._one_after_another(items)
+            return
+        hooks = install(model)
+        batch = _Batch(self, model, flavour, items)
+        try:
+            yield from batch.run(hooks)
+        finally:
+            batch.close()
+
+    def _one_after_another(self, items: Sequence[BatchItem[Any]]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        for index, item in enumerate(items):
+            try:
+                for chunk in self.synthesize(item.request, item.progress, item.cancelled):
+                    yield index, chunk
+            except Cancelled:
+                yield index, ItemDone(None)
+            except EngineError as exc:
+                yield index, ItemDone(exc)
+            except Exception as exc:
+                log.error("engine failed on a request of a batch", exc_info=True)
+                yield index, ItemDone(EngineError(f"{type(exc).__name__}: {exc}"))
+            else:
+                yield index, ItemDone(None)
 
     def _stream(
         self,
@@ -578,6 +658,204 @@ class IndexTTSEngine(Engine[Any, Any]):
 
 #: What :meth:`IndexTTSEngine._next_chunk` returns once upstream's stream is exhausted.
 _END: Any = object()
+
+
+def _within(context: Decoding, chunks: Iterator[Any]) -> Iterator[Any]:
+    """``chunks``, each ``next`` run under ``context`` (upstream's model calls happen inside them)."""
+    try:
+        while True:
+            with decoding(context):
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _decoding_asked(options: Any) -> bool:
+    return getattr(options, "do_sample", None) is False or getattr(options, "seed", None) is not None
+
+
+class _Item:
+    """One request of a batch: its upstream stream as the coordinator sees it."""
+
+    def __init__(self, item: BatchItem[Any], flavour: Flavour, kwargs: dict[str, Any]) -> None:
+        self.item = item
+        self.kwargs = kwargs
+        self.texts = SegmentTexts()
+        self.tally = _Tally(flavour, self.texts)
+        self.silence_after_each = flavour.silence_after_each
+        self.chunks = 0
+        self.restored = False
+        self.prepared = False
+        self.voice = str(item.request.voice)
+        self.emotion_path: Union[str, None] = kwargs.get("emo_audio_prompt")
+
+    def audio(self, chunk: Any) -> Iterator[Any]:
+        """Upstream's next chunk, as :meth:`IndexTTSEngine._stream` treats it: silences held back."""
+        is_silence = self.silence_after_each and self.chunks % 2 == 1
+        self.chunks += 1
+        if isinstance(chunk, tuple) and len(chunk) == 2 and not hasattr(chunk[0], "shape"):
+            rate, audio = chunk  # a flavour that answered with the whole audio at once
+            if int(rate) != NATIVE_SAMPLE_RATE:
+                raise EngineError(f"the model returned {rate} Hz audio, not {NATIVE_SAMPLE_RATE} Hz", code="internal")
+            unit = self.tally.unit_scale and peak(as_numpy(audio)) <= UNIT_SCALE_CEILING
+            yield to_pcm16(audio, unit_scale=unit)
+            return
+        if is_silence:
+            self.tally.held = None if isinstance(chunk, (list, tuple)) else chunk
+        else:
+            yield from self.tally.segment(chunk, self.item.progress)
+
+    def failure(self, exc: BaseException) -> EngineError:
+        if isinstance(exc, EngineError):
+            return exc
+        if self.chunks == 0:
+            return EngineError(
+                f"preparing the references failed: {type(exc).__name__}: {exc}",
+                field=_failed_reference(exc, self.voice, self.emotion_path),
+            )
+        return EngineError(f"{type(exc).__name__}: {exc}")
+
+
+class _Batch:
+    """The coordinator of one batch: steps each request's worker, runs their parked calls together."""
+
+    def __init__(self, engine: IndexTTSEngine, model: Any, flavour: Flavour, items: Sequence[BatchItem[Any]]) -> None:
+        self.engine = engine
+        self.model = model
+        self.flavour = flavour
+        self.items = items
+        self.members: dict[int, _Item] = {}
+        self.early: list[tuple[int, ItemDone]] = []
+        self.worker_of: dict[int, int] = {}
+        starts: list[Callable[[], Iterator[Any]]] = []
+        contexts: list[Decoding] = []
+        for index, item in enumerate(items):
+            try:
+                engine._check_flavour(item.request)
+                kwargs = engine._infer_kwargs(item.request)
+            except EngineError as exc:
+                self.early.append((index, ItemDone(exc)))
+                continue
+            context = Decoding(
+                greedy=getattr(item.request.options, "do_sample", None) is False,
+                num_beams=getattr(item.request.options, "num_beams", None),
+                seed=getattr(item.request.options, "seed", None),
+                batch_vocoder=bool(engine.options.batch_vocoder),
+            )
+            self.worker_of[index] = len(starts)
+            starts.append(self._starter(kwargs, context))
+            contexts.append(context)
+            self.members[index] = _Item(item, flavour, kwargs)
+        self.lockstep = Lockstep(starts)
+        for context in contexts:
+            context.batch = self.lockstep
+
+    def _starter(self, kwargs: dict[str, Any], context: Decoding) -> Callable[[], Iterator[Any]]:
+        model, flavour = self.model, self.flavour
+
+        def start() -> Iterator[Any]:
+            # This worker thread runs this one request to its end: its context stays set.
+            _set_decoding(context)
+            call = model.infer_generator if flavour.streams_with_generator else model.infer
+            result = call(**kwargs)
+            if isinstance(result, tuple):
+                return iter([result])
+            if result is None or isinstance(result, (str, bytes, os.PathLike)):
+                raise EngineError(f"the model returned {result!r} instead of audio", code="internal")
+            return iter(result)
+
+        return start
+
+    def close(self) -> None:
+        self.lockstep.close()
+
+    def _step(self, index: int) -> Report:
+        member = self.members[index]
+        worker = self.worker_of[index]
+        if member.chunks == 0:
+            stage, message = "prepare", "preparing the references and the first segment"
+        else:
+            stage, message = "synthesize", f"generating segment {member.tally.segments + 1}"
+        progress = member.item.progress
+        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
+            return self.lockstep.step(worker)
+
+    def run(self, hooks: Hooks) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        yield from self.early
+        live = list(self.members)
+        reports: dict[int, Report] = {}
+        voices = self.engine._voices
+        segment_texts = self.engine._segment_texts
+        for index in list(live):
+            member = self.members[index]
+            if member.item.cancelled():
+                self.lockstep.abort(self.worker_of[index])
+                live.remove(index)
+                yield index, ItemDone(None)
+                continue
+            member.restored = voices.restore(self.model, member.voice)
+            segment_texts.start()
+            member.item.progress("prepare", None, f"in a batch of {len(self.members)}")
+            member.item.progress("prepare", None, "preparing the references and the first segment")
+            reports[index] = self._step(index)
+            member.texts.texts = list(segment_texts.texts)
+            if isinstance(reports[index], Blocked) and not member.restored:
+                voices.remember(self.model, member.voice, member.emotion_path)
+        while live:
+            # Drain: every worker that is not parked on a model call moves on until it is (or ends).
+            for index in list(live):
+                member = self.members[index]
+                report = reports[index]
+                while isinstance(report, Chunk):
+                    yield from ((index, pcm) for pcm in member.audio(report.value))
+                    if member.item.cancelled():
+                        self.lockstep.abort(self.worker_of[index])
+                        report = End()
+                        break
+                    report = self._step(index)
+                if isinstance(report, Failed):
+                    live.remove(index)
+                    yield index, ItemDone(member.failure(report.error))
+                elif isinstance(report, End):
+                    live.remove(index)
+                    tally = member.tally
+                    member.item.progress(
+                        "synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio"
+                    )
+                    yield index, ItemDone(None)
+                reports[index] = report
+            if not live:
+                break
+            calls = [cast_blocked(reports[index]).call for index in live]
+            progresses = [self.members[index].item.progress for index in live]
+
+            def beat(message: str, progresses: list[ProgressFn] = progresses) -> heartbeat:
+                def fan_out(stage: str, fraction: Union[float, None] = None, text: str = "") -> None:
+                    for progress in progresses:
+                        progress(stage, fraction, text)
+
+                return heartbeat(cast(ProgressFn, fan_out), "synthesize", None, message, HEARTBEAT_INTERVAL)
+
+            run_calls(hooks, calls, beat)
+            for index in list(live):
+                member = self.members[index]
+                if member.item.cancelled():
+                    self.lockstep.abort(self.worker_of[index])
+                    live.remove(index)
+                    yield index, ItemDone(None)
+                    continue
+                reports[index] = self._step(index)
+
+
+def cast_blocked(report: Report) -> Blocked:
+    assert isinstance(report, Blocked), report
+    return report
 
 
 class _Tally:

@@ -14,6 +14,7 @@ __all__ = [
     "GENERATION_KEYWORDS",
     "INFER_KEYWORDS",
     "LANGUAGES",
+    "MAX_BATCH_LIMIT",
     "VOICE_CACHE_DEFAULT",
     "IndexTTS2Options",
     "IndexTTS2RequestOptions",
@@ -27,6 +28,8 @@ __all__ = [
 LANGUAGES = ("zh", "en", "ja", "es", "ar")
 #: Reference conditionings kept per engine by default (``voice_cache`` engine option).
 VOICE_CACHE_DEFAULT = 4
+#: The largest ``max_batch`` accepted (upstream's accel engine plans for 8 sequences; 64 bounds memory).
+MAX_BATCH_LIMIT = 64
 
 _Lang = Annotated[str, msgspec.Meta(pattern=r"(?i)^(zh|en|ja|es|ar)$")]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -59,6 +62,13 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Scale emotion vectors as upstream's web UI does (per-emotion bias, sum capped at 0.8)
     #: unless a request says otherwise, so a vector sounds the same as there.
     normalize_emotion: bool = True
+    #: Requests decoded together at most: the sidecar hands this engine up to this many
+    #: concurrent requests at once (docs/indextts.md, "Batching").  1: one at a time, through
+    #: upstream's own ``infer`` unchanged.
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_LIMIT)] = 1
+    #: In a batch, run the vocoder (BigVGAN) on the rows of equal length together, rather
+    #: than one request at a time.
+    batch_vocoder: bool = True
 
 
 class IndexTTS2Options(_Options):
@@ -101,8 +111,12 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     #: Scale an emotion vector as upstream's web UI does; None: the engine option.
     normalize_emotion: Union[bool, None] = None
     # Sampling options of the GPT (upstream's ``generation_kwargs``).
-    #: Refused: upstream always samples (it pops ``do_sample`` and passes True).
+    #: False: greedy decoding (one beam unless ``num_beams`` says more), which upstream's
+    #: ``infer`` cannot do (it pops ``do_sample`` and passes True); None or True: upstream's sampling.
     do_sample: Union[bool, None] = None
+    #: The seed of this request's own noise generator for the s2mel decoder: with greedy
+    #: decoding, the same request gives the same audio, alone or in a batch.
+    seed: Union[Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)], None] = None
     temperature: Union[_PositiveFloat, None] = None
     top_p: Union[Annotated[float, msgspec.Meta(gt=0, le=1)], None] = None
     top_k: Union[_NonNegativeInt, None] = None

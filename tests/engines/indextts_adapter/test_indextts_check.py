@@ -84,13 +84,6 @@ def test_check_accepts_good_emotions(voice: str) -> None:
         engine.check(make_request(IndexTTS2Engine, voice, emotion=emotion))
 
 
-def test_do_sample_is_refused_as_upstream_ignores_it(voice: str) -> None:
-    for value in (True, False):
-        with pytest.raises(RequestError) as info:
-            make_engine(IndexTTS2Engine).check(make_request(IndexTTS2Engine, voice, do_sample=value))
-        assert (info.value.code, info.value.field) == ("unknown_option", "$.options.do_sample")
-
-
 def test_an_emotion_sum_over_1_needs_normalisation(voice: str) -> None:
     over = EmotionVector(happy=0.6, angry=0.5)
     make_engine(IndexTTS2Engine).check(make_request(IndexTTS2Engine, voice, emotion=over))  # normalised by default

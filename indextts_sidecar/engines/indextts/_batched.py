@@ -1,0 +1,418 @@
+"""Upstream's three model calls, intercepted on the loaded instance: deterministic decoding and batches.
+
+Upstream's generator calls, for each segment of a request,
+
+``model.gpt.inference_speech(...)``
+    the GPT's autoregressive decoding (Hugging Face ``generate``), with ``do_sample=True``
+    written into the call: upstream pops a request's ``do_sample`` and passes True regardless;
+``model.s2mel.models["cfm"].inference(...)``
+    the flow-matching decoder: noise from torch's global generator, then upstream's Euler
+    solver (``solve_euler``) with two classifier-free-guidance rows (the request's, and one
+    without its conditions), written for one request: it stacks one time step per half,
+    which the interceptor on its estimator (upstream's DiT) repeats for each row of a half;
+``model.bigvgan(...)``
+    the vocoder.
+
+:func:`install` puts an interceptor in front of each, as an attribute of the one instance
+(upstream's files and classes stay untouched).  An interceptor passes the call through
+unchanged unless the calling thread runs a request with a :class:`Decoding` context:
+
+- greedy decoding (``do_sample=False``, one beam unless the request asks for more) replaces
+  what upstream wrote into the GPT call;
+- a seed gives the request its own noise generator: each segment's CFM noise is the next
+  draw from it, and upstream's solver runs on that noise;
+- in a batch (:mod:`._lockstep`), the call is parked and the coordinator runs the parked calls
+  of all requests as one: :func:`run_calls`.
+
+What a batch may share: GPT rows with the same generation settings (and, for 2.5, the same
+language), padded as upstream's own ``prepare_gpt_inputs`` expects; CFM rows of exactly the
+same length (upstream's DiT and wavenet see padded frames, so padding would change a row's
+audio); vocoder rows of the same length, likewise.  A batch that fails is retried row by row,
+so that one request's bad input fails that request alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ._lockstep import Call, Lockstep
+
+__all__ = ["Decoding", "Hooks", "decoding", "install", "interceptable", "run_calls", "set_decoding"]
+
+log = logging.getLogger("indextts_sidecar.engines.indextts")
+
+#: Sampling keywords a greedy decode drops (Hugging Face warns when they come with do_sample=False).
+_SAMPLING_KEYWORDS = ("temperature", "top_p", "top_k")
+#: GPT arguments that hold one row per request and are padded on their last axis.
+_PADDED = {"speech_condition": 0, "emo_speech_condition": 0}
+#: GPT arguments that are not batched: every row of a batch must have the same value.  (2.5's
+#: ``langs`` is batched: its GPT, ``model_v2``'s, embeds ``langs[i]`` for row i.)
+_SHARED: tuple[str, ...] = ()
+
+
+@dataclass
+class Decoding:
+    """How one request decodes: the thread that runs it carries this (see :func:`decoding`)."""
+
+    #: Greedy search instead of upstream's forced sampling.
+    greedy: bool = False
+    #: Beams for a greedy search (None: one).
+    num_beams: Union[int, None] = None
+    #: The seed of this request's own noise generator (None: torch's global generator).
+    seed: Union[int, None] = None
+    #: The lockstep this request runs in, when batched.
+    batch: Union[Lockstep, None] = None
+    #: Whether the vocoder runs batched too.
+    batch_vocoder: bool = True
+    _generator: Any = field(default=None, repr=False)
+
+    def noise(self, torch: Any, shape: list[int], device: Any) -> Any:
+        """This request's next noise draw (torch's global generator without a seed)."""
+        if self.seed is None:
+            return torch.randn(shape, device=device)
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.seed)
+        return torch.randn(shape, device=device, generator=self._generator)
+
+    @property
+    def intercepts(self) -> bool:
+        return self.greedy or self.seed is not None or self.batch is not None
+
+
+_local = threading.local()
+
+
+def current() -> Union[Decoding, None]:
+    return getattr(_local, "decoding", None)
+
+
+def set_decoding(context: Union[Decoding, None]) -> None:
+    """Set the calling thread's context for good (a batch's worker thread, which runs one request)."""
+    _local.decoding = context
+
+
+@contextmanager
+def decoding(context: Union[Decoding, None]) -> Iterator[None]:
+    """Run the calling thread's model calls under ``context`` (None: upstream's own behaviour)."""
+    previous = current()
+    _local.decoding = context
+    try:
+        yield
+    finally:
+        _local.decoding = previous
+
+
+@dataclass
+class Hooks:
+    """The originals behind the interceptors on one model instance."""
+
+    gpt: Any
+    cfm: Any
+    vocoder: Any
+    gpt_original: Callable[..., Any]
+    cfm_original: Callable[..., Any]
+    vocoder_original: Callable[..., Any]
+    gpt_signature: inspect.Signature
+    stop_text_token: int
+
+    def uninstall(self) -> None:
+        owners = ((self.gpt, "inference_speech"), (self.cfm, "inference"), (self.vocoder, "forward"))
+        for owner, name in (*owners, (self.cfm.estimator, "forward")):
+            owner.__dict__.pop(name, None)
+
+
+def interceptable(model: Any) -> Union[str, None]:
+    """Why ``model``'s calls cannot be intercepted (an unknown upstream), or None when they can."""
+    gpt = getattr(model, "gpt", None)
+    if not callable(getattr(gpt, "inference_speech", None)):
+        return "its GPT has no inference_speech"
+    models = getattr(getattr(model, "s2mel", None), "models", None)
+    try:
+        cfm = models["cfm"] if models is not None else None
+    except (KeyError, TypeError):
+        cfm = None
+    if cfm is None or not callable(getattr(cfm, "solve_euler", None)) or not hasattr(cfm, "in_channels"):
+        return "its s2mel has no CFM with solve_euler"
+    if not callable(getattr(getattr(model, "bigvgan", None), "forward", None)):
+        return "it has no bigvgan vocoder"
+    if getattr(gpt, "accel_engine", None) is not None:
+        return "its GPT runs on the accel engine, which decodes one sequence at a time here"
+    return None
+
+
+def install(model: Any) -> Hooks:
+    """Put the interceptors on ``model`` (see :func:`interceptable` first); idempotent."""
+    existing = getattr(model, "_indextts_sidecar_hooks", None)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    gpt, cfm, vocoder = model.gpt, model.s2mel.models["cfm"], model.bigvgan
+    gpt_original, cfm_original, vocoder_original = gpt.inference_speech, cfm.inference, vocoder.forward
+    hooks = Hooks(
+        gpt,
+        cfm,
+        vocoder,
+        gpt_original,
+        cfm_original,
+        vocoder_original,
+        inspect.signature(gpt_original),
+        int(getattr(gpt, "stop_text_token", 1)),
+    )
+
+    def inference_speech(*args: Any, **kwargs: Any) -> Any:
+        context = current()
+        if context is None or not context.intercepts:
+            return gpt_original(*args, **kwargs)
+        torch = _torch()
+
+        bound = hooks.gpt_signature.bind(*args, **kwargs)
+        arguments = dict(bound.arguments)
+        extra = arguments.pop(_var_keyword(hooks.gpt_signature), {})
+        arguments.update(extra)
+        if context.greedy:
+            arguments["do_sample"] = False
+            arguments["num_beams"] = context.num_beams or 1
+            for name in _SAMPLING_KEYWORDS:
+                arguments.pop(name, None)
+            if arguments["num_beams"] == 1:
+                arguments.pop("length_penalty", None)
+        if context.batch is None:
+            return gpt_original(**arguments)
+        device = arguments["text_inputs"].device
+        key = ("gpt", _amp(torch, device.type), _settings_key(torch, arguments))
+        return context.batch.park(Call("gpt", key, (), arguments))
+
+    def inference(
+        mu: Any,
+        x_lens: Any,
+        prompt: Any,
+        style: Any,
+        f0: Any,
+        n_timesteps: Any,
+        temperature: float = 1.0,
+        inference_cfg_rate: float = 0.5,
+    ) -> Any:
+        context = current()
+        if context is None or (context.seed is None and context.batch is None):
+            return cfm_original(mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate)
+        torch = _torch()
+
+        noise = context.noise(torch, [1, cfm.in_channels, mu.size(1)], mu.device) * temperature
+        arguments = {
+            "x": noise,
+            "x_lens": x_lens,
+            "prompt": prompt,
+            "mu": mu,
+            "style": style,
+            "f0": f0,
+            "n_timesteps": int(n_timesteps),
+            "inference_cfg_rate": inference_cfg_rate,
+        }
+        if context.batch is None or mu.size(0) != 1:
+            return _solve(torch, cfm, [arguments])[0]
+        key = (
+            "cfm",
+            tuple(mu.shape),
+            tuple(prompt.shape),
+            int(n_timesteps),
+            float(inference_cfg_rate),
+            f0 is None,
+            str(mu.device),
+            _amp(torch, mu.device.type),
+        )
+        return context.batch.park(Call("cfm", key, (), arguments))
+
+    def forward(x: Any) -> Any:
+        context = current()
+        if context is None or context.batch is None or not context.batch_vocoder or x.size(0) != 1:
+            return vocoder_original(x)
+        torch = _torch()
+
+        key = ("vocoder", tuple(x.shape), x.dtype, str(x.device), _amp(torch, x.device.type))
+        return context.batch.park(Call("vocoder", key, (), {"x": x}))
+
+    estimator = cfm.estimator
+    estimator_original = estimator.forward
+
+    def estimate(x: Any, prompt_x: Any, x_lens: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
+        # Upstream's solver stacks one time step per guidance half ([t, t]), written for one
+        # row each: with b rows a half, each row gets its half's time step.
+        rows = int(x.size(0))
+        if t.dim() == 1 and 0 < t.size(0) < rows and rows % t.size(0) == 0:
+            t = t.repeat_interleave(rows // t.size(0))
+        return estimator_original(x, prompt_x, x_lens, t, *args, **kwargs)
+
+    gpt.inference_speech = inference_speech
+    cfm.inference = inference
+    vocoder.forward = forward
+    estimator.forward = estimate
+    model._indextts_sidecar_hooks = hooks
+    return hooks
+
+
+def _torch() -> Any:
+    """torch, already imported by upstream when a model call is intercepted."""
+    return importlib.import_module("torch")
+
+
+def _var_keyword(signature: inspect.Signature) -> str:
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            return name
+    return "\0none"
+
+
+def _amp(torch: Any, device_type: str) -> tuple[str, bool, Any]:
+    """The calling thread's autocast state (thread-local in torch), to re-create around a batch."""
+    try:
+        return (device_type, bool(torch.is_autocast_enabled(device_type)), torch.get_autocast_dtype(device_type))
+    except (TypeError, RuntimeError, AttributeError):  # a torch without per-device autocast queries
+        return (device_type, False, None)
+
+
+def _settings_key(torch: Any, arguments: dict[str, Any]) -> tuple[Any, ...]:
+    """What GPT rows must share to decode in one ``generate``: everything but the per-row tensors."""
+    items: list[tuple[Any, ...]] = []
+    for name, value in sorted(arguments.items()):
+        if name in _SHARED and isinstance(value, torch.Tensor):
+            items.append((name, tuple(value.reshape(-1).tolist())))
+        elif isinstance(value, torch.Tensor):
+            items.append((name, "tensor", str(value.dtype), str(value.device)))
+        else:
+            items.append((name, repr(value)))
+    return tuple(items)
+
+
+# ---------------------------------------------------------------- the coordinator's side
+
+
+def run_calls(hooks: Hooks, calls: Sequence[Call], heartbeat: Callable[[str], Any]) -> None:
+    """Run parked calls: those with the same key as one batch; set each call's result or error.
+
+    ``heartbeat(message)`` returns a context manager that reports progress while a batch runs.
+    A batch that raises is retried row by row, so that each row gets its own result or error.
+    """
+    torch = _torch()
+
+    groups: dict[Any, list[Call]] = {}
+    for call in calls:
+        groups.setdefault(call.key, []).append(call)
+    for key, group in groups.items():
+        kind = group[0].kind
+        message = f"{kind} batch of {len(group)}" if len(group) > 1 else kind
+        with heartbeat(message):
+            try:
+                results = _run(torch, hooks, kind, key, group)
+            except Exception as exc:
+                if len(group) == 1:
+                    group[0].error = exc
+                    continue
+                log.warning(
+                    "a %s batch of %d failed (%s: %s): retrying row by row", kind, len(group), type(exc).__name__, exc
+                )
+                for call in group:
+                    try:
+                        call.result = _run(torch, hooks, kind, key, [call])[0]
+                    except Exception as row_exc:
+                        call.error = row_exc
+                continue
+        for call, result in zip(group, results, strict=True):
+            call.result = result
+
+
+def _run(torch: Any, hooks: Hooks, kind: str, key: Any, group: Sequence[Call]) -> list[Any]:
+    amp = key[1] if kind == "gpt" else key[-1]
+    device_type, enabled, dtype = amp
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        if enabled:
+            stack.enter_context(torch.autocast(device_type, enabled=True, dtype=dtype))
+        if kind == "gpt":
+            return _gpt(torch, hooks, group)
+        if kind == "cfm":
+            return _solve(torch, hooks.cfm, [call.kwargs for call in group])
+        return _vocoder(torch, hooks, group)
+
+
+def _gpt(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
+    original = hooks.gpt_original
+    if len(group) == 1:
+        return [original(**group[0].kwargs)]
+    rows = [call.kwargs for call in group]
+    merged: dict[str, Any] = {}
+    for name, first in rows[0].items():
+        values = [row[name] for row in rows]
+        if name in _SHARED or not isinstance(first, torch.Tensor):
+            merged[name] = first
+        elif name == "text_inputs":
+            merged[name] = _pad_cat(torch, values, hooks.stop_text_token)
+        elif name in _PADDED:
+            merged[name] = _pad_cat(torch, values, _PADDED[name])
+        elif name == "campplus_embedding" and first.dim() == 2:
+            # 2.5 projects it and adds an axis only when it has two: (b, 1, d) keeps one per row.
+            merged[name] = torch.cat(values, dim=0).unsqueeze(1)
+        else:
+            merged[name] = torch.cat(values, dim=0)
+    codes, latent = original(**merged)
+    stop = getattr(hooks.gpt, "stop_mel_token", None)
+    results = []
+    for i in range(len(rows)):
+        row = codes[i : i + 1]
+        if stop is not None:
+            ends = (row[0] == stop).nonzero()
+            if ends.numel():
+                row = row[:, : int(ends[0, 0]) + 1]  # as decoded alone: it stops after its stop token
+        results.append((row, latent[i : i + 1]))
+    return results
+
+
+def _pad_cat(torch: Any, values: Sequence[Any], pad: float) -> Any:
+    """Rows of shape (1, ..., n_i) as one (b, ..., max n) tensor, padded with ``pad`` on the right."""
+    width = max(int(value.shape[-1]) for value in values)
+    padded = [torch.nn.functional.pad(value, (0, width - int(value.shape[-1])), value=pad) for value in values]
+    return torch.cat(padded, dim=0)
+
+
+def _solve(torch: Any, cfm: Any, rows: Sequence[dict[str, Any]]) -> list[Any]:
+    """Upstream's Euler solver on the rows' own noise: one call for all rows (same length)."""
+    first = rows[0]
+    t_span = torch.linspace(0, 1, first["n_timesteps"] + 1, device=first["mu"].device)
+    with torch.inference_mode():
+        if len(rows) == 1:
+            out = cfm.solve_euler(
+                first["x"],
+                first["x_lens"],
+                first["prompt"],
+                first["mu"],
+                first["style"],
+                first["f0"],
+                t_span,
+                first["inference_cfg_rate"],
+            )
+            return [out]
+        out = cfm.solve_euler(
+            torch.cat([row["x"] for row in rows], dim=0),
+            first["x_lens"],  # upstream's own: the full length, shared by every row of the group
+            torch.cat([row["prompt"] for row in rows], dim=0),
+            torch.cat([row["mu"] for row in rows], dim=0),
+            torch.cat([row["style"] for row in rows], dim=0),
+            first["f0"],
+            t_span,
+            first["inference_cfg_rate"],
+        )
+    return [out[i : i + 1] for i in range(len(rows))]
+
+
+def _vocoder(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
+    original = hooks.vocoder_original
+    if len(group) == 1:
+        return [original(group[0].kwargs["x"])]
+    out = original(torch.cat([call.kwargs["x"] for call in group], dim=0))
+    return [out[i : i + 1] for i in range(len(group))]
