@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -341,12 +341,12 @@ class TextStream:
 
     def __aiter__(self) -> _Chunks:
         self._check_open()
-        return _Chunks(self)
+        return _Chunks(self._next)
 
     def events(self) -> _Events:
         """The chunks, with a :class:`SentenceEnd` after each sentence's last one."""
         self._check_open()
-        return _Events(self)
+        return _Events(self._next)
 
     def _check_open(self) -> None:
         if self._state == "new":
@@ -423,17 +423,21 @@ class TextStream:
         )
 
 
+#: A :class:`TextStream`'s next chunk or sentence end (None: the stream ended).
+_NextItem = Callable[[], Awaitable[Union[SentenceChunk, SentenceEnd, None]]]
+
+
 class _Events:
     """An async iterator over a :class:`TextStream`'s chunks and sentence ends."""
 
-    def __init__(self, stream: TextStream) -> None:
-        self._stream = stream
+    def __init__(self, next_item: _NextItem) -> None:
+        self._next_item = next_item
 
     def __aiter__(self) -> _Events:
         return self
 
     async def __anext__(self) -> Union[SentenceChunk, SentenceEnd]:
-        item = await self._stream._next()
+        item = await self._next_item()
         if item is None:
             raise StopAsyncIteration
         return item
@@ -442,15 +446,15 @@ class _Events:
 class _Chunks:
     """An async iterator over a :class:`TextStream`'s chunks."""
 
-    def __init__(self, stream: TextStream) -> None:
-        self._stream = stream
+    def __init__(self, next_item: _NextItem) -> None:
+        self._next_item = next_item
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> SentenceChunk:
         while True:
-            item = await self._stream._next()
+            item = await self._next_item()
             if item is None:
                 raise StopAsyncIteration
             if isinstance(item, SentenceChunk):

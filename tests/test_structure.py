@@ -276,3 +276,46 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
     assert _breaches(statements, SERVING, _serving_may_import) == {
         "indextts_client.ray imports indextts_client._request._resolve"
     }
+
+
+# ------------------------------------------------------------------ sizes and private reach
+
+#: A module one reader can hold: past this, split it by role (docs/architecture.md).
+MAX_MODULE_LINES = 600
+#: ``other._name`` (an attribute starting with one underscore, on anything but self, cls or
+#: super()): each is a seam one object reaches through; a handful are deliberate and named below.
+MAX_PRIVATE_REACHES = 8
+
+
+def _modules() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in (Path(REPO) / package).rglob("*.py"))
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def _private_reaches(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        found.append(ast.unparse(node))
+    return found
+
+
+def test_few_uses_of_another_objects_private_names() -> None:
+    reaches = [f"{p.relative_to(REPO)}: {r}" for p in _modules() for r in _private_reaches(p.read_text())]
+    assert len(reaches) <= MAX_PRIVATE_REACHES, "\n".join(reaches)
+
+
+def test_a_private_reach_is_found_when_there_is_one() -> None:
+    assert _private_reaches("def f(pool):\n    self._x = pool._acquire()\n    super()._y()\n") == ["pool._acquire"]

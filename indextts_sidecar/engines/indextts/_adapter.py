@@ -9,7 +9,6 @@ that touches it (the heartbeat thread only reports progress).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 import logging
@@ -17,7 +16,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Union, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from ...protocol import EmotionAudio, EmotionText, EmotionVector
 from ...protocol.segments import segment_text_message
@@ -33,8 +32,9 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batched import Decoding, Hooks, decoding, install, interceptable, run_calls
-from ._batched import set_decoding as _set_decoding
+from ._batch_run import BatchRun
+from ._batched import Decoding, decoding, install, interceptable
+from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
 from ._install import (
     FLAVOUR_MODULES,
@@ -50,10 +50,10 @@ from ._install import (
     missing_checkpoints,
     package_dir,
 )
-from ._lockstep import Blocked, Chunk, End, Failed, Lockstep, Report
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
 from ._segments import SegmentTexts
+from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
     StageTimes,
     accelerated,
@@ -66,17 +66,12 @@ from ._upstream import (
 from ._voice_cache import VoiceCache
 
 if TYPE_CHECKING:
-    import numpy.typing as npt
+    pass
 
 __all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE", "IndexTTSEngine"]
 
 # Named after the package, as before it was split: log lines and logging configs name it.
 log = logging.getLogger("indextts_sidecar.engines.indextts")
-
-#: IndexTTS-2 and 2.5 both emit 22050 Hz mono.
-NATIVE_SAMPLE_RATE = 22050
-#: Seconds between heartbeats while a long step runs (constructing, generating a segment).
-HEARTBEAT_INTERVAL = 2.0
 
 
 class IndexTTSEngine(Engine[Any, Any]):
@@ -136,17 +131,17 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def check(self, request: SynthesisRequest[Any]) -> None:
         """Everything that needs no model, on the event loop thread."""
-        _check_text(request.text)
+        check_text(request.text)
         if request.voice is None:
             raise RequestError(
                 "IndexTTS clones a voice: set voice to the path of a speaker reference clip", field="$.voice"
             )
-        _check_readable(request.voice, "$.voice", "voice reference")
+        check_readable(request.voice, "$.voice", "voice reference")
         emotion = request.emotion
         if isinstance(emotion, EmotionVector):
             check_vector(emotion, normalize=self._normalize_emotion(request))
         elif isinstance(emotion, EmotionAudio):
-            _check_readable(emotion.path, "$.emotion.path", "emotion reference")
+            check_readable(emotion.path, "$.emotion.path", "emotion reference")
             if not (math.isfinite(emotion.alpha) and 0.0 <= emotion.alpha <= 1.0):
                 raise RequestError(f"emotion alpha must be in [0, 1], got {emotion.alpha}", field="$.emotion.alpha")
         elif isinstance(emotion, EmotionText) and not math.isfinite(emotion.alpha):
@@ -459,8 +454,10 @@ class IndexTTSEngine(Engine[Any, Any]):
             if not restored:
                 self._voices.remember(model, voice, emotion_path)
 
-        chunks = iter(result) if context is None else _within(context, iter(result))
-        yield from self._stream(chunks, flavour, progress, cancelled, remember, (voice, emotion_path), times)
+        chunks = iter(result) if context is None else within(context, iter(result))
+        yield from stream_segments(
+            chunks, flavour, self._segment_texts, progress, cancelled, remember, (voice, emotion_path), times
+        )
 
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
@@ -489,11 +486,24 @@ class IndexTTSEngine(Engine[Any, Any]):
             yield from self._one_after_another(items)
             return
         hooks = install(model)
-        batch = _Batch(self, model, flavour, items)
+        batch = BatchRun(
+            model,
+            flavour,
+            items,
+            prepare=self._batch_kwargs,
+            voices=self._voices,
+            segment_texts=self._segment_texts,
+            batch_vocoder=bool(self.options.batch_vocoder),
+        )
         try:
             yield from batch.run(hooks)
         finally:
             batch.close()
+
+    def _batch_kwargs(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
+        """What a request of a batch passes to ``infer``; a RequestError fails it alone."""
+        self._check_flavour(request)
+        return self._infer_kwargs(request)
 
     def _one_after_another(self, items: Sequence[BatchItem[Any]]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
         for index, item in enumerate(items):
@@ -509,84 +519,6 @@ class IndexTTSEngine(Engine[Any, Any]):
                 yield index, ItemDone(EngineError(f"{type(exc).__name__}: {exc}"))
             else:
                 yield index, ItemDone(None)
-
-    def _stream(
-        self,
-        chunks: Iterator[Any],
-        flavour: Flavour,
-        progress: ProgressFn,
-        cancelled: Callable[[], bool],
-        prepared: Callable[[], None],
-        references: tuple[str, Union[str, None]] = ("", None),
-        times: Union[StageTimes, None] = None,
-    ) -> Iterator[Any]:
-        """Upstream's stream, segment by segment, with silence between segments only.
-
-        Upstream yields each segment followed by ``interval_silence`` of silence, the last
-        one too (and with ``interval_silence=0`` it yields its list of segments where the
-        silence belongs).  A silence is held back until the next segment arrives, so the
-        result matches upstream's non-streaming output sample for sample.
-        """
-        tally = _Tally(flavour, self._segment_texts)
-        index = 0
-        try:
-            while True:
-                if cancelled():
-                    raise Cancelled
-                is_silence = flavour.silence_after_each and index % 2 == 1
-                chunk = self._next_chunk(chunks, index, tally.segments, is_silence, progress, references, times)
-                if chunk is _END:
-                    break
-                index += 1
-                if index == 1:
-                    prepared()
-                if cancelled():
-                    raise Cancelled
-                if is_silence:
-                    tally.held = None if isinstance(chunk, (list, tuple)) else chunk
-                else:
-                    yield from tally.segment(chunk, progress)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-        progress("synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio")
-
-    @staticmethod
-    def _next_chunk(
-        chunks: Iterator[Any],
-        index: int,
-        segments: int,
-        is_silence: bool,
-        progress: ProgressFn,
-        references: tuple[str, Union[str, None]],
-        times: Union[StageTimes, None],
-    ) -> Any:
-        """Upstream's next item (``_END`` when the stream ends), with a heartbeat while it computes.
-
-        The first ``next`` is where upstream prepares the references, lazily: its errors are
-        reported as such, naming the clip when they say which.
-        """
-        if index == 0:
-            stage, message = "prepare", "preparing the references and the first segment"
-        else:
-            stage, message = "synthesize", f"generating segment {segments + 1}"
-        if not is_silence:
-            progress(stage, None, message)
-        capture = times.capturing() if times is not None else contextlib.nullcontext()
-        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL), capture:
-            try:
-                return next(chunks)
-            except StopIteration:
-                return _END
-            except Exception as exc:
-                if index == 0:
-                    voice, emotion_path = references
-                    raise EngineError(
-                        f"preparing the references failed: {type(exc).__name__}: {exc}",
-                        field=_failed_reference(exc, voice, emotion_path),
-                    ) from exc
-                raise
 
     def _check_rate(self, rate: Any) -> None:
         if int(rate) != NATIVE_SAMPLE_RATE:
@@ -656,280 +588,5 @@ class IndexTTSEngine(Engine[Any, Any]):
         return {}
 
 
-#: What :meth:`IndexTTSEngine._next_chunk` returns once upstream's stream is exhausted.
-_END: Any = object()
-
-
-def _within(context: Decoding, chunks: Iterator[Any]) -> Iterator[Any]:
-    """``chunks``, each ``next`` run under ``context`` (upstream's model calls happen inside them)."""
-    try:
-        while True:
-            with decoding(context):
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return
-            yield chunk
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-
-
 def _decoding_asked(options: Any) -> bool:
     return getattr(options, "do_sample", None) is False or getattr(options, "seed", None) is not None
-
-
-class _Item:
-    """One request of a batch: its upstream stream as the coordinator sees it."""
-
-    def __init__(self, item: BatchItem[Any], flavour: Flavour, kwargs: dict[str, Any]) -> None:
-        self.item = item
-        self.kwargs = kwargs
-        self.texts = SegmentTexts()
-        self.tally = _Tally(flavour, self.texts)
-        self.silence_after_each = flavour.silence_after_each
-        self.chunks = 0
-        self.restored = False
-        self.prepared = False
-        self.voice = str(item.request.voice)
-        self.emotion_path: Union[str, None] = kwargs.get("emo_audio_prompt")
-
-    def audio(self, chunk: Any) -> Iterator[Any]:
-        """Upstream's next chunk, as :meth:`IndexTTSEngine._stream` treats it: silences held back."""
-        is_silence = self.silence_after_each and self.chunks % 2 == 1
-        self.chunks += 1
-        if isinstance(chunk, tuple) and len(chunk) == 2 and not hasattr(chunk[0], "shape"):
-            rate, audio = chunk  # a flavour that answered with the whole audio at once
-            if int(rate) != NATIVE_SAMPLE_RATE:
-                raise EngineError(f"the model returned {rate} Hz audio, not {NATIVE_SAMPLE_RATE} Hz", code="internal")
-            unit = self.tally.unit_scale and peak(as_numpy(audio)) <= UNIT_SCALE_CEILING
-            yield to_pcm16(audio, unit_scale=unit)
-            return
-        if is_silence:
-            self.tally.held = None if isinstance(chunk, (list, tuple)) else chunk
-        else:
-            yield from self.tally.segment(chunk, self.item.progress)
-
-    def failure(self, exc: BaseException) -> EngineError:
-        if isinstance(exc, EngineError):
-            return exc
-        if self.chunks == 0:
-            return EngineError(
-                f"preparing the references failed: {type(exc).__name__}: {exc}",
-                field=_failed_reference(exc, self.voice, self.emotion_path),
-            )
-        return EngineError(f"{type(exc).__name__}: {exc}")
-
-
-class _Batch:
-    """The coordinator of one batch: steps each request's worker, runs their parked calls together."""
-
-    def __init__(self, engine: IndexTTSEngine, model: Any, flavour: Flavour, items: Sequence[BatchItem[Any]]) -> None:
-        self.engine = engine
-        self.model = model
-        self.flavour = flavour
-        self.items = items
-        self.members: dict[int, _Item] = {}
-        self.early: list[tuple[int, ItemDone]] = []
-        self.worker_of: dict[int, int] = {}
-        starts: list[Callable[[], Iterator[Any]]] = []
-        contexts: list[Decoding] = []
-        for index, item in enumerate(items):
-            try:
-                engine._check_flavour(item.request)
-                kwargs = engine._infer_kwargs(item.request)
-            except EngineError as exc:
-                self.early.append((index, ItemDone(exc)))
-                continue
-            context = Decoding(
-                greedy=getattr(item.request.options, "do_sample", None) is False,
-                num_beams=getattr(item.request.options, "num_beams", None),
-                seed=getattr(item.request.options, "seed", None),
-                batch_vocoder=bool(engine.options.batch_vocoder),
-            )
-            self.worker_of[index] = len(starts)
-            starts.append(self._starter(kwargs, context))
-            contexts.append(context)
-            self.members[index] = _Item(item, flavour, kwargs)
-        self.lockstep = Lockstep(starts)
-        for context in contexts:
-            context.batch = self.lockstep
-
-    def _starter(self, kwargs: dict[str, Any], context: Decoding) -> Callable[[], Iterator[Any]]:
-        model, flavour = self.model, self.flavour
-
-        def start() -> Iterator[Any]:
-            # This worker thread runs this one request to its end: its context stays set.
-            _set_decoding(context)
-            call = model.infer_generator if flavour.streams_with_generator else model.infer
-            result = call(**kwargs)
-            if isinstance(result, tuple):
-                return iter([result])
-            if result is None or isinstance(result, (str, bytes, os.PathLike)):
-                raise EngineError(f"the model returned {result!r} instead of audio", code="internal")
-            return iter(result)
-
-        return start
-
-    def close(self) -> None:
-        self.lockstep.close()
-
-    def _step(self, index: int) -> Report:
-        member = self.members[index]
-        worker = self.worker_of[index]
-        if member.chunks == 0:
-            stage, message = "prepare", "preparing the references and the first segment"
-        else:
-            stage, message = "synthesize", f"generating segment {member.tally.segments + 1}"
-        progress = member.item.progress
-        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
-            return self.lockstep.step(worker)
-
-    def run(self, hooks: Hooks) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
-        yield from self.early
-        live = list(self.members)
-        reports: dict[int, Report] = {}
-        voices = self.engine._voices
-        segment_texts = self.engine._segment_texts
-        for index in list(live):
-            member = self.members[index]
-            if member.item.cancelled():
-                self.lockstep.abort(self.worker_of[index])
-                live.remove(index)
-                yield index, ItemDone(None)
-                continue
-            member.restored = voices.restore(self.model, member.voice)
-            segment_texts.start()
-            member.item.progress("prepare", None, f"in a batch of {len(self.members)}")
-            member.item.progress("prepare", None, "preparing the references and the first segment")
-            reports[index] = self._step(index)
-            member.texts.texts = list(segment_texts.texts)
-            if isinstance(reports[index], Blocked) and not member.restored:
-                voices.remember(self.model, member.voice, member.emotion_path)
-        while live:
-            # Drain: every worker that is not parked on a model call moves on until it is (or ends).
-            for index in list(live):
-                member = self.members[index]
-                report = reports[index]
-                while isinstance(report, Chunk):
-                    yield from ((index, pcm) for pcm in member.audio(report.value))
-                    if member.item.cancelled():
-                        self.lockstep.abort(self.worker_of[index])
-                        report = End()
-                        break
-                    report = self._step(index)
-                if isinstance(report, Failed):
-                    live.remove(index)
-                    yield index, ItemDone(member.failure(report.error))
-                elif isinstance(report, End):
-                    live.remove(index)
-                    tally = member.tally
-                    member.item.progress(
-                        "synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio"
-                    )
-                    yield index, ItemDone(None)
-                reports[index] = report
-            if not live:
-                break
-            calls = [cast_blocked(reports[index]).call for index in live]
-            progresses = [self.members[index].item.progress for index in live]
-
-            def beat(message: str, progresses: list[ProgressFn] = progresses) -> heartbeat:
-                def fan_out(stage: str, fraction: Union[float, None] = None, text: str = "") -> None:
-                    for progress in progresses:
-                        progress(stage, fraction, text)
-
-                return heartbeat(cast(ProgressFn, fan_out), "synthesize", None, message, HEARTBEAT_INTERVAL)
-
-            run_calls(hooks, calls, beat)
-            for index in list(live):
-                member = self.members[index]
-                if member.item.cancelled():
-                    self.lockstep.abort(self.worker_of[index])
-                    live.remove(index)
-                    yield index, ItemDone(None)
-                    continue
-                reports[index] = self._step(index)
-
-
-def cast_blocked(report: Report) -> Blocked:
-    assert isinstance(report, Blocked), report
-    return report
-
-
-class _Tally:
-    """A stream's segments and samples so far, and the silence held back until the next segment."""
-
-    def __init__(self, flavour: Flavour, texts: SegmentTexts) -> None:
-        self.flavour = flavour
-        self.texts = texts
-        self.unit_scale = flavour.unit_scale
-        self.segments = 0
-        self.samples = 0
-        self.held: Any = None
-
-    @property
-    def seconds(self) -> float:
-        return self.samples / NATIVE_SAMPLE_RATE
-
-    def segment(self, chunk: Any, progress: ProgressFn) -> Iterator[npt.NDArray[Any]]:
-        """The held silence, if any, then ``chunk`` as int16; counts it and reports a segment ready."""
-        if self.held is not None:
-            pcm_silence = to_pcm16(self.held, unit_scale=False)
-            self.held = None
-            if pcm_silence.size:
-                self.samples += pcm_silence.size
-                yield pcm_silence
-        array = as_numpy(chunk)
-        loudest = peak(array)
-        if self.unit_scale and loudest > UNIT_SCALE_CEILING:
-            log.warning("%s streamed PCM-scale floats (peak %.0f); treating it as such", self.flavour.label, loudest)
-            self.unit_scale = False
-        pcm = to_pcm16(array, unit_scale=self.unit_scale)
-        self.samples += pcm.size
-        if not self.flavour.silence_after_each and pcm.size and not pcm.any():
-            yield pcm  # indextts25 yields the silence between segments as an item of its own
-            return
-        words = self.texts.text(self.segments)
-        self.segments += 1
-        if words is not None:  # the audio after it speaks these words (protocol.segments)
-            progress("synthesize", None, segment_text_message(words))
-        progress("synthesize", None, f"segment {self.segments} ready ({self.seconds:.2f} s of audio)")
-        if pcm.size:
-            yield pcm
-
-
-def _check_text(text: str) -> None:
-    """Refuse text upstream cannot speak: it raises on empty text, and 2.5 turns text without
-    a letter or digit ("...") into audio from the language tag alone."""
-    if not text.strip():
-        raise RequestError("text is empty", field="$.text")
-    if not any(character.isalnum() for character in text):
-        raise RequestError(
-            "text has no letter or digit to speak (punctuation and spaces alone)",
-            field="$.text",
-        )
-
-
-def _failed_reference(exc: Union[BaseException, None], voice: str, emotion_path: Union[str, None]) -> Union[str, None]:
-    """The request field naming the reference clip an error is about, when it says which."""
-    if not isinstance(exc, (OSError, EOFError)):
-        return None
-    filename = getattr(exc, "filename", None)
-    if filename is not None and emotion_path is not None and os.fspath(filename) == emotion_path:
-        return "$.emotion.path"
-    if filename is not None and os.fspath(filename) != voice:
-        return None
-    return "$.voice" if filename is not None or emotion_path is None else None
-
-
-def _check_readable(path: str, field: str, what: str) -> None:
-    if not path:
-        raise RequestError(f"{what} path is empty", field=field)
-    if not os.path.exists(path):
-        raise RequestError(f"{what} {path!r} does not exist", field=field)
-    if not os.path.isfile(path):
-        raise RequestError(f"{what} {path!r} is not a file", field=field)
-    if not os.access(path, os.R_OK):
-        raise RequestError(f"{what} {path!r} is not readable", field=field)
