@@ -65,6 +65,15 @@ def test_a_venv_is_built_from_a_local_checkout(tmp_path: Path, installer: str) -
     again = run_cli(args)
     assert again.returncode == 0, again.stderr
     assert "preparing the venv" in again.stderr and python.exists()
+    # --force rebuilds from scratch: what was in the venv before is gone, and it is ready again.
+    stray = venv / "stray-file"
+    stray.write_text("left by an earlier build")
+    forced = run_cli([*args, "--force"])
+    assert forced.returncode == 0, forced.stderr
+    assert f"removing {venv} (--force)" in forced.stderr
+    assert not stray.exists() and python.exists()
+    record = read_record("indextts2")
+    assert record is not None and record.ready
     assert run_cli(["envs", "remove", "indextts2"]).returncode == 0
     assert not venv.exists() and ckpt.exists()
 
