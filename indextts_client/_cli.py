@@ -381,6 +381,7 @@ def _doctor(args: argparse.Namespace) -> int:
             engine = args.engine or "indextts2"
             raise UsageError(f"no --python and no environment set up for {engine}: run `{setup_command(engine)}`")
         python, model_dir = record.python, model_dir or record.model_dir
+        return doctor_command(python, model_dir, args.engine, record.engine_options)
     return doctor_command(python, model_dir, args.engine)
 
 

@@ -22,7 +22,17 @@ from indextts_sidecar.protocol.doctor import DoctorReport, Problem, is_indextts
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["DEFAULT_TIME_LIMIT", "DoctorReport", "Problem", "doctor_command", "exit_code", "render", "run_doctor"]
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "QWEN_EMO_DIR",
+    "DoctorReport",
+    "Problem",
+    "doctor_command",
+    "exit_code",
+    "render",
+    "run_doctor",
+    "with_engine_options",
+]
 
 #: Seconds the doctor may take: it imports torch and indextts, which is slow on a cold disk.
 DEFAULT_TIME_LIMIT = 180.0
@@ -100,6 +110,32 @@ async def run_doctor(
         return _not_run(
             f"the doctor's report does not decode: {exc}", "use the same indextts-sidecar version in both venvs"
         )
+
+
+#: The folder of IndexTTS-2's Qwen emotion model, which ``use_qwen_emo: false`` does without.
+QWEN_EMO_DIR = "qwen0.6bemo4-merge"
+
+
+def with_engine_options(report: DoctorReport, engine_options: Mapping[str, object]) -> DoctorReport:
+    """The report as it bears on an engine run with ``engine_options``: the doctor judges
+    upstream's defaults, so with ``use_qwen_emo: false`` (setup's record for a checkpoint
+    directory without the Qwen model) a missing Qwen folder is a warning, not a problem."""
+    if engine_options.get("use_qwen_emo") is not False:
+        return report
+    qwen = [p for p in report.problems if QWEN_EMO_DIR in p.what]
+    if not qwen or report.checkpoints.missing != [f"{QWEN_EMO_DIR}/"]:  # something else missing too
+        return report
+    problems = [p for p in report.problems if p not in qwen]
+    warnings = [
+        *report.warnings,
+        *(
+            msgspec.structs.replace(
+                p, fix=f"{p.fix}; this environment runs with use_qwen_emo=false, so emotion from text is unavailable"
+            )
+            for p in qwen
+        ),
+    ]
+    return msgspec.structs.replace(report, problems=problems, warnings=warnings, ok=report.ok or not problems)
 
 
 def exit_code(report: DoctorReport) -> int:
@@ -223,12 +259,19 @@ def render_plain(report: DoctorReport, out: TextIO) -> None:
     print(_verdict(report)[0], file=out)
 
 
-def doctor_command(python: str, model_dir: Union[str, None], engine: Union[str, None] = None) -> int:
+def doctor_command(
+    python: str,
+    model_dir: Union[str, None],
+    engine: Union[str, None] = None,
+    engine_options: Union[Mapping[str, object], None] = None,
+) -> int:
     """``indextts-client doctor --python PATH [--model-dir DIR] [--engine NAME]``: run, print, return the exit code.
 
-    A rich table when rich is installed, plain text otherwise.
+    A rich table when rich is installed, plain text otherwise.  ``engine_options``: those the
+    engine runs with (a registered environment's), see :func:`with_engine_options`.
     """
     report = anyio.run(lambda: run_doctor(python, model_dir, engine=engine))
+    report = with_engine_options(report, engine_options or {})
     try:
         from rich.console import Console
     except ImportError:

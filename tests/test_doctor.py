@@ -22,7 +22,15 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from indextts_client._doctor import DoctorReport, Problem, doctor_command, exit_code, render, run_doctor
+from indextts_client._doctor import (
+    DoctorReport,
+    Problem,
+    doctor_command,
+    exit_code,
+    render,
+    run_doctor,
+    with_engine_options,
+)
 from indextts_sidecar.engines.indextts import CHECKPOINT_FILES
 
 STANDIN = Path(__file__).resolve().parent / "standin"
@@ -165,6 +173,23 @@ def test_missing_checkpoints_are_each_listed(tmp_path: Path) -> None:
     assert "hf download IndexTeam/IndexTTS-2" in problem["fix"]
     assert "hf_cache/campplus_cn_common.bin" in aux["what"] and "never downloads them" in aux["what"]
     assert "allow_download=true" in aux["fix"]
+
+
+def test_without_qwen_an_environment_that_turned_it_off_is_fine(tmp_path: Path) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",))
+    raw = doctor(doctor_env(tmp_path, "v2"), ckpt)
+    report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
+    assert exit_code(report) == 1 and "qwen0.6bemo4-merge/" in whats(raw["problems"])
+    assert with_engine_options(report, {}) == report  # upstream's defaults load the Qwen model
+    off = with_engine_options(report, {"use_qwen_emo": False})  # as setup records it
+    assert exit_code(off) == 0 and off.ok and off.problems == []
+    moved = [w for w in off.warnings if "qwen0.6bemo4-merge/" in w.what]
+    assert len(moved) == 1 and "use_qwen_emo=false" in moved[0].fix
+    # With another file missing beside it, the problem stays one.
+    worse = make_checkpoints(tmp_path / "worse", skip=("gpt.pth", "qwen0.6bemo4-merge/"))
+    raw = doctor(doctor_env(tmp_path, "v2"), worse)
+    report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
+    assert exit_code(with_engine_options(report, {"use_qwen_emo": False})) == 1
 
 
 def test_a_checkpoint_of_the_other_version_is_a_problem(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import msgspec
 
 from indextts_sidecar import __version__
 
+from .._doctor import QWEN_EMO_DIR
 from ._build import (
     SUPPORTED_PYTHONS,
     InstallPlan,
@@ -57,7 +58,6 @@ __all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "setup_command
 _VERSION_OF = {"indextts2": "2", "indextts2.5": "2.5"}
 #: The test synthesis's cap on mel tokens (several seconds of audio; "Hello." needs about one).
 VERIFY_MEL_TOKENS = 200
-QWEN_EMO_DIR = "qwen0.6bemo4-merge"
 _ENGINE_OF = {"2": "indextts2", "2.5": "indextts2.5"}
 
 
@@ -277,14 +277,11 @@ async def _verify(
 ) -> tuple[str, dict[str, Any]]:
     """The doctor's checks, then one short synthesis on the device it found; returns (device, versions)."""
     from .._client import Client
-    from .._doctor import run_doctor
+    from .._doctor import run_doctor, with_engine_options
     from .._exceptions import SidecarError
 
-    report = await run_doctor(python, str(model_dir), engine=engine)
+    report = with_engine_options(await run_doctor(python, str(model_dir), engine=engine), options)
     problems = report.problems
-    if options.get("use_qwen_emo") is False:
-        # The doctor judges upstream's defaults; this environment runs without the Qwen model.
-        problems = [p for p in problems if QWEN_EMO_DIR not in p.what]
     if not report.ran or problems:
         first = problems[0] if problems else None
         what = f"{first.what} (fix: {first.fix})" if first else "the doctor could not run"
