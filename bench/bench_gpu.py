@@ -32,7 +32,7 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   and against c sidecars (up to the largest ``--sidecars``).  The top-level ``batch`` section
   holds ``equal_to_unbatched`` (each request of a batch of 4 against itself alone in the same
   sidecar: at most one int16 step apart on at most 1% of the samples, see
-  tests/upstream/test_batching.py), ``throughput_ratio`` (aggregate audio
+  tests/upstream/test_upstream_batching.py), ``throughput_ratio`` (aggregate audio
   seconds per second at c over c = 1, batching sidecar), ``first_audio_ratio`` (median first
   audio at c over c = 1), the same against the other two configurations, and memory per
   configuration.

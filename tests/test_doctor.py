@@ -187,7 +187,8 @@ def test_without_qwen_an_environment_that_turned_it_off_is_fine(tmp_path: Path) 
     assert len(moved) == 1 and "use_qwen_emo=false" in moved[0].fix
     # With another file missing beside it, the problem stays one.
     worse = make_checkpoints(tmp_path / "worse", skip=("gpt.pth", "qwen0.6bemo4-merge/"))
-    raw = doctor(doctor_env(tmp_path, "v2"), worse)
+    (tmp_path / "again").mkdir()
+    raw = doctor(doctor_env(tmp_path / "again", "v2"), worse)
     report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
     assert exit_code(with_engine_options(report, {"use_qwen_emo": False})) == 1
 

@@ -91,7 +91,7 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
                 await c.synthesize(text, voice=voice, **FAST)
             assert bad_text.value.detail.get("field") == "$.text"
         with pytest.raises(InvalidRequestError) as seed:
-            await c.synthesize("Hello.", voice=voice, seed=-1, **FAST)  # greedy and seeds: test_batching.py
+            await c.synthesize("Hello.", voice=voice, seed=-1, **FAST)  # greedy and seeds: test_upstream_batching.py
         assert seed.value.detail.get("field") == "$.options.seed"
         if name == "2.5":
             with pytest.raises(InvalidRequestError) as lang:

@@ -2,7 +2,7 @@
 pass-through, the options, and the routing when upstream's calls cannot be reached.
 
 The batched model calls themselves need torch and upstream's modules: they are tested against
-the real upstream code in tests/upstream/test_batching.py.  Here, the lockstep runs plain
+the real upstream code in tests/upstream/test_upstream_batching.py.  Here, the lockstep runs plain
 Python generators, and the adapter runs the stand-in packages (tests/standin), whose model
 has none of upstream's GPT, CFM and vocoder: the adapter must say so and fall back.
 """
