@@ -319,3 +319,10 @@ def test_few_uses_of_another_objects_private_names() -> None:
 
 def test_a_private_reach_is_found_when_there_is_one() -> None:
     assert _private_reaches("def f(pool):\n    self._x = pool._acquire()\n    super()._y()\n") == ["pool._acquire"]
+
+
+def test_test_files_have_unique_names() -> None:
+    # pytest's rootdir import mode (no __init__.py) imports a test file by its basename: two
+    # files of one name stop the whole collection with "import file mismatch".
+    names = [path.name for path in (Path(REPO) / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
