@@ -39,7 +39,7 @@ def _port(text: str) -> int:
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="An OpenAI-compatible speech endpoint (docs/serving.md).",
+        description="An OpenAI-compatible speech endpoint (docs/serving.md in the source repository).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_pool_arguments(parser)
@@ -67,7 +67,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="a Host name a server without a key answers, besides IP addresses and localhost",
     )
     parser.add_argument("--no-playground", action="store_true", help="do not serve the playground page at /")
-    bounds = parser.add_argument_group("bounds (docs/reliability.md)")
+    bounds = parser.add_argument_group("bounds (docs/reliability.md in the source repository)")
     add_voice_arguments(parser, bounds)
     limits = Limits()
     bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
