@@ -25,6 +25,7 @@ interpreter exit).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import inspect
 import queue
@@ -62,6 +63,8 @@ __all__ = ["BlockingClient", "BlockingStream", "BlockingTextStream", "thread_fra
 _CANCEL_GRACE = 5.0
 #: How long closing a client that was dropped without close() may take.
 _FINALIZE_GRACE = 30.0
+#: Seconds between the waiting thread's checks for a signal (Ctrl-C) while a call runs.
+_SIGNAL_POLL = 0.1
 
 
 def _refuse_inside_trio(backend: str) -> None:
@@ -93,7 +96,7 @@ def _run(portal: BlockingPortal, fn: Callable[[], Union[Awaitable[Any], Any]]) -
 
     future = portal.start_task_soon(call)
     try:
-        return future.result()
+        return _result(future)
     except BaseException:
         # KeyboardInterrupt (Ctrl-C) or another exception raised in this thread while it
         # waited: the call must not run on unseen.  Cancelling it on the loop cancels the
@@ -102,6 +105,20 @@ def _run(portal: BlockingPortal, fn: Callable[[], Union[Awaitable[Any], Any]]) -
             future.cancel()
             finished.wait(_CANCEL_GRACE)
         raise
+
+
+def _result(future: concurrent.futures.Future[Any]) -> Any:
+    """``future.result()``, waking every :data:`_SIGNAL_POLL` seconds so that Ctrl-C is seen.
+
+    The kernel may deliver SIGINT to any thread, the loop's among them; Python then runs its
+    handler only once the main thread executes bytecode again, which a plain blocking wait
+    does not until the call ends (a start() would sit out its whole ready timeout).
+    """
+    while True:
+        try:
+            return future.result(_SIGNAL_POLL)
+        except concurrent.futures.TimeoutError:
+            continue
 
 
 def _finalize(portal: BlockingPortal, client: Client, thread: threading.Thread) -> None:

@@ -36,10 +36,21 @@ SCRIPT = textwrap.dedent(
     # 60 s of audio at 10 ms per 50 ms chunk: the engine is busy 12 s unless cancelled.
     LONG = dict(seconds=60, chunk_seconds=0.05, delay=0.01)
     kwargs = dict(backend=backend, restart_backoff=0.0, sidecar_args=["--log-level", "ERROR"])
-    if mode == "start":
+    if mode in ("start", "start-loop-thread"):
         # A "sidecar" that never says ready: start() waits for the whole ready_timeout.
         client = BlockingClient(command=[sys.executable, "-c", "import time; time.sleep(120)"],
                                 ready_timeout=60, **kwargs)
+        if mode == "start-loop-thread":
+            # SIGINT delivered to the client's loop thread, as the kernel may deliver a Ctrl-C.
+            import glob, signal, threading
+
+            def deliver():
+                while not any(open(f).read().split() for f in glob.glob("/proc/self/task/*/children")):
+                    time.sleep(0.01)
+                loop = next(t for t in threading.enumerate() if t.name == "indextts_client BlockingClient")
+                signal.pthread_kill(loop.ident, signal.SIGINT)
+
+            threading.Thread(target=deliver, daemon=True).start()
         say("waiting")
         began = time.monotonic()
         try:
@@ -96,12 +107,12 @@ def run_and_interrupt(tmp_path: Path, mode: str, backend: str) -> tuple[list[str
             # Each "waiting" line: the script blocks in a call; interrupt it there.
             for line in process.stdout:
                 lines.append(line.strip())
-                if line.startswith("waiting"):
+                if line.startswith("waiting") and mode != "start-loop-thread":
                     if mode == "start":
                         wait_for_grandchild(process.pid)
                     process.send_signal(signal.SIGINT)
                     sent = time.monotonic()
-            process.wait(timeout=60)
+            process.wait(timeout=90)
             elapsed = time.monotonic() - sent
             return [*lines, process.stderr.read()], process.returncode, elapsed
         finally:
@@ -193,3 +204,13 @@ def test_a_trio_blocking_client_inside_a_trio_task_says_so_at_once() -> None:
     began = time.monotonic()
     trio.run(main)
     assert time.monotonic() - began < PROMPT
+
+
+@BACKENDS
+def test_ctrl_c_delivered_to_the_loop_thread_still_interrupts_start(tmp_path: Path, backend: str) -> None:
+    # The kernel may hand a process's SIGINT to any of its threads; the main thread, blocked
+    # waiting for start(), must still see it promptly (it sat out the 60 s ready timeout).
+    lines, returncode, _ = run_and_interrupt(tmp_path, "start-loop-thread", backend)
+    assert returncode == 0, lines
+    interrupted = next(line for line in lines if line.startswith("interrupted"))
+    assert float(interrupted.split()[1]) < PROMPT, lines
