@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 
 import msgspec
 
-from ..protocol import Emotion
+from ..protocol import Emotion, WordSpan
 from ..protocol.engine_info import EngineDescription, SpeedControl  # shared with the client; named here too
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "RequestError",
     "SpeedControl",
     "SynthesisRequest",
+    "WordSpan",
+    "Words",
     "describe_engine",
     "engine_class",
     "engine_names",
@@ -144,6 +146,26 @@ class ItemDone:
         return f"ItemDone({self.error!r})"
 
 
+class Words:
+    """Yielded among its chunks by :meth:`Engine.synthesize` (as ``(index, Words(...))`` by
+    :meth:`Engine.synthesize_batch`): when the words it holds are spoken.
+
+    Each :class:`WordSpan` names characters of the request's text and samples counted from the
+    request's first sample at the engine's :attr:`Engine.sample_rate`.  Yield a word no later
+    than the chunk that holds its first sample (before that chunk): the sidecar
+    sends the words it holds with the next audio frame of the request, and those left at the
+    end with ``done``.  Engines that report words say so with the ``word_timings`` capability.
+    """
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: Sequence[WordSpan]) -> None:
+        self.words = tuple(words)
+
+    def __repr__(self) -> str:
+        return f"Words({list(self.words)!r})"
+
+
 class Engine(Generic[OptionsT, RequestOptionsT]):
     """Base class of engines.  Subclasses set the class attributes and override the methods."""
 
@@ -194,6 +216,8 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     ) -> Iterator[Chunk]:
         """Yield int16 chunks at :attr:`sample_rate`; the sidecar stops at a chunk boundary on cancel.
 
+        An engine with the ``word_timings`` capability also yields :class:`Words` among them.
+
         The sidecar writes each chunk to the pipe from the engine's own buffer, without
         copying it: never modify a chunk after yielding it.
         """
@@ -209,15 +233,16 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
 
     def synthesize_batch(
         self, items: Sequence[BatchItem[RequestOptionsT]]
-    ) -> Iterator[tuple[int, Union[Chunk, ItemDone]]]:
+    ) -> Iterator[tuple[int, Union[Chunk, Words, ItemDone]]]:
         """Synthesize 2..:attr:`max_batch` requests at once; on the engine thread, after :meth:`load`.
 
         A lone request still goes to :meth:`synthesize`.  Yields ``(index into items, chunk)``
         in any interleaving, each chunk int16 at :attr:`sample_rate` as for :meth:`synthesize`
-        (never modified after it is yielded).  ``(index, ItemDone(None))`` ends that item
-        successfully at once, ``(index, ItemDone(err))`` fails only that item with ``err``.
-        Items not ended when the generator returns end successfully; an exception escaping
-        the generator fails every item not yet ended.  The engine should drop an item whose
+        (never modified after it is yielded), and ``(index, Words(...))`` as :meth:`synthesize` does.
+        ``(index, ItemDone(None))`` ends that item successfully at once, ``(index,
+        ItemDone(err))`` fails only that item with ``err``.  Items not ended when the generator
+        returns end successfully; an exception escaping the generator fails every item not yet
+        ended.  The engine should drop an item whose
         ``cancelled()`` is True at its next step: the sidecar has already answered it and
         discards its later chunks.
         """

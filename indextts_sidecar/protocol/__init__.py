@@ -67,6 +67,7 @@ from .messages import (
     Synthesize,
     Unload,
     Voices,
+    WordSpan,
     is_terminal,
 )
 
@@ -105,6 +106,7 @@ __all__ = [
     "Synthesize",
     "Unload",
     "Voices",
+    "WordSpan",
     "decode_reply",
     "decode_request",
     "describe_invalid",

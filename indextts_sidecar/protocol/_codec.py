@@ -6,11 +6,12 @@ cheapest when reused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final, Union
 
 import msgspec
 
-from .messages import MAX_DEPTH, Audio, Reply, Request, Synthesize
+from .messages import MAX_DEPTH, Audio, Reply, Request, Synthesize, WordSpan
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -48,14 +49,16 @@ def frame(message: Union[Request, Reply]) -> bytes:
     return len(body).to_bytes(HEADER, "big") + body
 
 
-def audio_frame_parts(request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> tuple[bytes, memoryview]:
+def audio_frame_parts(
+    request_id: int, seq: int, sample_rate: int, pcm: memoryview, words: Sequence[WordSpan] = ()
+) -> tuple[bytes, memoryview]:
     """An ``audio`` frame as (everything before the samples, the samples themselves).
 
     Written one after the other (``os.writev``), the two parts form one ``audio`` frame
     whose samples were never copied into an encode buffer: ``pcm`` is the last field of
     ``Audio``, so the frame ends with a msgpack ``bin 32`` header and the raw bytes.
     """
-    head = _encoder.encode(Audio(id=request_id, seq=seq, sample_rate=sample_rate, pcm=_EMPTY))
+    head = _encoder.encode(Audio(id=request_id, seq=seq, sample_rate=sample_rate, words=list(words), pcm=_EMPTY))
     # ``head`` ends with the empty bin (c4 00); swap in a bin 32 header for the real length.
     size = len(pcm)
     body_size = len(head) - 2 + 5 + size

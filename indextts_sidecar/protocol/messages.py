@@ -45,6 +45,7 @@ __all__ = [
     "Synthesize",
     "Unload",
     "Voices",
+    "WordSpan",
     "is_terminal",
 ]
 
@@ -251,6 +252,19 @@ class Progress(_Message, tag="progress"):
     message: str = ""
 
 
+class WordSpan(msgspec.Struct, array_like=True, frozen=True):
+    """One word the audio speaks: characters ``[start_char, end_char)`` of the request's
+    ``text`` (code points, as Python slices), spoken by samples ``[start, end)`` counted from
+    the request's first sample.  On the wire a 4-array; in an ``audio`` or ``done`` frame the
+    samples are at that frame's ``sample_rate`` (the sidecar rescales an engine's native-rate
+    positions when it resamples)."""
+
+    start_char: int
+    end_char: int
+    start: int
+    end: int
+
+
 class Audio(_Message, tag="audio", kw_only=True):
     """Non-terminal chunk of request ``id``: little-endian int16 mono PCM.
 
@@ -264,6 +278,9 @@ class Audio(_Message, tag="audio", kw_only=True):
     sample_rate: int
     shm_offset: Union[int, None] = None
     shm_size: int = 0
+    #: Words whose first sample is in this chunk or before it and that no earlier frame of
+    #: the request carried, from engines with the ``word_timings`` capability; else empty.
+    words: list[WordSpan] = msgspec.field(default_factory=list)
     #: Always the last field: :func:`audio_frame_parts` relies on it.
     pcm: memoryview
 
@@ -280,6 +297,9 @@ class Done(_Message, tag="done"):
     #: What the engine reports about this request (``voice_cache``: ``hit`` or ``miss``);
     #: engine-defined keys, msgpack-able values; older sidecars send none.
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Words the engine reported after the request's last ``audio`` frame (rare: engines
+    #: report a word before the chunk that starts it); at ``sample_rate``.
+    words: list[WordSpan] = msgspec.field(default_factory=list)
 
 
 class Ok(_Message, tag="ok"):
