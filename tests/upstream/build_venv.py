@@ -5,12 +5,17 @@ Usage::
     python tests/upstream/build_venv.py github          # builds if needed, prints the venv's python
     python tests/upstream/build_venv.py pypi
     python tests/upstream/build_venv.py github --check  # prints it only if already built (else exit 1)
+    python tests/upstream/build_venv.py agents-pipecat  # a voice-agent framework's venv (.ci/agents)
 
 Each flavour's venv holds upstream's pins (``pins-<flavour>.txt`` beside this file, ``pip freeze``
 of venvs that ran upstream) plus this project's core requirements, so pip proves that
 ``indextts-sidecar`` fits inside them.  The project itself is not installed there: the
 conformance suite puts the checkout under test on ``PYTHONPATH``, so one cached venv serves
 every clone and every commit.
+
+The voice-agent frameworks' venvs (``agents-<framework>``, one per ``tests/agents/<framework>/``
+holding a ``requirements.txt``) add the ``server`` and ``espeak`` extras and the framework's own
+extra where pyproject.toml has one: their tests spawn ``indextts-client serve --engine espeak``.
 
 Venvs are cached under ``$INDEXTTS_SIDECAR_CACHE`` (default ``$XDG_CACHE_HOME/indextts-sidecar``,
 or ``~/.cache/indextts-sidecar``) in ``venvs/<flavour>-<hash>``, the hash covering everything that
@@ -39,9 +44,14 @@ PINS = {
     "pypi": HERE / "pins-pypi.txt",
     "ray": ROOT / "tests" / "ray_serve" / "requirements.txt",
 }
+#: The voice-agent frameworks' venvs: every tests/agents/<framework>/requirements.txt.
+AGENTS = ROOT / "tests" / "agents"
+PINS.update({f"agents-{req.parent.name}": req for req in sorted(AGENTS.glob("*/requirements.txt"))})
 FLAVOURS = tuple(PINS)
-#: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml).
+#: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml); so does this project's
+#: oldest supported Python.  The agent frameworks need 3.11 (pipecat-ai's Requires-Python).
 SUPPORTED = ((3, 10), (3, 11))
+AGENTS_SUPPORTED = ((3, 11), (3, 12), (3, 13))
 MARKER = ".complete"
 
 
@@ -62,15 +72,48 @@ def core_requirements() -> list[str]:
     return re.findall(r'"([^"]+)"', block.group(1))
 
 
-def find_interpreter() -> str:
-    """An interpreter upstream supports: this one, else python3.11 / python3.10 on PATH."""
-    if sys.version_info[:2] in SUPPORTED:
+def extra_requirements(names: list[str]) -> list[str]:
+    """The requirements of pyproject.toml's extras ``names`` (those it has), the project's own
+    extras they name (``indextts-sidecar[realtime]``) resolved in turn."""
+    text = (ROOT / "pyproject.toml").read_text()
+    out: list[str] = []
+    pending, seen = list(names), set()
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        block = re.search(rf"^{re.escape(name)} = \[(.*?)\]$", text, re.S | re.M)
+        if block is None:
+            continue
+        for requirement in re.findall(r'"([^"]+)"', block.group(1)):
+            own = re.fullmatch(r"indextts-sidecar\[([^\]]+)\]", requirement)
+            if own:
+                pending.extend(part.strip() for part in own.group(1).split(","))
+            elif requirement not in out:
+                out.append(requirement)
+    return out
+
+
+def requirements(flavour: str) -> list[str]:
+    """What a flavour's venv gets besides its pins: the core; for agents, the extras too."""
+    core = core_requirements()
+    if flavour.startswith("agents-"):
+        core += extra_requirements(["server", "espeak", flavour.removeprefix("agents-")])
+    return core
+
+
+def find_interpreter(flavour: str = "github") -> str:
+    """An interpreter the flavour supports: this one, else the newest supported one on PATH."""
+    supported = AGENTS_SUPPORTED if flavour.startswith("agents-") else SUPPORTED
+    if sys.version_info[:2] in supported:
         return sys.executable
-    for name in ("python3.11", "python3.10"):
-        path = shutil.which(name)
+    for major, minor in reversed(supported):
+        path = shutil.which(f"python{major}.{minor}")
         if path:
             return path
-    raise SystemExit("upstream IndexTTS needs Python 3.10 or 3.11; none found on PATH")
+    names = " or ".join(f"{major}.{minor}" for major, minor in supported)
+    raise SystemExit(f"the {flavour} venv needs Python {names}; none found on PATH")
 
 
 def interpreter_version(python: str) -> str:
@@ -85,7 +128,7 @@ def interpreter_version(python: str) -> str:
 
 def venv_dir(flavour: str, python: str) -> tuple[Path, list[str]]:
     pins = PINS[flavour].read_text()
-    core = core_requirements()
+    core = requirements(flavour)
     key = "\n".join([flavour, interpreter_version(python), pins, *core])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "venvs" / f"{flavour}-{digest}", core
@@ -134,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="do not build; exit 1 unless built")
     parser.add_argument("--python", help="the interpreter to build the venv from (3.10 or 3.11)")
     args = parser.parse_args(argv)
-    python = args.python or find_interpreter()
+    python = args.python or find_interpreter(args.flavour)
     if args.check:
         path, _ = venv_dir(args.flavour, python)
         if not (path / MARKER).exists():

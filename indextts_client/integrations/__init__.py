@@ -1,0 +1,7 @@
+"""Voice-agent frameworks' native services for IndexTTS, each behind an extra of its own.
+
+- :mod:`indextts_client.integrations.pipecat` (extra ``pipecat``): Pipecat TTS services, over
+  ``serve``'s WebSocket route or a Client/Pool in process.
+
+Importing this package imports no framework; each module imports its own.  docs/agents.md.
+"""

@@ -1,0 +1,118 @@
+"""IndexTTSService (the WebSocket route) in Pipecat's own pipeline, against ``serve --engine espeak``.
+
+The reference for every figure is the route itself, driven with the ``websockets`` client
+(what the service sends, sentence by sentence).  espeak-ng's audio for one text varies from
+run to run by up to 0.5% of its length (seen here: 85,854 to 85,900 bytes for one sentence),
+so lengths are compared within 5%.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from http_support import KEY, Server
+
+pytest.importorskip(
+    "pipecat.frames.frames", reason="pipecat-ai is not installed: `bash .ci/agents` runs this in its venv"
+)
+
+from pipecat.frames.frames import (
+    AggregatedTextFrame,
+    ErrorFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat_support import RATE, WAIT, Collector, running
+from websockets.asyncio.client import connect
+
+from indextts_client.integrations.pipecat import IndexTTSService
+
+pytestmark = pytest.mark.anyio
+
+REPLY = "The museum opens at nine. Tickets are twelve euros, and children go free."
+
+
+def tokens(text: str) -> list[str]:
+    """An LLM's tokens: pieces of three characters, mid-word included."""
+    return [text[i : i + 3] for i in range(0, len(text), 3)]
+
+
+async def reply_turn(worker: Any, text: str) -> None:
+    await worker.queue_frame(LLMFullResponseStartFrame())
+    for token in tokens(text):
+        await worker.queue_frame(LLMTextFrame(token))
+    await worker.queue_frame(LLMFullResponseEndFrame())
+
+
+async def route_audio(s: Server, sentences: list[str]) -> tuple[bytes, list[dict[str, Any]]]:
+    """What the route gives for ``sentences``, each flushed, in one context: the audio, and the
+    ``audio.alignment`` events."""
+    url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    audio, alignments = bytearray(), []
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=WAIT) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.ready"
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "sample_rate": RATE}))
+        for sentence in sentences:
+            await ws.send(json.dumps({"type": "input.text", "context_id": "ref", "text": sentence}))
+            await ws.send(json.dumps({"type": "input.flush", "context_id": "ref"}))
+        await ws.send(json.dumps({"type": "input.done", "context_id": "ref"}))
+        while True:
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                audio += message[1 + message[0] :]
+                continue
+            event = json.loads(message)
+            assert event["type"] != "error", event
+            if event["type"] == "audio.alignment":
+                alignments.append(event)
+            if event["type"] == "context.done":
+                return bytes(audio), alignments
+
+
+def service(s: Server, **kwargs: Any) -> IndexTTSService:
+    return IndexTTSService(url=s.base, api_key=KEY, sample_rate=RATE, **kwargs)
+
+
+def words_of(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z']+", text)
+
+
+async def test_a_whole_reply_is_spoken_sentence_by_sentence(espeak: Server) -> None:
+    tts = service(espeak)
+    up, down = Collector(FrameDirection.UPSTREAM), Collector()
+    async with running([up, tts, down]) as worker:
+        await reply_turn(worker, REPLY)
+        await down.wait_for(lambda fs: any(isinstance(f, LLMFullResponseEndFrame) for f in fs), "end of the reply")
+    assert up.of(ErrorFrame) == []
+    sentences = [f.text for f in down.of(AggregatedTextFrame) if f.will_be_spoken and not isinstance(f, TTSTextFrame)]
+    assert sentences == ["The museum opens at nine.", "Tickets are twelve euros, and children go free."]
+    audio = b"".join(f.audio for f in down.of(TTSAudioRawFrame))
+    expected, _ = await route_audio(espeak, sentences)
+    assert len(expected) > RATE  # over half a second of speech
+    assert abs(len(audio) - len(expected)) <= 0.05 * len(expected)
+    assert {f.sample_rate for f in down.of(TTSAudioRawFrame)} == {RATE}
+    assert len(down.of(TTSStoppedFrame)) == 1
+    # Every word of the reply reaches downstream as Pipecat's TTSTextFrame, in order.
+    spoken = down.of(TTSTextFrame)
+    assert words_of(" ".join(f.text for f in spoken)) == words_of(REPLY)
+
+
+async def test_a_refused_voice_surfaces_as_an_error_frame(espeak: Server) -> None:
+    tts = service(espeak, voice="no-such-voice")
+    up, down = Collector(FrameDirection.UPSTREAM), Collector()
+    async with running([up, tts, down]) as worker:
+        await worker.queue_frame(TTSSpeakFrame("Hello there."))
+        await up.wait_for(
+            lambda fs: any(isinstance(f, ErrorFrame) and "unknown_voice" in f.error for f in fs), "unknown_voice error"
+        )
+        await down.wait_for(lambda fs: any(isinstance(f, TTSStoppedFrame) for f in fs), "the turn's end")
+    assert down.of(TTSAudioRawFrame) == []
