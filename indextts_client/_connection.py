@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Union
@@ -173,11 +173,6 @@ class Connection(Requester):
     def asked_to_stop(self) -> bool:
         """Whether this side asked the sidecar to stop (``shutdown``, :meth:`aclose`)."""
         return self._asked_to_stop
-
-    @property
-    def capabilities(self) -> Sequence[str]:
-        """The sidecar's capabilities, from its ``ready`` (empty before it)."""
-        return () if self.ready is None else self.ready.capabilities
 
     @property
     def ready_event(self) -> anyio.Event:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Protocol, Union
 
 import anyio
@@ -247,6 +247,8 @@ class Channel(Protocol):
 
     #: anyio clock time of the last progress or audio frame of any request.
     last_activity: float
+    #: The sidecar's ``ready`` (its capabilities: ``word_timings``...), once it came.
+    ready: Union[protocol.Ready, None]
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -256,11 +258,6 @@ class Channel(Protocol):
     @property
     def asked_to_stop(self) -> bool:
         """Whether this side asked the sidecar to stop (``shutdown``, ``aclose``)."""
-        ...
-
-    @property
-    def capabilities(self) -> Sequence[str]:
-        """The sidecar's capabilities, from its ``ready`` (``word_timings``...)."""
         ...
 
     def redact(self, text: str) -> str:

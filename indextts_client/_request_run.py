@@ -471,7 +471,8 @@ class Synthesis(_RequestRun):
             self._assembler = None  # a request sent again starts over
 
     def _build_for(self, conn: Channel) -> _Build:
-        self._word_timings = "word_timings" in conn.capabilities
+        ready = conn.ready
+        self._word_timings = ready is not None and "word_timings" in ready.capabilities
         if not self._quiet or self._word_timings:
             return self._build
         build = self._build
