@@ -65,6 +65,9 @@ class IndexTTSService(WebsocketTTSService):
     ``options``: the engine's request options, as on the route's ``session.config``.
     ``sample_rate``: the audio's rate (the route resamples); None: the pipeline's output rate.
     Other keyword arguments go to Pipecat's ``TTSService`` (``text_aggregation_mode``...).
+
+    Besides Pipecat's own events, ``on_context_cancelled(service, context_id)``: the server has
+    confirmed an interrupted turn's ``context.cancel`` (nothing more of it is synthesized).
     """
 
     _websocket: Any  # Pipecat's WebsocketService sets it: the connection, or None
@@ -97,6 +100,7 @@ class IndexTTSService(WebsocketTTSService):
         self._timelines: dict[str, Timeline] = {}
         #: Contexts the server refused or failed: what is still sent for them is not sent.
         self._failed: set[str] = set()
+        self._register_event_handler("on_context_cancelled")
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -250,6 +254,9 @@ class IndexTTSService(WebsocketTTSService):
             return
         if not isinstance(context_id, str):
             return
+        if kind == "context.cancelled":
+            await self._call_event_handler("on_context_cancelled", context_id)
+            return
         timeline = self._timelines.get(context_id)
         if timeline is None or not self.audio_context_available(context_id):
             return
@@ -288,6 +295,7 @@ class _Turn:
     task: Any = None
     words_at: int = 0  # the turn's samples before the current sentence
     samples: int = 0
+    sample_rate: int = 0
 
 
 class IndexTTSInProcessService(TTSService):
@@ -364,7 +372,7 @@ class IndexTTSInProcessService(TTSService):
                     if isinstance(item, SentenceChunk):
                         await self._on_chunk(context_id, turn, item)
                     elif isinstance(item, SentenceEnd):
-                        turn.words_at = turn.samples
+                        await self._on_sentence_end(context_id, turn, item)
         except Exception as exc:
             if self._turns.get(context_id) is turn:
                 await self.push_error(error_msg=f"{self}: {type(exc).__name__}: {exc}", exception=exc)
@@ -373,12 +381,22 @@ class IndexTTSInProcessService(TTSService):
             await self.remove_audio_context(context_id)
 
     async def _on_chunk(self, context_id: str, turn: _Turn, chunk: SentenceChunk) -> None:
-        words = getattr(chunk, "words", ())
-        if words:
+        turn.sample_rate = chunk.sample_rate
+        if chunk.words:  # an engine with word timings: each word before the chunk that starts it
             at = turn.words_at / chunk.sample_rate
-            await self.add_word_timestamps([(w.word, at + w.start) for w in words], context_id)
+            await self.add_word_timestamps([(w.word, at + w.start) for w in chunk.words], context_id)
         turn.samples += len(chunk.samples)
         frame = TTSAudioRawFrame(
             audio=chunk.samples.tobytes(), sample_rate=chunk.sample_rate, num_channels=1, context_id=context_id
         )
         await self.append_to_audio_context(context_id, frame)
+
+    async def _on_sentence_end(self, context_id: str, turn: _Turn, end: SentenceEnd) -> None:
+        # An engine without word timings: its segments stand in, known once the sentence ends;
+        # each segment's words at its start (Pipecat then holds a segment heard once it began).
+        if turn.sample_rate:
+            at = turn.words_at / turn.sample_rate
+            words = [(part, at + w.start) for w in end.words if w.segment for part in w.word.split()]
+            if words:
+                await self.add_word_timestamps(words, context_id)
+        turn.words_at = turn.samples

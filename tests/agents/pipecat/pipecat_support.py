@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pipecat.frames.frames import EndFrame, Frame, OutputAudioRawFrame, StartFrame
+from pipecat.frames.frames import EndFrame, Frame, InterruptionFrame, OutputAudioRawFrame, StartFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
@@ -62,12 +62,15 @@ class Collector(FrameProcessor):
 
 
 class Speaker(BaseOutputTransport):
-    """An output transport whose device plays at real time; counts the samples it played."""
+    """An output transport whose device plays at real time; counts the samples it played
+    (a chunk counts from the moment it starts to play), and what it had played when the
+    first interruption reached it (``heard``)."""
 
     def __init__(self, sample_rate: int = RATE) -> None:
         super().__init__(TransportParams(audio_out_enabled=True, audio_out_sample_rate=sample_rate))
         self.rate = sample_rate
         self.played = 0  # samples
+        self.heard: int | None = None
         self._busy_until = 0.0
         self._played_changed = asyncio.Event()
 
@@ -75,13 +78,18 @@ class Speaker(BaseOutputTransport):
         await super().start(frame)
         await self.set_transport_ready(frame)
 
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, InterruptionFrame) and self.heard is None:
+            self.heard = self.played
+        await super().process_frame(frame, direction)
+
     async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
         samples = len(frame.audio) // 2
         now = time.monotonic()
-        self._busy_until = max(self._busy_until, now) + samples / self.rate
-        await asyncio.sleep(self._busy_until - now)  # the device's own pace, not a synchronisation
         self.played += samples
         self._played_changed.set()
+        self._busy_until = max(self._busy_until, now) + samples / self.rate
+        await asyncio.sleep(self._busy_until - now)  # the device's own pace, not a synchronisation
         return True
 
     async def wait_played(self, samples: int) -> None:

@@ -8,6 +8,7 @@ so lengths are compared within 5%.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -22,16 +23,20 @@ pytest.importorskip(
 from pipecat.frames.frames import (
     AggregatedTextFrame,
     ErrorFrame,
+    InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
     LLMTextFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
+    TTSStartedFrame,
     TTSStoppedFrame,
     TTSTextFrame,
 )
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat_support import RATE, WAIT, Collector, running
+from pipecat_support import RATE, WAIT, Collector, Speaker, running
 from websockets.asyncio.client import connect
 
 from indextts_client.integrations.pipecat import IndexTTSService
@@ -116,3 +121,57 @@ async def test_a_refused_voice_surfaces_as_an_error_frame(espeak: Server) -> Non
         )
         await down.wait_for(lambda fs: any(isinstance(f, TTSStoppedFrame) for f in fs), "the turn's end")
     assert down.of(TTSAudioRawFrame) == []
+
+
+async def test_an_interruption_cancels_the_turn_keeps_the_connection_and_cuts_the_transcript_at_a_word(
+    espeak: Server,
+) -> None:
+    tts = service(espeak)
+    connections: list[str] = []
+    cancelled: list[str] = []
+    got_cancel = asyncio.Event()
+
+    @tts.event_handler("on_connected")
+    async def _connected(_service: Any) -> None:
+        connections.append("connected")
+
+    @tts.event_handler("on_context_cancelled")
+    async def _cancelled(_service: Any, context_id: str) -> None:
+        cancelled.append(context_id)
+        got_cancel.set()
+
+    context = LLMContext()
+    assistant = LLMContextAggregatorPair(context).assistant()
+    speaker = Speaker()
+    up, down = Collector(FrameDirection.UPSTREAM), Collector()
+    first = "The museum opens at nine."
+    async with running([up, tts, speaker, down, assistant]) as worker:
+        # The LLM is still writing (no LLMFullResponseEndFrame): the turn's context is open on
+        # the server when the user speaks over the first sentence, 0.6 s into its audio.
+        await worker.queue_frame(LLMFullResponseStartFrame())
+        for token in tokens(first + " Tickets are twelve euros, and chil"):
+            await worker.queue_frame(LLMTextFrame(token))
+        await speaker.wait_played(int(0.6 * RATE))
+        await worker.queue_frame(InterruptionFrame())
+        async with asyncio.timeout(WAIT):
+            await got_cancel.wait()
+        # The next turn is spoken on the same connection.
+        await reply_turn(worker, "Yes.")
+        await down.wait_for(lambda fs: any(isinstance(f, LLMFullResponseEndFrame) for f in fs), "the next reply")
+    assert up.of(ErrorFrame) == []
+    assert connections == ["connected"]
+    turn = [f.context_id for f in down.of(TTSStartedFrame)]
+    assert cancelled == turn[:1] and len(turn) == 2
+    heard = speaker.heard
+    assert heard is not None and 0.6 * RATE <= heard < 1.0 * RATE
+    # The assistant's context holds the interrupted reply up to a word boundary, within one
+    # word of the audio played (the words' times from the route's own audio.alignment).
+    _, alignments = await route_audio(espeak, [first])
+    starts = [w["start"] for w in alignments[0]["words"]]
+    assert len(starts) == len(words_of(first))
+    said = [m["content"] for m in context.get_messages() if m["role"] == "assistant"]
+    assert len(said) == 2 and words_of(said[1]) == ["Yes"]
+    kept = words_of(said[0])
+    assert kept == words_of(first)[: len(kept)] and 0 < len(kept) < len(starts)
+    played = sum(1 for start in starts if start < heard / RATE)
+    assert abs(len(kept) - played) <= 1, (kept, played, starts, heard / RATE)
