@@ -1,17 +1,18 @@
-"""Pipecat's OpenAI TTS service pointed at ``indextts-client serve``, with a barge-in.
+"""Pipecat with IndexTTS's own service: word-timed speech over serve's WebSocket route, with a barge-in.
 
-    pip install "pipecat-ai[openai]"                 (not one of this project's extras)
-    python examples/pipecat_openai_tts.py [ENGINE]   (default: fake)
+    pip install "indextts-sidecar[pipecat,server]"
+    python examples/pipecat_agent.py [ENGINE]   (default: fake)
 
-In a voice agent the service sits between the LLM and the transport:
-``Pipeline([transport.input(), stt, user_aggregator, llm, tts, transport.output(), ...])``.
-Here the pipeline is just ``[tts, a sink that counts the audio]``: one sentence is spoken
-whole, then a second is interrupted at its first audio frame, as Pipecat does when the user
-speaks over the bot (an ``InterruptionFrame``): the service drops the request in flight, its
-HTTP response is closed, and the server cancels it on the sidecar.
-
-Pipecat accepts only OpenAI's voice names: map one to your reference clip on the server,
-``serve --voice alloy=/voices/alice.wav``.  Written against pipecat-ai 1.14.
+In a voice agent the service sits between the LLM and the transport, and the assistant's
+context aggregator after the transport:
+``Pipeline([transport.input(), stt, user_aggregator, llm, tts, transport.output(), assistant_aggregator])``.
+Here ``serve`` runs in this process (on a loopback port) and the pipeline is just
+``[tts, a sink]``.  One turn is spoken whole: its audio, and one ``TTSTextFrame`` per word,
+timed to the audio (the route's ``audio.alignment``), which a transport releases as each word
+is played, so that an interrupted reply reaches the LLM's context only up to the word heard.
+A second turn is interrupted at its first audio, as Pipecat does when the user speaks over
+the bot: the service cancels the turn's context on the server (the sidecar stops at once) and
+keeps its connection for the next turn.  Written against pipecat-ai 1.14.
 """
 
 from __future__ import annotations
@@ -19,32 +20,37 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import urllib.error
+import urllib.request
 
 import uvicorn
 from loguru import logger
-from pipecat.frames.frames import EndFrame, Frame, TTSAudioRawFrame, TTSSpeakFrame, TTSStoppedFrame
+from pipecat.frames.frames import EndFrame, Frame, TTSAudioRawFrame, TTSSpeakFrame, TTSStoppedFrame, TTSTextFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.workers.runner import WorkerRunner
 
 from indextts_client.http import create_app
+from indextts_client.integrations.pipecat import IndexTTSService
 
 
 class Sink(FrameProcessor):
-    """Counts the audio of each turn; interrupts the second one at its first frame."""
+    """Counts each turn's audio and words; interrupts the second turn at its first audio."""
 
     def __init__(self) -> None:
         super().__init__()
         self.samples = [0, 0]
+        self.words: list[tuple[str, float]] = []
         self.turn = 0
         self.spoken = asyncio.Event()
         self.interrupted = asyncio.Event()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
-        if isinstance(frame, TTSAudioRawFrame) and self.turn < 2:
+        if isinstance(frame, TTSTextFrame) and self.turn == 0 and frame.pts is not None:
+            self.words.append((frame.text, frame.pts / 1e9))
+        elif isinstance(frame, TTSAudioRawFrame) and self.turn < 2:
             self.samples[self.turn] += len(frame.audio) // 2
             if self.turn == 1:
                 self.turn = 2
@@ -56,6 +62,17 @@ class Sink(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
+async def until_ready(base: str) -> None:
+    """Until the server's sidecars are up (its WebSocket route answers 503 while they start)."""
+    for _ in range(600):
+        try:
+            await asyncio.to_thread(urllib.request.urlopen, f"{base}/health", timeout=5)
+            return
+        except (urllib.error.URLError, ConnectionError):
+            await asyncio.sleep(0.1)
+    raise TimeoutError("the server did not get ready within a minute")
+
+
 async def main(engine: str) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -63,21 +80,19 @@ async def main(engine: str) -> None:
     port = listener.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(engine, size=1), log_level="warning"))
     serving = asyncio.create_task(server.serve([listener]))
-    tts = OpenAITTSService(
-        api_key="not-needed-without---api-key",
-        base_url=f"http://127.0.0.1:{port}/v1",
-        settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"),
-        sample_rate=24000,  # serve's pcm is 24 kHz, as OpenAI's
-    )
+    await until_ready(f"http://127.0.0.1:{port}")
+    tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
     sink = Sink()
     worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
     runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)  # WorkerRunner.run(worker) is deprecated since 1.3
+    await runner.add_workers(worker)
     running = asyncio.create_task(runner.run())
     try:
         await worker.queue_frame(TTSSpeakFrame("Hello from a sidecar, through Pipecat."))
         await asyncio.wait_for(sink.spoken.wait(), 60)
         print(f"spoke {sink.samples[0]} samples at 24000 Hz")
+        first = sink.words[0][1]
+        print("words: " + " ".join(f"{word}@{at - first:.2f}" for word, at in sink.words))
         await worker.queue_frame(TTSSpeakFrame("This long answer is interrupted by the user. " * 4))
         await asyncio.wait_for(sink.interrupted.wait(), 60)
         print(f"interrupted after {sink.samples[1]} samples")
