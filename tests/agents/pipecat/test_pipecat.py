@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import pytest
-from http_support import KEY, Server
+from http_support import KEY, Server, server
 
 pytest.importorskip(
     "pipecat.frames.frames", reason="pipecat-ai is not installed: `bash .ci/agents` runs this in its venv"
@@ -38,6 +38,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat_support import RATE, WAIT, Collector, Speaker, running
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from indextts_client.integrations.pipecat import IndexTTSService
 
@@ -175,3 +176,42 @@ async def test_an_interruption_cancels_the_turn_keeps_the_connection_and_cuts_th
     assert kept == words_of(first)[: len(kept)] and 0 < len(kept) < len(starts)
     played = sum(1 for start in starts if start < heard / RATE)
     assert abs(len(kept) - played) <= 1, (kept, played, starts, heard / RATE)
+
+
+async def read_until_closed(ws: Any) -> list[dict[str, Any]]:
+    events = []
+    async with asyncio.timeout(WAIT):
+        try:
+            while True:
+                events.append(json.loads(await ws.recv()))
+        except ConnectionClosed:
+            return events
+
+
+async def test_keepalives_hold_an_idle_connection_that_the_server_would_close() -> None:
+    with server("--engine", "espeak", "--api-key", KEY, "--ws-idle-timeout", "1") as s:
+        # Ten keep-alives in each idle timeout.
+        tts = service(s, keepalive_interval=0.1)
+        connections: list[str] = []
+        connected = asyncio.Event()
+
+        @tts.event_handler("on_connected")
+        async def _connected(_service: Any) -> None:
+            connections.append("connected")
+            connected.set()
+
+        up, down = Collector(FrameDirection.UPSTREAM), Collector()
+        async with running([up, tts, down]) as worker:
+            async with asyncio.timeout(WAIT):
+                await connected.wait()
+            # The control: a connection opened after the service's, sending nothing, is closed
+            # for idleness; the service's, idle as long and longer, is not.
+            url = s.base.replace("http://", "ws://") + "/v1/audio/speech/stream"
+            async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=WAIT) as ws:
+                events = await read_until_closed(ws)
+                assert [e.get("code") for e in events] == [None, "idle_timeout"]  # session.ready, then the close
+            await worker.queue_frame(TTSSpeakFrame("Still here."))
+            await down.wait_for(lambda fs: any(isinstance(f, TTSStoppedFrame) for f in fs), "the turn's end")
+        assert up.of(ErrorFrame) == []
+        assert connections == ["connected"]
+        assert len(down.of(TTSAudioRawFrame)) > 0
