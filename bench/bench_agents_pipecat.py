@@ -12,11 +12,12 @@ connection kept for the whole run:
   ``WorkerRunner``, ``[service, sink]``), from ``worker.queue_frame(TTSSpeakFrame(text))`` to the
   first ``TTSAudioRawFrame`` at the sink (then to its ``TTSStoppedFrame``).
 
-Each round runs ``--trials`` turns on each path, the order of the two paths alternating from
-round to round, and takes each path's median.  It prints each round's medians and the service's
-extra milliseconds, and over the rounds the median extra with its min-max.  The extra is
-everything between the pipeline and the socket: Pipecat's frame queues, its sentence and audio
-context bookkeeping, and the service's own code.
+Each round runs ``--trials`` pairs of turns, one on each path, back to back (which goes first
+alternating from pair to pair), so that a change in the machine's load falls on both; it takes
+each path's median and the median of the pairs' differences.  It prints each round's figures,
+and over the rounds the median extra with its min-max.  The extra is everything between the
+pipeline and the socket: Pipecat's frame queues, its sentence and audio context bookkeeping, and
+the service's own code.
 """
 
 from __future__ import annotations
@@ -141,21 +142,22 @@ async def main(args: argparse.Namespace) -> None:
             await service_turn(worker, sink)
             extras = []
             for r in range(args.rounds):
-                medians: dict[str, float] = {}
-                order = ("bare", "service") if r % 2 == 0 else ("service", "bare")
-                for path in order:
-                    times = []
-                    for t in range(args.trials):
-                        if path == "bare":
-                            times.append(await bare_turn(ws, f"r{r}-{t}"))
-                        else:
-                            times.append(await service_turn(worker, sink))
-                    medians[path] = statistics.median(times) * 1000
-                extra = medians["service"] - medians["bare"]
+                bare, served, diffs = [], [], []
+                for t in range(args.trials):
+                    if t % 2 == 0:
+                        b = await bare_turn(ws, f"r{r}-{t}")
+                        v = await service_turn(worker, sink)
+                    else:
+                        v = await service_turn(worker, sink)
+                        b = await bare_turn(ws, f"r{r}-{t}")
+                    bare.append(b * 1000)
+                    served.append(v * 1000)
+                    diffs.append((v - b) * 1000)
+                extra = statistics.median(diffs)
                 extras.append(extra)
                 print(
-                    f"round {r}: bare {medians['bare']:.2f} ms, service {medians['service']:.2f} ms, "
-                    f"extra {extra:+.2f} ms"
+                    f"round {r}: bare {statistics.median(bare):.2f} ms, service {statistics.median(served):.2f} ms, "
+                    f"extra (median of pairs) {extra:+.2f} ms"
                 )
         print(
             f"service's extra first-audio time over {args.rounds} rounds: median {statistics.median(extras):+.2f} ms "
