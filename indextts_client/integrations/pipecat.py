@@ -32,11 +32,14 @@ docs/agents.md has the walk-through; tests/agents/pipecat/ runs both in Pipecat'
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Union
 
+import anyio
 from pipecat.frames.frames import CancelFrame, EndFrame, Frame, StartFrame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService, WebsocketTTSService
@@ -46,8 +49,12 @@ from indextts_client import Client, Pool, SentenceChunk, SentenceEnd, TextFeed
 
 from ._socket import Timeline, event, split_frame, stream_url
 
-__all__ = ["DEFAULT_KEEPALIVE_INTERVAL", "IndexTTSInProcessService", "IndexTTSService"]
+__all__ = ["CONNECT_TIMEOUT", "DEFAULT_KEEPALIVE_INTERVAL", "IndexTTSInProcessService", "IndexTTSService"]
 
+log = logging.getLogger(__name__)
+
+#: Seconds the WebSocket handshake, and then the server's ``session.ready``, may take.
+CONNECT_TIMEOUT = 10.0
 #: Seconds between keep-alives: well within ``serve``'s ``--ws-idle-timeout`` (60 s by default).
 DEFAULT_KEEPALIVE_INTERVAL = 20.0
 
@@ -139,8 +146,10 @@ class IndexTTSService(WebsocketTTSService):
             if self._websocket is not None and self._websocket.state is State.OPEN:
                 return
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
-            self._websocket = await self._websocket_connect(self._url, additional_headers=headers)
-            ready = json.loads(await self._websocket.recv())
+            self._websocket = await self._websocket_connect(
+                self._url, additional_headers=headers, open_timeout=CONNECT_TIMEOUT
+            )
+            ready = json.loads(await asyncio.wait_for(self._websocket.recv(), CONNECT_TIMEOUT))
             if ready.get("type") != "session.ready":
                 raise ConnectionError(f"the server answered {ready.get('type')!r}, not session.ready")
             self._timelines.clear()  # contexts do not outlive their connection
@@ -278,13 +287,16 @@ class IndexTTSService(WebsocketTTSService):
         if not isinstance(context_id, str):
             await self.push_error(error_msg=text)  # the connection's own (its key, its end)
             return
-        if context_id in self._failed:
-            return  # the text and the end sent before the first refusal arrived
+        if context_id not in self._timelines:
+            # A turn already ended here: cancelled (a context.cancel that crossed its
+            # context.done answers no_such_context), or refused before (its later text and end).
+            log.debug("%s (context %s has ended)", text, context_id)
+            return
+        del self._timelines[context_id]
         self._failed.add(context_id)
-        known = self._timelines.pop(context_id, None) is not None
         await self.stop_all_metrics()
         await self.push_error(error_msg=text)
-        if known and self.audio_context_available(context_id):
+        if self.audio_context_available(context_id):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
 
@@ -334,8 +346,8 @@ class IndexTTSInProcessService(TTSService):
             if not self._is_streaming_tokens:
                 await turn.feed.flush()
             await self.start_tts_usage_metrics(text)
-        except Exception:  # the turn's stream has ended (failed): its error is reported there
-            pass
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the turn's stream has ended (failed): its error is reported there
         yield None
 
     async def flush_audio(self, context_id: Union[str, None] = None) -> None:
