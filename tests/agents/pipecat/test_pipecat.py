@@ -9,6 +9,7 @@ so lengths are compared within 5%.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from typing import Any
@@ -36,6 +37,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.tts_service import TextAggregationMode
 from pipecat_support import RATE, WAIT, Collector, Speaker, running
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -44,7 +46,8 @@ from indextts_client.integrations.pipecat import IndexTTSService
 
 pytestmark = pytest.mark.anyio
 
-REPLY = "The museum opens at nine. Tickets are twelve euros, and children go free."
+SENTENCES = ["The museum opens at nine.", "Tickets are twelve euros, and children go free."]
+REPLY = " ".join(SENTENCES)
 
 
 def tokens(text: str) -> list[str]:
@@ -100,7 +103,7 @@ async def test_a_whole_reply_is_spoken_sentence_by_sentence(espeak: Server) -> N
         await down.wait_for(lambda fs: any(isinstance(f, LLMFullResponseEndFrame) for f in fs), "end of the reply")
     assert up.of(ErrorFrame) == []
     sentences = [f.text for f in down.of(AggregatedTextFrame) if f.will_be_spoken and not isinstance(f, TTSTextFrame)]
-    assert sentences == ["The museum opens at nine.", "Tickets are twelve euros, and children go free."]
+    assert sentences == SENTENCES
     audio = b"".join(f.audio for f in down.of(TTSAudioRawFrame))
     expected, _ = await route_audio(espeak, sentences)
     assert len(expected) > RATE  # over half a second of speech
@@ -110,6 +113,12 @@ async def test_a_whole_reply_is_spoken_sentence_by_sentence(espeak: Server) -> N
     # Every word of the reply reaches downstream as Pipecat's TTSTextFrame, in order.
     spoken = down.of(TTSTextFrame)
     assert words_of(" ".join(f.text for f in spoken)) == words_of(REPLY)
+    # One frame per word (the route's audio.alignment), presentation times strictly increasing
+    # and within the audio's length.
+    assert len(spoken) == len(words_of(REPLY))
+    pts = [f.pts for f in spoken]
+    assert all(a < b for a, b in itertools.pairwise(pts))
+    assert (pts[-1] - pts[0]) / 1e9 < len(audio) / 2 / RATE
 
 
 async def test_a_refused_voice_surfaces_as_an_error_frame(espeak: Server) -> None:
@@ -215,3 +224,19 @@ async def test_keepalives_hold_an_idle_connection_that_the_server_would_close() 
         assert up.of(ErrorFrame) == []
         assert connections == ["connected"]
         assert len(down.of(TTSAudioRawFrame)) > 0
+
+
+async def test_token_aggregation_leaves_the_sentences_to_the_route(espeak: Server) -> None:
+    # Pipecat hands each token over as it comes; the route cuts the sentences (and queues the
+    # next on the sidecar): the same audio and the same words as with Pipecat's sentences.
+    tts = service(espeak, text_aggregation_mode=TextAggregationMode.TOKEN)
+    up, down = Collector(FrameDirection.UPSTREAM), Collector()
+    async with running([up, tts, down]) as worker:
+        await reply_turn(worker, REPLY)
+        await down.wait_for(lambda fs: any(isinstance(f, LLMFullResponseEndFrame) for f in fs), "end of the reply")
+    assert up.of(ErrorFrame) == []
+    audio = b"".join(f.audio for f in down.of(TTSAudioRawFrame))
+    expected, _ = await route_audio(espeak, SENTENCES)
+    assert abs(len(audio) - len(expected)) <= 0.05 * len(expected)
+    assert words_of(" ".join(f.text for f in down.of(TTSTextFrame))) == words_of(REPLY)
+    assert len(down.of(TTSTextFrame)) == len(words_of(REPLY))

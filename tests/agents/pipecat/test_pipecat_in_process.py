@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Union
 
 import pytest
 
@@ -34,7 +34,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat_support import RATE, Collector, Speaker, running
 
-from indextts_client import FLUSH, Client
+from indextts_client import FLUSH, Client, Pool
 from indextts_client.integrations.pipecat import IndexTTSInProcessService
 
 pytestmark = pytest.mark.anyio
@@ -42,10 +42,15 @@ pytestmark = pytest.mark.anyio
 REPLY = "The museum opens at nine. Tickets are twelve euros, and children go free."
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[Client]:
-    async with Client("espeak") as c:
-        yield c
+@pytest.fixture(params=["client", "pool"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Union[Client, Pool]]:
+    """A Client of the espeak engine, or a Pool of one (its stream_text leases the member)."""
+    if request.param == "client":
+        async with Client("espeak") as c:
+            yield c
+    else:
+        async with Pool("espeak", size=1) as p:
+            yield p
 
 
 def words_of(text: str) -> list[str]:
@@ -63,7 +68,7 @@ def ended(frames: list[Any]) -> bool:
     return any(isinstance(f, LLMFullResponseEndFrame) for f in frames)
 
 
-async def test_a_whole_reply_is_spoken_with_its_words(client: Client) -> None:
+async def test_a_whole_reply_is_spoken_with_its_words(client: Union[Client, Pool]) -> None:
     tts = IndexTTSInProcessService(client, sample_rate=RATE)
     up, down = Collector(FrameDirection.UPSTREAM), Collector()
     async with running([up, tts, down]) as worker:
@@ -90,7 +95,7 @@ async def test_a_whole_reply_is_spoken_with_its_words(client: Client) -> None:
     assert (pts[-1] - pts[0]) / 1e9 < len(audio) / 2 / RATE
 
 
-async def test_an_interruption_cuts_the_transcript_at_the_word_heard(client: Client) -> None:
+async def test_an_interruption_cuts_the_transcript_at_the_word_heard(client: Union[Client, Pool]) -> None:
     tts = IndexTTSInProcessService(client, sample_rate=RATE)
     context = LLMContext()
     assistant = LLMContextAggregatorPair(context).assistant()
@@ -107,7 +112,8 @@ async def test_an_interruption_cuts_the_transcript_at_the_word_heard(client: Cli
         await down.wait_for(ended, "the next reply")
     assert up.of(ErrorFrame) == []
     health = await client.ping()
-    assert health.queue_depth == 0  # nothing of the interrupted turn left on the sidecar
+    members = health if isinstance(health, list) else [health]
+    assert [h.queue_depth for h in members] == [0]  # nothing of the interrupted turn left on the sidecar
     heard = speaker.heard
     assert heard is not None and 0.6 * RATE <= heard < 1.0 * RATE
     reference = await client.synthesize(first, sample_rate=RATE)
@@ -121,7 +127,7 @@ async def test_an_interruption_cuts_the_transcript_at_the_word_heard(client: Cli
     assert abs(len(kept) - played) <= 1, (kept, played, starts, heard / RATE)
 
 
-async def test_a_failed_turn_surfaces_as_an_error_frame(client: Client) -> None:
+async def test_a_failed_turn_surfaces_as_an_error_frame(client: Union[Client, Pool]) -> None:
     tts = IndexTTSInProcessService(client, sample_rate=RATE, voice="no-such-voice")
     up, down = Collector(FrameDirection.UPSTREAM), Collector()
     async with running([up, tts, down]) as worker:
