@@ -16,7 +16,8 @@ import anyio
 import pytest
 from harness import REPO, STANDIN
 
-from indextts_client import Audio, AudioChunk, Client, WordTiming
+from indextts_client import Audio, AudioChunk, BlockingClient, Client, Pool, SentenceChunk, SentenceEnd, WordTiming
+from indextts_sidecar.engines.fake import words as fake_words
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +79,97 @@ async def test_one_segment_stands_in_to_the_end_of_the_audio(ckpt: Path, voice: 
             audio: Audio = await client.synthesize("a", voice=voice, interval_silence=0)
     assert [(w.word, w.span, w.start, w.segment) for w in audio.words] == [("A", None, 0.0, True)]
     assert audio.words[0].end == audio.duration
+
+
+# ------------------------------------------------------------------ the fake engine: words
+
+TEXT = "Hello there, brave new world. How are you today?"
+#: 0.1 s a character in chunks of 0.25 s: words cross chunk boundaries.
+FAKE_OPTIONS: dict[str, Any] = {"seconds_per_char": 0.1, "chunk_seconds": 0.25}
+
+
+def expected_words(text: str) -> tuple[WordTiming, ...]:
+    """What the fake engine says: each whitespace-separated word, 0.1 s a character."""
+    return tuple(
+        WordTiming(text[s.start_char : s.end_char], (s.start_char, s.end_char), s.start / 24000, s.end / 24000)
+        for s in fake_words(text, 24000, seconds_per_char=0.1)
+    )
+
+
+def check_chunks(chunks: Sequence[AudioChunk], words: Sequence[WordTiming]) -> None:
+    """Each word rides on the chunk that holds its first sample, once."""
+    carried = [word for chunk in chunks for word in chunk.words]
+    assert tuple(carried) == tuple(words)
+    for chunk in chunks:
+        for word in chunk.words:
+            first = round(word.start * chunk.sample_rate)
+            assert chunk.offset_samples <= first <= chunk.last_sample, (word, chunk)
+
+
+async def test_fake_words_on_client_chunks_and_audio() -> None:
+    expected = expected_words(TEXT)
+    assert [w.word for w in expected] == TEXT.split()
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake") as client:
+            assert "word_timings" in client.info.capabilities
+            audio = await client.synthesize(TEXT, **FAKE_OPTIONS)
+            async with client.stream(TEXT, **FAKE_OPTIONS) as stream:
+                chunks = [chunk async for chunk in stream]
+            # Resampled: the same words, at the same seconds to within a sample of the new rate.
+            resampled = await client.synthesize(TEXT, sample_rate=16000, **FAKE_OPTIONS)
+    assert audio.words == expected
+    check_words(audio.words, TEXT, len(audio), audio.sample_rate)
+    assert stream.words == expected
+    check_chunks(chunks, expected)
+    assert [w.span for w in resampled.words] == [w.span for w in expected]
+    for got, want in zip(resampled.words, expected, strict=True):
+        assert abs(got.start - want.start) <= 1 / 16000 and abs(got.end - want.end) <= 1 / 16000
+    check_words(resampled.words, TEXT, len(resampled), resampled.sample_rate)
+
+
+async def test_fake_words_through_a_pool() -> None:
+    expected = expected_words(TEXT)
+    with anyio.fail_after(TIMEOUT):
+        async with Pool("fake", size=2) as pool:
+            audio = await pool.synthesize(TEXT, **FAKE_OPTIONS)
+            async with pool.stream(TEXT, **FAKE_OPTIONS) as stream:
+                chunks = [chunk async for chunk in stream]
+    assert audio.words == expected
+    assert stream.words == expected
+    check_chunks(chunks, expected)
+
+
+def test_fake_words_through_a_blocking_client() -> None:
+    expected = expected_words(TEXT)
+    with BlockingClient("fake", ready_timeout=TIMEOUT, timeout=TIMEOUT) as client:
+        audio = client.synthesize(TEXT, **FAKE_OPTIONS)
+        with client.stream(TEXT, **FAKE_OPTIONS) as stream:
+            chunks = list(stream)
+    assert audio.words == expected
+    assert stream.words == expected
+    check_chunks(chunks, expected)
+
+
+async def test_stream_text_gives_each_sentence_its_words() -> None:
+    sentences = ["Hello there, brave new world.", "How are you today?"]
+    pieces = [TEXT[i : i + 7] for i in range(0, len(TEXT), 7)]  # cut mid-word
+    chunks: list[SentenceChunk] = []
+    ends: list[SentenceEnd] = []
+    with anyio.fail_after(TIMEOUT):
+        async with Client("fake") as client, client.stream_text(pieces, **FAKE_OPTIONS) as stream:
+            async for item in stream.events():
+                if isinstance(item, SentenceChunk):
+                    chunks.append(item)
+                else:
+                    ends.append(item)
+    assert [end.text for end in ends] == sentences
+    for end in ends:
+        # Seconds from the sentence's first sample, spans into the sentence's own text.
+        assert end.words == expected_words(end.text)
+        check_words(end.words, end.text, end.samples, 24000)
+        mine = [chunk for chunk in chunks if chunk.sentence == end.sentence]
+        assert tuple(word for chunk in mine for word in chunk.words) == end.words
+        for chunk in mine:
+            for word in chunk.words:
+                first = round(word.start * chunk.sample_rate)
+                assert chunk.offset_samples <= first < chunk.offset_samples + len(chunk.samples)
