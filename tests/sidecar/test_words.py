@@ -162,7 +162,9 @@ async def test_a_seconds_shorter_than_the_text_keeps_the_words_it_reaches() -> N
 #: An engine of a third party's (registered through an entry point) that reports words late,
 #: out of order, past its audio's end, or broken, as a buggy or unusual engine might.
 _ODD_ENGINE = """
-from indextts_sidecar.engines import EngineError, Words
+import time
+
+from indextts_sidecar.engines import Cancelled, EngineError, Words
 from indextts_sidecar.engines.fake import FakeEngine
 from indextts_sidecar.protocol import WordSpan
 
@@ -180,6 +182,13 @@ class Odd(FakeEngine):
             yield chunks[2]
             # After the last chunk: a word that starts past the audio's end.
             yield Words([WordSpan(5, 9, 600, 600)])
+        elif request.text.startswith("early"):
+            # Every word at once, then the first chunk, then a hang until cancelled.
+            yield Words([WordSpan(0, 5, 0, 100), WordSpan(6, 9, 150, 200), WordSpan(10, 14, 200, 400)])
+            yield chunks[0]
+            while not cancelled():
+                time.sleep(0.005)
+            raise Cancelled
         else:
             yield Words([WordSpan(0, 99, 0, 10)])
             yield chunks[0]
@@ -211,6 +220,20 @@ async def test_words_reported_late_ride_on_the_next_frame_and_those_past_the_aud
     done = frames[-1]
     assert isinstance(done, Done) and done.samples == 480
     assert done.words == [WordSpan(5, 9, 600, 600)]
+
+
+async def test_words_held_for_later_frames_are_never_sent_once_the_request_is_cancelled(
+    odd_engine: dict[str, str],
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("odd", *ENGINE, env=odd_engine) as peer:
+            await peer.send(_synth(1, "early one four"))
+            first = await peer.expect(Audio)
+            # Of the three words the engine gave at once, the two that start in this frame.
+            assert first.words == [WordSpan(0, 5, 0, 100), WordSpan(6, 9, 150, 200)]
+            await peer.send(protocol.Cancel(id=2, target=1))
+            rest = (await peer.collect({1, 2}))[1]
+            assert len(rest) == 1 and isinstance(rest[0], Error) and rest[0].code == "cancelled", rest
 
 
 async def test_a_word_outside_the_text_fails_the_request_as_the_engines_bug(odd_engine: dict[str, str]) -> None:
