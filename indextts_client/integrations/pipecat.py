@@ -49,7 +49,13 @@ from indextts_client import Client, Pool, SentenceChunk, SentenceEnd, TextFeed
 
 from ._socket import Timeline, event, split_frame, stream_url
 
-__all__ = ["CONNECT_TIMEOUT", "DEFAULT_KEEPALIVE_INTERVAL", "IndexTTSInProcessService", "IndexTTSService"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "DEFAULT_KEEPALIVE_INTERVAL",
+    "DEFAULT_STOP_FRAME_TIMEOUT",
+    "IndexTTSInProcessService",
+    "IndexTTSService",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,13 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 #: Seconds between keep-alives: well within ``serve``'s ``--ws-idle-timeout`` (60 s by default).
 DEFAULT_KEEPALIVE_INTERVAL = 20.0
+#: Pipecat ends a turn's audio after this long without any (its ``stop_frame_timeout_s``, 3 s by
+#: default).  IndexTTS can take longer than that to a sentence's first audio, and the route and
+#: ``stream_text`` say when a turn has ended, so the services wait longer by default.
+DEFAULT_STOP_FRAME_TIMEOUT = 30.0
+#: Refused or failed turns remembered, so that their later text is not sent (a turn's text comes
+#: within the turn; the bound keeps a long session's memory flat).
+_FAILED_KEPT = 64
 
 
 def _settings(voice: Union[str, None]) -> TTSSettings:
@@ -91,6 +104,7 @@ class IndexTTSService(WebsocketTTSService):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", _settings(voice))
+        kwargs.setdefault("stop_frame_timeout_s", DEFAULT_STOP_FRAME_TIMEOUT)
         super().__init__(
             push_text_frames=False,
             push_start_frame=True,
@@ -105,8 +119,10 @@ class IndexTTSService(WebsocketTTSService):
         self._receive_task: Any = None
         #: Contexts opened on this connection and not yet ended there, with their audio so far.
         self._timelines: dict[str, Timeline] = {}
-        #: Contexts the server refused or failed: what is still sent for them is not sent.
-        self._failed: set[str] = set()
+        #: Contexts the server refused or failed (the latest): what is still sent for them is not sent.
+        self._failed: dict[str, None] = {}
+        #: Interrupted contexts whose context.cancel the server has not confirmed yet.
+        self._cancelling: set[str] = set()
         self._register_event_handler("on_context_cancelled")
 
     def can_generate_metrics(self) -> bool:
@@ -154,6 +170,7 @@ class IndexTTSService(WebsocketTTSService):
                 raise ConnectionError(f"the server answered {ready.get('type')!r}, not session.ready")
             self._timelines.clear()  # contexts do not outlive their connection
             self._failed.clear()
+            self._cancelling.clear()
             await self._send_session_config()
             await self._call_event_handler("on_connected")
         except Exception as exc:
@@ -233,6 +250,7 @@ class IndexTTSService(WebsocketTTSService):
         """Barge-in: the route cancels the context on the sidecar; the connection stays."""
         await self.stop_all_metrics()
         if self._timelines.pop(context_id, None) is not None and self._is_keepalive_ready():
+            self._cancelling.add(context_id)
             await self._send(event("context.cancel", context_id=context_id))
         await super().on_audio_context_interrupted(context_id)
 
@@ -264,7 +282,9 @@ class IndexTTSService(WebsocketTTSService):
         if not isinstance(context_id, str):
             return
         if kind == "context.cancelled":
-            await self._call_event_handler("on_context_cancelled", context_id)
+            if context_id in self._cancelling:
+                self._cancelling.discard(context_id)
+                await self._call_event_handler("on_context_cancelled", context_id)
             return
         timeline = self._timelines.get(context_id)
         if timeline is None or not self.audio_context_available(context_id):
@@ -290,12 +310,19 @@ class IndexTTSService(WebsocketTTSService):
         if context_id not in self._timelines:
             # A turn already ended here: cancelled (a context.cancel that crossed its
             # context.done answers no_such_context), or refused before (its later text and end).
+            self._cancelling.discard(context_id)
             log.debug("%s (context %s has ended)", text, context_id)
             return
         del self._timelines[context_id]
-        self._failed.add(context_id)
+        self._failed[context_id] = None
+        if len(self._failed) > _FAILED_KEPT:
+            del self._failed[next(iter(self._failed))]
         await self.stop_all_metrics()
         await self.push_error(error_msg=text)
+        if self._is_keepalive_ready():
+            # Text sent before the refusal arrived may have opened the context again (the route
+            # opens a context on its first text): closed here, whatever was sent meanwhile.
+            await self._send(event("context.cancel", context_id=context_id))
         if self.audio_context_available(context_id):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
@@ -328,6 +355,7 @@ class IndexTTSInProcessService(TTSService):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", _settings(voice))
+        kwargs.setdefault("stop_frame_timeout_s", DEFAULT_STOP_FRAME_TIMEOUT)
         super().__init__(push_text_frames=False, push_start_frame=True, sample_rate=sample_rate, **kwargs)
         self._client = client
         self._options = dict(options or {})
