@@ -7,9 +7,8 @@ from collections.abc import Iterator
 import pytest
 from http_support import KEY, Server, server
 
-# Each test module starts with an importorskip of pipecat.frames.frames (module-level skips are
-# for test modules, not conftests).  pipecat.frames, not pipecat: this directory, on sys.path by
-# way of tests/agents, is itself a namespace package "pipecat" where Pipecat is absent.
+# Each test module starts with an importorskip of Pipecat (module-level skips are for test
+# modules, not conftests).
 
 
 def pytest_configure(config: pytest.Config) -> None:
