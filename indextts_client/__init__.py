@@ -23,7 +23,7 @@ import logging
 from indextts_sidecar import __version__
 from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionText, EmotionVector
 
-from ._audio import Audio, AudioChunk, TextSegment
+from ._audio import Audio, AudioChunk, TextSegment, WordTiming
 from ._blocking import BlockingClient, BlockingStream, BlockingTextStream
 from ._client import Client
 from ._connection import Connection
@@ -97,6 +97,7 @@ __all__ = [
     "TextSegment",
     "TextStream",
     "VersionMismatchError",
+    "WordTiming",
     "__version__",
 ]
 

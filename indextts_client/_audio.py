@@ -9,13 +9,18 @@ as soon as it is copied, so peak memory stays near one times the audio.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import wave
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Union
 
 import numpy as np
 import numpy.typing as npt
+
+from indextts_sidecar.protocol import WordSpan
+from indextts_sidecar.protocol.segments import read_segment
 
 from ._exceptions import ProtocolError
 
@@ -27,10 +32,13 @@ __all__ = [
     "AudioChunk",
     "HasSamples",
     "TextSegment",
+    "WordTiming",
     "format_for_path",
     "format_of",
     "import_soundfile",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Little-endian int16: the wire format and the dtype of every ``samples`` array.
 SAMPLE_DTYPE = np.dtype("<i2")
@@ -70,6 +78,53 @@ class TextSegment:
     span: Union[tuple[int, int], None] = None
 
 
+@dataclass(frozen=True)
+class WordTiming:
+    """When one word of a request's text is spoken.
+
+    ``word`` is the text it speaks: ``text[span[0]:span[1]]`` of the request's text, or,
+    for a segment stand-in, the segment's text.  ``span`` is its place in the request's
+    text as ``(start, end)`` character offsets; None where the engine spoke its own text
+    (IndexTTS's normalised segments).  ``start`` and ``end`` are seconds from the request's
+    first sample.  ``segment`` is True when the entry stands for a whole engine segment,
+    because the engine gives no word timings (it lacks the ``word_timings`` capability).
+    """
+
+    word: str
+    span: Union[tuple[int, int], None]
+    start: float
+    end: float
+    segment: bool = False
+
+
+def word_timings(spans: Sequence[WordSpan], text: str, sample_rate: int, request_id: int = 0) -> tuple[WordTiming, ...]:
+    """The sidecar's word spans (characters of ``text``, samples at ``sample_rate``) as timings.
+
+    A span the sidecar got wrong (characters outside ``text``, an end before its start, a
+    negative sample) is dropped with a warning: the audio stays good without it.
+    """
+    size = len(text)
+    out = []
+    bad = 0
+    for span in spans:
+        start_char, end_char, start, end = span.start_char, span.end_char, span.start, span.end
+        if not (0 <= start_char <= end_char <= size and 0 <= start <= end) or sample_rate <= 0:
+            bad += 1
+            continue
+        span_of = (start_char, end_char)
+        out.append(WordTiming(text[start_char:end_char], span_of, start / sample_rate, end / sample_rate))
+    if bad:
+        log.warning(
+            "request %d: dropped %d of %d word timings the sidecar sent that do not fit its text of %d "
+            "characters (or end before they start)",
+            request_id,
+            bad,
+            len(spans),
+            size,
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True, eq=False)
 class AudioChunk(HasSamples):
     """One ``audio`` frame as it arrived.
@@ -87,6 +142,10 @@ class AudioChunk(HasSamples):
     #: The engine segment this chunk belongs to and the text it speaks, where the engine says
     #: (the fake, espeak and IndexTTS engines do); else None.
     segment: Union[TextSegment, None] = None
+    #: The words the sidecar sent with this chunk: those whose first sample is in it or
+    #: before it and that no earlier chunk carried (engines with the ``word_timings``
+    #: capability); seconds from the request's first sample.  Empty otherwise.
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def text_span(self) -> Union[tuple[int, int], None]:
@@ -121,6 +180,9 @@ class Audio(HasSamples):
     request_id: int = 0
     #: The engine's facts about the request (``voice_cache``: ``hit``/``miss``...).
     facts: dict[str, Any] = field(default_factory=dict)
+    #: Every word of the request, in order; for an engine without the ``word_timings``
+    #: capability one ``segment=True`` entry per segment it announced.
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def queue_wait(self) -> Union[float, None]:
@@ -249,11 +311,25 @@ class AudioAssembler:
     run and nothing is retained.
     """
 
-    __slots__ = ("_buffer", "_first", "_keep", "_sample_rate", "chunks", "request_id", "samples")
+    __slots__ = (
+        "_buffer",
+        "_first",
+        "_keep",
+        "_sample_rate",
+        "_segments",
+        "chunks",
+        "request_id",
+        "samples",
+        "segment",
+        "text",
+        "words",
+    )
 
-    def __init__(self, request_id: int, *, keep: bool) -> None:
+    def __init__(self, request_id: int, *, keep: bool, text: str = "") -> None:
         self.request_id = request_id
         self._keep = keep
+        #: The request's text, which word and segment spans point into.
+        self.text = text
         #: The only frame so far, kept as it is in case no other follows.
         self._first: Union[memoryview, None] = None
         #: From the second frame on: the samples so far (its allocation has room to grow).
@@ -262,6 +338,31 @@ class AudioAssembler:
         #: Frames and samples received so far.
         self.chunks = 0
         self.samples = 0
+        #: The words the frames carried so far (engines with ``word_timings``).
+        self.words: list[WordTiming] = []
+        #: The segment the engine announced last (protocol.segments): the coming frames speak it.
+        self.segment: Union[TextSegment, None] = None
+        #: Each announced segment with the position of its first sample.
+        self._segments: list[tuple[int, TextSegment]] = []
+
+    def progress(self, stage: str, message: str) -> None:
+        """A progress frame: the segment a ``synthesize`` one announces, if any, starts here."""
+        if stage != "synthesize" or not message:
+            return
+        announced = read_segment(message)
+        if announced is None:
+            return
+        current = self.segment
+        index = current.index + 1 if current is not None else 0
+        if isinstance(announced, str):  # the engine's words: one announcement a segment
+            self.segment = TextSegment(index, announced)
+        else:
+            size = len(self.text)
+            span = min(announced[0], size), min(announced[1], size)
+            if current is not None and current.span == span:  # the same place again: the same segment
+                return
+            self.segment = TextSegment(index, self.text[span[0] : span[1]], span)
+        self._segments.append((self.samples, self.segment))
 
     def _check(self, seq: int, sample_rate: int, nbytes: int) -> None:
         if seq != self.chunks:
@@ -278,23 +379,29 @@ class AudioAssembler:
                 f"earlier ones at {self._sample_rate} Hz"
             )
 
-    def add(self, seq: int, sample_rate: int, pcm: memoryview, segment: Union[TextSegment, None] = None) -> AudioChunk:
-        """Record one frame; return it as a chunk (a zero-copy, read-only view) of ``segment``."""
+    def add(self, seq: int, sample_rate: int, pcm: memoryview, words: Sequence[WordSpan] = ()) -> AudioChunk:
+        """Record one frame; return it as a chunk (a zero-copy, read-only view) of the current segment."""
         view = pcm.cast("B") if pcm.format != "B" else pcm
         offset = self.samples
-        self.absorb(seq, sample_rate, view)
+        known = len(self.words)
+        self.absorb(seq, sample_rate, view, words=words)
         samples = np.frombuffer(view, dtype=SAMPLE_DTYPE)
         samples.flags.writeable = False
-        return AudioChunk(samples, sample_rate, seq, offset, self.request_id, segment)
+        chunk_words = tuple(self.words[known:]) if words else ()
+        return AudioChunk(samples, sample_rate, seq, offset, self.request_id, self.segment, chunk_words)
 
-    def absorb(self, seq: int, sample_rate: int, pcm: memoryview, *, transient: bool = False) -> None:
-        """Record one frame, kept for :meth:`assemble` only (no chunk for anyone).
+    def absorb(
+        self, seq: int, sample_rate: int, pcm: memoryview, *, transient: bool = False, words: Sequence[WordSpan] = ()
+    ) -> None:
+        """Record one frame, kept for :meth:`assemble` only (no chunk for anyone), and its words.
 
         ``transient``: ``pcm`` is read over once this returns (the frame reader's buffer),
         so what is kept of it is copied.
         """
         view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
+        if words:
+            self.words.extend(word_timings(words, self.text, sample_rate, self.request_id))
         if self._keep:
             if self._buffer is None and self.chunks == 0 and not transient:
                 self._first = view  # perhaps the only frame: keep it as it is
@@ -317,6 +424,25 @@ class AudioAssembler:
             raise ProtocolError(
                 f"request {self.request_id}: done reports {sample_rate} Hz, the audio frames {self._sample_rate} Hz"
             )
+
+    def all_words(
+        self, sample_rate: int, late: Sequence[WordSpan] = (), *, by_segment: bool = False
+    ) -> tuple[WordTiming, ...]:
+        """Every word of the request once ``done`` came (``late``: the words it carried).
+
+        ``by_segment`` (an engine without word timings): one stand-in per announced segment,
+        from its first sample to the next one's (the last to the end of the audio).
+        """
+        if late:
+            self.words.extend(word_timings(late, self.text, sample_rate, self.request_id))
+        if self.words or not by_segment or sample_rate <= 0 or not self._segments:
+            return tuple(self.words)
+        segments = self._segments
+        ends = [start for start, _ in segments[1:]] + [self.samples]
+        return tuple(
+            WordTiming(segment.text, segment.span, start / sample_rate, max(start, end) / sample_rate, segment=True)
+            for (start, segment), end in zip(segments, ends, strict=True)
+        )
 
     def assemble(self) -> Samples:
         """The whole audio, as one writable array."""

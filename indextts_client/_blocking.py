@@ -41,7 +41,7 @@ from typing import Any, Final, Union
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from ._audio import Audio, AudioChunk
+from ._audio import Audio, AudioChunk, WordTiming
 from ._client import Client
 from ._exceptions import ClosedError
 from ._request import EmotionLike, Synthesis, TimeoutArg
@@ -414,6 +414,11 @@ class BlockingStream:
     @property
     def timings(self) -> dict[str, float]:
         return self._synthesis.timings
+
+    @property
+    def words(self) -> tuple[WordTiming, ...]:
+        """Every word of the request (as :attr:`Audio.words`), once it finished."""
+        return self._synthesis.words
 
     @property
     def request_id(self) -> Union[int, None]:

@@ -109,12 +109,13 @@ class Exchange:
         #: A bad audio frame the reader found while assembling (also in ``error``).
         self.assembly_error: Union[ProtocolError, None] = None
 
-    def assemble_audio(self) -> AudioAssembler:
+    def assemble_audio(self, text: str = "") -> AudioAssembler:
         """Let the reader assemble this request's audio as frames arrive (synthesize()).
 
         The audio then never waits in ``items`` and the request's task sleeps until the end.
+        ``text`` is the request's, which the words and segments it announces point into.
         """
-        self.assembler = AudioAssembler(self.id, keep=True)
+        self.assembler = AudioAssembler(self.id, keep=True, text=text)
         return self.assembler
 
     def mark_sent(self) -> None:
@@ -139,16 +140,20 @@ class Exchange:
             if shares(reply.pcm):  # the request keeps a copy
                 reply.pcm = memoryview(bytes(reply.pcm))
             self.buffered += len(reply.pcm)
-        elif kind is protocol.Progress and not self.progress_wanted:
-            self.taken_by_reader += 1  # nobody listens: it only counts as activity
-            return
+        elif kind is protocol.Progress:
+            assert isinstance(reply, protocol.Progress)
+            if self.assembler is not None:  # a segment starts at the audio assembled so far
+                self.assembler.progress(reply.stage, reply.message)
+            if not self.progress_wanted:
+                self.taken_by_reader += 1  # nobody listens: it only counts as activity
+                return
         self.items.append(reply)
         self.wake()
 
     def _assemble(self, reply: protocol.Audio, transient: bool) -> None:
         assert self.assembler is not None
         try:
-            self.assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient)
+            self.assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient, words=reply.words)
         except ProtocolError as exc:
             # Raised in the request's task after the frames before it; later frames are dropped.
             self.assembly_error = self.error = exc
@@ -242,6 +247,8 @@ class Channel(Protocol):
 
     #: anyio clock time of the last progress or audio frame of any request.
     last_activity: float
+    #: The sidecar's ``ready`` (its capabilities: ``word_timings``...), once it came.
+    ready: Union[protocol.Ready, None]
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -7,7 +7,7 @@ from typing import Any, Union
 
 import anyio
 
-from ._audio import AudioChunk
+from ._audio import AudioChunk, WordTiming
 from ._exceptions import BusyError, CrashedError, RestartLimitError, StartError
 from ._pool_routing import Member, Router
 from ._request import Synthesis
@@ -38,6 +38,8 @@ class PoolStream:
         self.timings: dict[str, float] = {}
         #: The engine's facts about it (``voice_cache``...), once it finished.
         self.facts: dict[str, Any] = {}
+        #: Every word it spoke (as :attr:`Audio.words`), once it finished.
+        self.words: tuple[WordTiming, ...] = ()
         #: The index of the member serving it (the last one tried), None before one is chosen.
         self.member_index: Union[int, None] = None
 
@@ -102,7 +104,7 @@ class PoolStream:
             if synthesis is not None:
                 with anyio.CancelScope(shield=True):
                     await synthesis.__aexit__(None, None, None)
-                self.timings, self.facts = synthesis.timings, synthesis.facts
+                self.timings, self.facts, self.words = synthesis.timings, synthesis.facts, synthesis.words
         finally:
             if member is not None:
                 await self._router.release(member, self._voice, served)

@@ -127,6 +127,7 @@ class Requester:
             pool_timeout=self._default_pool_timeout,
             assemble_in_reader=assemble_in_reader,
             text=text,
+            quiet=quiet,
         )
 
     def request(

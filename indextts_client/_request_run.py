@@ -17,11 +17,11 @@ from types import TracebackType
 from typing import Any, Union
 
 import anyio
+import msgspec
 
 from indextts_sidecar import protocol
-from indextts_sidecar.protocol.segments import read_segment
 
-from ._audio import Audio, AudioAssembler, AudioChunk, TextSegment
+from ._audio import Audio, AudioAssembler, AudioChunk, WordTiming
 from ._exceptions import (
     ClosedError,
     Deadline,
@@ -121,7 +121,7 @@ class _RequestRun:
     async def _open_and_send(self) -> None:
         while True:
             conn = self._conn = await self._opener()
-            ex = self._ex = conn.open_exchange(self._build)
+            ex = self._ex = conn.open_exchange(self._build_for(conn))
             self._prepare(ex)
             try:
                 await conn.send(ex)
@@ -135,6 +135,10 @@ class _RequestRun:
                 self._resends += 1
                 continue
             return
+
+    def _build_for(self, conn: Channel) -> _Build:
+        """What builds the request sent on ``conn``."""
+        return self._build
 
     def _prepare(self, exchange: Exchange) -> None:
         """The request has its id and is about to be sent: say what the reader does with its frames."""
@@ -388,6 +392,7 @@ class Synthesis(_RequestRun):
         pool_timeout: Union[float, None] = None,
         assemble_in_reader: bool = False,
         text: str = "",
+        quiet: bool = False,
     ) -> None:
         super().__init__(
             opener,
@@ -399,10 +404,13 @@ class Synthesis(_RequestRun):
         )
         self._keep = keep_audio
         self._assembler: Union[AudioAssembler, None] = None
-        #: The request's text, which an engine's segment spans point into.
+        #: The request's text, which an engine's word and segment spans point into.
         self._text = text
-        #: The segment the engine last announced (protocol.segments): the coming chunks speak it.
-        self._segment: Union[TextSegment, None] = None
+        #: ``build`` asks the sidecar for no progress (synthesize()'s fast path): then it announces
+        #: no segments either, so a request to an engine without word timings asks for it again.
+        self._quiet = quiet
+        #: Whether the engine reports words (else segments stand in for them).
+        self._word_timings = False
         #: synthesize()'s, which never hands out chunks: the connection's reader assembles
         #: the audio as frames arrive (see Exchange.assemble_audio).
         self._assemble_in_reader = assemble_in_reader
@@ -411,6 +419,8 @@ class Synthesis(_RequestRun):
         self.timings: dict[str, float] = {}
         #: The engine's facts about the request, from ``done`` (``voice_cache``...).
         self.facts: dict[str, Any] = {}
+        #: Every word of the request (see :attr:`Audio.words`), from ``done`` (empty until then).
+        self.words: tuple[WordTiming, ...] = ()
         #: Whether ``async with`` or an explicit start() made someone responsible for closing it.
         self._owned = False
 
@@ -419,28 +429,16 @@ class Synthesis(_RequestRun):
         """Whether the request ended (successfully, with an error, or closed)."""
         return self._phase in (DONE, FAILED, CLOSED)
 
-    def _announce(self, announced: Union[tuple[int, int], str, None]) -> None:
-        if announced is None:
-            return
-        current = self._segment
-        index = current.index + 1 if current is not None else 0
-        if isinstance(announced, str):  # the engine's words: one announcement a segment
-            self._segment = TextSegment(index, announced)
-            return
-        span = min(announced[0], len(self._text)), min(announced[1], len(self._text))
-        if current is None or current.span != span:  # the same place again: the same segment
-            self._segment = TextSegment(index, self._text[span[0] : span[1]], span)
-
     async def _advance(self) -> Union[ProgressEvent, AudioChunk, None]:
         reply = await self._next_reply()
         assert self._ex is not None
         if self._assembler is None:
-            self._assembler = AudioAssembler(self._ex.id, keep=self._keep)
+            self._assembler = AudioAssembler(self._ex.id, keep=self._keep, text=self._text)
         if isinstance(reply, protocol.Audio):
-            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, self._segment)
+            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, reply.words)
         if isinstance(reply, protocol.Progress):
-            if reply.stage == "synthesize" and reply.message:  # it may name the text the audio after it speaks
-                self._announce(read_segment(reply.message))
+            if not self._assemble_in_reader:  # (else the reader saw it in its place among the audio)
+                self._assembler.progress(reply.stage, reply.message)  # it may name the text the audio after it speaks
             event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
             await self._notify(event)
             return event
@@ -449,9 +447,15 @@ class Synthesis(_RequestRun):
             self._assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
             self.timings = dict(reply.timings)
             self.facts = dict(reply.facts)
+            self.words = self._assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
             if self._keep:
                 self._audio = Audio(
-                    self._assembler.assemble(), reply.sample_rate, self.timings, reply.id, facts=self.facts
+                    self._assembler.assemble(),
+                    reply.sample_rate,
+                    self.timings,
+                    reply.id,
+                    facts=self.facts,
+                    words=self.words,
                 )
             return None
         if isinstance(reply, protocol.Error):
@@ -462,7 +466,22 @@ class Synthesis(_RequestRun):
         # Without the reader's assembly the caller may iterate events(), progress included.
         exchange.progress_wanted = self._on_progress is not None or not self._assemble_in_reader
         if self._assemble_in_reader:
-            self._assembler = exchange.assemble_audio()
+            self._assembler = exchange.assemble_audio(self._text)
+        else:
+            self._assembler = None  # a request sent again starts over
+
+    def _build_for(self, conn: Channel) -> _Build:
+        ready = conn.ready
+        self._word_timings = ready is not None and "word_timings" in ready.capabilities
+        if not self._quiet or self._word_timings:
+            return self._build
+        build = self._build
+
+        def with_progress(request_id: int) -> protocol.Request:
+            # The segments stand in for the words this engine does not report.
+            return msgspec.structs.replace(build(request_id), progress=True)
+
+        return with_progress
 
     async def start(self) -> None:
         """Send the request now (``async with`` does it for you); then :meth:`aclose` is yours to call."""

@@ -39,7 +39,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._audio import AudioChunk, HasSamples, Samples
+from ._audio import AudioChunk, HasSamples, Samples, WordTiming
 from ._sentences import PIECE, SentenceSplitter
 
 __all__ = [
@@ -91,6 +91,8 @@ class SentenceChunk(HasSamples):
     ``sentence`` counts the stream's sentences from 0; ``text`` is that sentence as the
     engine got it; ``seq`` and ``offset_samples`` count within the sentence (``seq == 0``:
     its first chunk).  ``samples`` is a read-only view, as in :class:`AudioChunk`.
+    ``words``: as :attr:`AudioChunk.words`, seconds from the sentence's first sample and
+    spans into ``text``.
     """
 
     samples: Samples
@@ -99,6 +101,7 @@ class SentenceChunk(HasSamples):
     text: str
     seq: int
     offset_samples: int
+    words: tuple[WordTiming, ...] = ()
 
     def __repr__(self) -> str:
         return (
@@ -130,6 +133,10 @@ class SentenceEnd:
     total_time: float = field(default=0.0, compare=False)
     #: The index of the pool member that spoke it; None outside a pool.
     member_index: Union[int, None] = field(default=None, compare=False)
+    #: Every word of the sentence, as :attr:`~indextts_client.Audio.words` (seconds from the
+    #: sentence's first sample, spans into ``text``; segment stand-ins for an engine without
+    #: word timings); empty where its stream has none (Ray).
+    words: tuple[WordTiming, ...] = field(default=(), compare=False)
 
 
 @dataclass
@@ -403,6 +410,7 @@ class TextStream:
             text=current.text,
             seq=current.seq,
             offset_samples=current.samples,
+            words=chunk.words,
         )
         current.seq += 1
         current.samples += len(chunk.samples)
@@ -420,6 +428,7 @@ class TextStream:
             time_to_first_audio=first,
             total_time=time.perf_counter() - sentence.sent_at,
             member_index=getattr(self._opener, "member_index", None),
+            words=tuple(getattr(sentence.context, "words", ())),
         )
 
 

@@ -7,6 +7,11 @@ format (:mod:`._wire`), or drops them once the job has ended.  :func:`execute_ba
 several ``synthesize`` jobs through :meth:`Engine.synthesize_batch
 <indextts_sidecar.engines.Engine.synthesize_batch>`, each with its own frames, resampling
 and terminal message, handed to a callback as each one ends.
+
+Word timings (:class:`~.engines.Words` among an engine's chunks) wait in a
+:class:`~._words.PendingWords` until the audio frame that holds a word's first sample goes out,
+and ride on it (``Audio.words``); those no frame reached ride on ``done``.  A request
+that ends otherwise (cancelled, failed) sends no more of them.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
-from .engines import BatchItem, Cancelled, Engine, EngineError, ItemDone, SynthesisRequest
-from .protocol import Done, Error, Ok, Progress
+from ._words import PendingWords
+from .engines import BatchItem, Cancelled, Engine, EngineError, ItemDone, SynthesisRequest, Words
+from .protocol import Done, Error, Ok, Progress, WordSpan
 from .protocol.defaults import STAGE_STARTED
 
 if TYPE_CHECKING:
@@ -179,12 +185,13 @@ class JobOutput:
             self.send(message)
             self.live.pop(job.id, None)
 
-    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview) -> bool:
-        """An audio frame of a running job: written at once when no frame waits before it;
-        otherwise queued once one of the outbox's audio slots is free (a slow parent).  A job
-        that has its terminal frame already (shutdown) drops it.  False: cancelled meanwhile.
+    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview, words: Sequence[WordSpan] = ()) -> bool:
+        """An audio frame of a running job (with ``words``, its ``Audio.words``): written at
+        once when no frame waits before it; otherwise queued once one of the outbox's audio
+        slots is free (a slow parent).  A job that has its terminal frame already (shutdown)
+        drops it.  False: cancelled meanwhile.
         """
-        parts = self._wire.audio(job.id, seq, rate, pcm)
+        parts = self._wire.audio(job.id, seq, rate, pcm, words)
         if parts is None:  # the wire keeps the samples for the terminal frame
             return True
         outbox = self._outbox
@@ -303,15 +310,19 @@ def _synthesize(
     began = time.monotonic()
     samples = 0
     seq = 0
+    pending = PendingWords(len(request.text))
     chunks: Iterator[Any] = iter(engine.synthesize(request, progress, job.cancel.is_set))
     if rate != native:
         from ._resample import resampled  # numpy, only when asked for
 
-        chunks = resampled(chunks, native, rate)
+        chunks = resampled(chunks, native, rate)  # Words come out at ``rate`` too
     try:
         for chunk in chunks:
             if job.cancel.is_set():
                 return cancelled_error(job)
+            if isinstance(chunk, Words):
+                pending.add(chunk)
+                continue
             view = memoryview(chunk).cast("B")
             if len(view) % 2:
                 raise EngineError(
@@ -322,8 +333,9 @@ def _synthesize(
             step = out.frame_bytes
             for start in range(0, len(view), step):
                 piece = view[start : start + step]
+                words = pending.due(samples + len(piece) // 2)
                 # The samples are written from the engine's own buffer: no copy here.
-                if not out.audio(job, seq, rate, piece):
+                if not out.audio(job, seq, rate, piece, words):
                     return cancelled_error(job)  # while it waited for a slow parent
                 seq += 1
                 samples += len(piece) // 2
@@ -336,23 +348,30 @@ def _synthesize(
     timings["synthesis"] = time.monotonic() - began
     timings["total"] = time.monotonic() - job.enqueued
     facts = engine.request_facts()
-    return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts)
+    return Done(
+        id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts, words=pending.rest()
+    )
 
 
 class _BatchEntry:
     """One job of a batch on the engine thread: its output, rate, converter and what it sent."""
 
-    __slots__ = ("converter", "ended", "job", "out", "rate", "samples", "seq", "timings")
+    __slots__ = ("converter", "ended", "job", "native", "out", "pending", "rate", "samples", "seq", "timings")
 
-    def __init__(self, job: Job, out: JobOutput, rate: int, converter: Union[Resampler, None], now: float) -> None:
+    def __init__(
+        self, job: Job, out: JobOutput, rate: int, converter: Union[Resampler, None], now: float, native: int = 0
+    ) -> None:
         self.job = job
         self.out = out
         self.rate = rate
         self.converter = converter
+        #: The engine's rate, which its word positions count at (``converter`` set: not ``rate``).
+        self.native = native
         self.seq = 0
         self.samples = 0
         self.timings: dict[str, float] = {"queued": now - job.enqueued}
         self.ended = False
+        self.pending = PendingWords(len(job.request.text) if job.request is not None else 0)
 
     def send(self, data: Any) -> bool:
         """Write ``data`` (int16 at this job's rate) as audio frames; False: cancelled meanwhile."""
@@ -362,7 +381,8 @@ class _BatchEntry:
         step = self.out.frame_bytes
         for start in range(0, len(view), step):
             piece = view[start : start + step]
-            if not self.out.audio(self.job, self.seq, self.rate, piece):
+            words = self.pending.due(self.samples + len(piece) // 2)
+            if not self.out.audio(self.job, self.seq, self.rate, piece, words):
                 return False
             self.seq += 1
             self.samples += len(piece) // 2
@@ -373,6 +393,16 @@ class _BatchEntry:
         job = self.job
         if job.cancel.is_set():
             return cancelled_error(job)
+        if isinstance(chunk, Words):
+            if self.converter is not None:
+                from ._resample import rescale_words  # loaded already: the converter came from there
+
+                chunk = Words(rescale_words(chunk.words, self.native, self.rate))
+            try:
+                self.pending.add(chunk)
+            except EngineError as exc:
+                return error_for(job.id, exc)
+            return None
         size = memoryview(chunk).nbytes
         if size % 2:
             bad = EngineError(f"engine yielded a chunk of {size} bytes: not whole int16 samples", code="internal")
@@ -392,7 +422,14 @@ class _BatchEntry:
         now = time.monotonic()
         self.timings["synthesis"] = now - began
         self.timings["total"] = now - job.enqueued
-        return Done(id=job.id, samples=self.samples, chunks=self.seq, sample_rate=self.rate, timings=self.timings)
+        return Done(
+            id=job.id,
+            samples=self.samples,
+            chunks=self.seq,
+            sample_rate=self.rate,
+            timings=self.timings,
+            words=self.pending.rest(),
+        )
 
 
 def execute_batch(
@@ -439,7 +476,7 @@ def execute_batch(
             from ._resample import make_resampler  # numpy, only when asked for
 
             converter = make_resampler(native, rate)
-        entries.append(_BatchEntry(job, out, rate, converter, now))
+        entries.append(_BatchEntry(job, out, rate, converter, now, native))
         progress = _job_progress(job, out)
         if job.progress_wanted:
             progress(STAGE_STARTED)

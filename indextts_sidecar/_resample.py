@@ -12,7 +12,8 @@ chunk boundaries, so a streamed request converts exactly as a whole one would.
 * ``numpy``: the same Kaiser-windowed sinc filter, evaluated here with numpy alone.
 
 The last two are whole-signal resamplers made streaming by :class:`BlockResampler`.
-:func:`resampled` converts an engine's chunk iterator with whichever applies.
+:func:`resampled` converts an engine's chunk iterator with whichever applies, and moves the
+word timings among its chunks to the new rate (:func:`rescale_words`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import functools
 import importlib
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
+
+from .engines import Words
+from .protocol import WordSpan
 
 __all__ = [
     "METHODS",
@@ -35,6 +39,8 @@ __all__ = [
     "available_methods",
     "make_resampler",
     "resampled",
+    "rescale_position",
+    "rescale_words",
     "sinc_resample",
 ]
 
@@ -268,11 +274,46 @@ def make_resampler(source_rate: int, target_rate: int, method: Union[str, None] 
     raise ValueError(f"unknown resampling method {method!r}; expected one of {', '.join(METHODS)}")
 
 
-def resampled(chunks: Iterator[Any], source_rate: int, target_rate: int) -> Iterator[bytes]:
-    """``chunks`` (int16 mono) converted to ``target_rate``; closing it closes ``chunks``."""
+def rescale_position(position: int, source_rate: int, target_rate: int) -> int:
+    """Sample ``position`` at ``source_rate`` as a position at ``target_rate``: the last output
+    sample at or before its time (rounded down, always the same way).
+
+    Rounding down keeps a position below the input's length below the output's: sample
+    ``n - 1`` of ``n`` lands below ``n * target / source``, the converted signal's length.
+    """
+    return position * target_rate // source_rate
+
+
+def rescale_words(words: Iterable[WordSpan], source_rate: int, target_rate: int) -> tuple[WordSpan, ...]:
+    """``words`` with their sample positions at ``target_rate`` (:func:`rescale_position`).
+
+    Every word stays, with its characters; ``end >= start`` holds as it held before, since the
+    rounding never reverses an order.
+    """
+    return tuple(
+        WordSpan(
+            word.start_char,
+            word.end_char,
+            rescale_position(word.start, source_rate, target_rate),
+            rescale_position(word.end, source_rate, target_rate),
+        )
+        for word in words
+    )
+
+
+def resampled(chunks: Iterator[Any], source_rate: int, target_rate: int) -> Iterator[Union[bytes, Words]]:
+    """``chunks`` (int16 mono) converted to ``target_rate``; closing it closes ``chunks``.
+
+    :class:`~.engines.Words` among the chunks come out at once, moved to ``target_rate``: a
+    word may so come out before the converted samples that hold its first one (the
+    converter holds some samples back); the sidecar sends words by their positions.
+    """
     converter = make_resampler(source_rate, target_rate)
     try:
         for chunk in chunks:
+            if isinstance(chunk, Words):
+                yield Words(rescale_words(chunk.words, source_rate, target_rate))
+                continue
             out = converter.feed(chunk)
             if out:
                 yield out

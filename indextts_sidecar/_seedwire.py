@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -238,8 +239,14 @@ class SeedWire:
             frame["field"] = field
         return _json_frame(frame)
 
-    def audio(self, request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> None:
-        """Keep the chunk for the request's one ``audio`` frame; refuse past what that frame can carry."""
+    def audio(
+        self, request_id: int, seq: int, sample_rate: int, pcm: memoryview, words: Sequence[protocol.WordSpan] = ()
+    ) -> None:
+        """Keep the chunk for the request's one ``audio`` frame; refuse past what that frame can carry.
+
+        ``words`` are dropped: the seed's ``audio`` frame has no field for word timings (nor
+        does its ``done``, which :meth:`encode` turns into that frame).
+        """
         held = self._audio.setdefault(request_id, bytearray())
         if len(held) + len(pcm) > self.max_audio_bytes:
             self._audio.pop(request_id, None)

@@ -11,6 +11,7 @@ picks one per connection by its ``--wire`` name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, Union
 
 import msgspec
@@ -48,8 +49,14 @@ class Wire(Protocol):
         """``reply`` as a frame, or None where this wire has no frame for it."""
         ...
 
-    def audio(self, request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> Union[FrameParts, None]:
-        """An audio chunk as a frame, or None where the wire keeps it for the request's terminal frame."""
+    def audio(
+        self, request_id: int, seq: int, sample_rate: int, pcm: memoryview, words: Sequence[protocol.WordSpan] = ()
+    ) -> Union[FrameParts, None]:
+        """An audio chunk as a frame, or None where the wire keeps it for the request's terminal frame.
+
+        ``words``: the word timings that go with the chunk (``Audio.words``); a wire without
+        a place for them drops them.
+        """
         ...
 
 
@@ -69,5 +76,7 @@ class MsgpackWire:
     def encode(self, reply: protocol.Reply) -> tuple[bytes]:
         return (protocol.frame(reply),)
 
-    def audio(self, request_id: int, seq: int, sample_rate: int, pcm: memoryview) -> tuple[bytes, memoryview]:
-        return protocol.audio_frame_parts(request_id, seq, sample_rate, pcm)
+    def audio(
+        self, request_id: int, seq: int, sample_rate: int, pcm: memoryview, words: Sequence[protocol.WordSpan] = ()
+    ) -> tuple[bytes, memoryview]:
+        return protocol.audio_frame_parts(request_id, seq, sample_rate, pcm, words)

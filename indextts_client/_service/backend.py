@@ -22,7 +22,7 @@ import msgspec
 
 from indextts_sidecar.protocol.engine_info import SpeedControl
 
-from .._audio import AudioChunk
+from .._audio import AudioChunk, WordTiming
 from .._client import Client
 from .._exceptions import SidecarError
 from .._pool import Pool
@@ -40,7 +40,8 @@ class ServedStream(Protocol):
     """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
 
     After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
-    request (``facts``: ``voice_cache``...), and the pool member that served it (None behind Ray).
+    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``; none
+    behind Ray), and the pool member that served it (None behind Ray).
     """
 
     @property
@@ -48,6 +49,9 @@ class ServedStream(Protocol):
 
     @property
     def facts(self) -> Mapping[str, Any]: ...
+
+    @property
+    def words(self) -> tuple[WordTiming, ...]: ...
 
     @property
     def member_index(self) -> Union[int, None]: ...
@@ -184,6 +188,7 @@ class _RayStream:
         self._opened = opened
         self.timings: Mapping[str, float] = {}
         self.facts: Mapping[str, Any] = {}
+        self.words: tuple[WordTiming, ...] = ()
         self.member_index: Union[int, None] = None
 
     async def __aenter__(self) -> AsyncIterator[AudioChunk]:

@@ -58,6 +58,13 @@ class EngineFacts:
         its voices and clones none; IndexTTS declares ``voice_clone``; the fake engine takes any."""
         return "voice_clone" in self.capabilities or "voices" not in self.capabilities
 
+    @property
+    def granularity(self) -> str:
+        """What the words of its requests are: ``word`` where the engine reports word timings
+        (the ``word_timings`` capability: espeak, the fake engine), else ``segment`` (the
+        engine's segments stand in for its words: IndexTTS)."""
+        return "word" if "word_timings" in self.capabilities else "segment"
+
     def voice(self, name: str) -> Union[EngineVoice, None]:
         """The engine voice ``name`` names, or None: its name, its identifier (or the identifier's
         last part), else the voice whose first language it is, else any voice of that language;

@@ -24,6 +24,7 @@ from starlette.types import Send
 from .._audio import AudioChunk, TextSegment
 from .._exceptions import SidecarError
 from .._service import FORMATS, PCM_RATE, Backend, Prepared, Refusal, ServedStream
+from ._alignment import alignment_words
 from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
 from ._errors import HTTPError, error_for
 from ._metrics import Metrics
@@ -220,6 +221,9 @@ class SpeechRoute:
                     left = True
                     await stream.__aexit__(None, None, None)
                 self._served(stream, clock)
+                words = alignment_words(stream.words)
+                alignment = {"type": "speech.audio.alignment", "granularity": self.backend.facts.granularity}
+                yield _sse({**alignment, "words": words})
                 done = {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0}}
                 yield _sse({**done, "timings": clock.facts()})
         except SidecarError as exc:

@@ -40,6 +40,7 @@ from .._service import (
     refusal_of,
 )
 from .._stream_text import Fragment, SentenceChunk, SentenceEnd, TextFeed, TextStream
+from ._alignment import alignment_words
 from ._encoders import STREAMABLE, Encoder, check_available, make_encoder
 from ._errors import HTTPError
 from ._limits import Limits
@@ -374,6 +375,11 @@ class _Session:
                     encoder = None
                     self.route.served(event, chunk_rate, arrivals)  # before audio.done: who saw it sees them
                     done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
+                    words = alignment_words(event.words)
+                    granularity = self.route.service.backend.facts.granularity
+                    await self.send_json(
+                        {**done, "type": "audio.alignment", "granularity": granularity, "words": words}
+                    )
                     await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
                     sent, chunk_rate, arrivals = 0, 0, []
 

@@ -6,6 +6,14 @@ of a sine tone whose pitch depends on the character (amplitude 8000, never silen
 what it received byte for byte.  The ``synthesize`` progress before each chunk names the
 characters whose tones the chunk holds (:mod:`indextts_sidecar.protocol.segments`).
 
+Word timings (the ``word_timings`` capability): each run of non-whitespace characters of
+the text is a word, spoken by its characters' tones, samples ``[first char's start, last
+char's end)``; :func:`words` computes them.  The engine yields each word as
+:class:`~indextts_sidecar.engines.Words` right before the chunk that holds its first
+sample.  A ``seconds`` shorter than the text's audio drops the words that start past its
+end (and ends a word it cuts at the audio's end); a longer one repeats the text, and the
+repeats carry no words (as they carry no segment spans).
+
 Per-request ``options`` inject faults at chunk boundaries: see :class:`FakeRequestOptions`.
 Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
 
@@ -17,9 +25,11 @@ per step, and pays the simulated compute (``delay``) once per step for the whole
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
-from ..protocol import EMOTION_NAMES, EmotionVector
+from ..protocol import EMOTION_NAMES, EmotionVector, WordSpan
 from ..protocol.segments import segment_message
 from . import (
     BatchItem,
@@ -40,16 +50,18 @@ from . import (
     RequestError,
     SpeedControl,
     SynthesisRequest,
+    Words,
 )
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["FakeEngine", "FakeOptions", "FakeRequestOptions", "render", "render_bytes"]
+__all__ = ["FakeEngine", "FakeOptions", "FakeRequestOptions", "render", "render_bytes", "words"]
 
 _NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 _Count = Annotated[int, msgspec.Meta(ge=0)]
 _AMPLITUDE = 8000
+_WORD = re.compile(r"\S+")
 
 
 class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -146,13 +158,43 @@ def render_bytes(text: str, sample_rate: int = 24000, **kwargs: Any) -> bytes:
     return render(text, sample_rate, **kwargs).tobytes()
 
 
+def words(
+    text: str, sample_rate: int = 24000, *, seconds: Union[float, None] = None, seconds_per_char: float = 0.06
+) -> list[WordSpan]:
+    """The word timings the fake engine reports for ``text`` with these settings (as :func:`render`)."""
+    per_char = max(1, round(seconds_per_char * sample_rate))
+    total = round(seconds * sample_rate) if seconds is not None else per_char * len(text or " ")
+    return _words(text, per_char, total)
+
+
+def _words(text: str, per_char: int, total: int) -> list[WordSpan]:
+    """Each whitespace-separated word of ``text`` that starts within ``total`` samples, at
+    ``per_char`` samples per character; none when the audio repeats the text."""
+    if total > per_char * len(text):
+        return []
+    spans = []
+    for match in _WORD.finditer(text):
+        start = match.start() * per_char
+        if start >= total:
+            break
+        spans.append(WordSpan(match.start(), match.end(), start, min(match.end() * per_char, total)))
+    return spans
+
+
 class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     """Deterministic tones from text, with fault injection: a test double for applications."""
 
     name = "fake"
     #: It takes every kind of emotion (and checks it as IndexTTS does), so that the layers
     #: above can be tested against it.
-    capabilities = ("streaming", "fault_injection", "emotion_vector", "emotion_audio", "emotion_text")
+    capabilities = (
+        "streaming",
+        "fault_injection",
+        "emotion_vector",
+        "emotion_audio",
+        "emotion_text",
+        "word_timings",
+    )
     #: Speeds 0.25..4 at the default 0.06 s per character.
     speed = SpeedControl(option="seconds_per_char", normal=0.06, minimum=0.015, maximum=0.24, inverse=True)
     Options = FakeOptions
@@ -245,11 +287,14 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 raise Cancelled
             if cancelled():
                 raise Cancelled
+            spoken = plan.words_in(index)
+            if spoken:
+                yield Words(spoken)
             yield plan.chunk(index, progress)
 
     def synthesize_batch(
         self, items: Sequence[BatchItem[FakeRequestOptions]]
-    ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+    ) -> Iterator[tuple[int, Union[Any, Words, ItemDone]]]:
         ids = [item.request.id for item in items]
         plans = [self._plan(item.request, batch=ids) for item in items]
         self._request_facts = {}
@@ -283,6 +328,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     continue
                 plan.crash_if_asked(index)
                 next_chunk[i] = index + 1
+                spoken = plan.words_in(index)
+                if spoken:
+                    yield i, Words(spoken)
                 yield i, plan.chunk(index, items[i].progress)
                 if index + 1 == plan.count:
                     active.remove(i)
@@ -328,7 +376,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
 class _Plan:
     """One request's audio cut into chunks, and the progress that names each chunk's characters."""
 
-    __slots__ = ("audio", "char_samples", "chunk_samples", "count", "options", "spans")
+    __slots__ = ("audio", "char_samples", "chunk_samples", "count", "options", "spans", "word_starts", "words")
 
     def __init__(
         self, request: SynthesisRequest[FakeRequestOptions], audio: Any, chunk: int, char_samples: int
@@ -340,6 +388,8 @@ class _Plan:
         self.count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
         # A ``seconds`` longer than the text's own audio repeats the text: no span names that.
         self.spans = bool(request.text) and len(audio) <= char_samples * len(request.text)
+        self.words = _words(request.text, char_samples, len(audio))
+        self.word_starts = [word.start for word in self.words]
 
     def crash_if_asked(self, index: int) -> None:
         opts = self.options
@@ -347,6 +397,12 @@ class _Plan:
             sys.stderr.write(f"fake engine: crashing with exit code {opts.exit_code} as asked\n")
             sys.stderr.flush()
             os._exit(opts.exit_code)
+
+    def words_in(self, index: int) -> list[WordSpan]:
+        """The words whose first sample chunk ``index`` holds."""
+        first, end = index * self.chunk_samples, (index + 1) * self.chunk_samples
+        starts = self.word_starts
+        return self.words[bisect.bisect_left(starts, first) : bisect.bisect_left(starts, end)]
 
     def chunk(self, index: int, progress: ProgressFn) -> Any:
         """Chunk ``index``, after its ``synthesize`` progress."""

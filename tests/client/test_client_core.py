@@ -260,7 +260,11 @@ async def test_synthesize_asks_for_progress_only_when_someone_looks() -> None:
     asked: list[bool] = []
 
     async def peer(reader: FrameReader, writer: FrameWriter) -> None:
-        await writer.send(fake_ready())
+        ready = fake_ready()
+        # An engine with words: it needs no segment announcements (progress) for them; one
+        # without is asked for progress (test_word_timings).
+        ready.capabilities = [*ready.capabilities, "word_timings"]
+        await writer.send(ready)
         while (body := await reader.receive()) is not None:
             request = protocol.decode_request(body)
             assert isinstance(request, protocol.Synthesize)

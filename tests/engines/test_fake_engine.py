@@ -11,9 +11,9 @@ import pytest
 from client_support import expected, fake_client
 
 from indextts_client import EngineError, InvalidRequestError
-from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest
+from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest, Words, WordSpan
 from indextts_sidecar.engines import EngineError as EngineFailure
-from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, FakeRequestOptions, render_bytes
+from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, FakeRequestOptions, render_bytes, words
 
 pytestmark = pytest.mark.anyio
 
@@ -88,11 +88,11 @@ def test_each_request_of_a_batch_gets_exactly_its_audio_and_progress_alone() -> 
     for request in requests:
         seen: list[str] = []
         chunks = list(engine.synthesize(request, lambda _s, _f=None, m="", seen=seen: seen.append(m), lambda: False))
-        alone[request.id] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        alone[request.id] = _timeline(chunks)
         alone_progress[request.id] = seen
     progress: dict[int, list[str]] = {r.id: [] for r in requests}
     items = [_item(r, [False], progress[r.id]) for r in requests]
-    got: dict[int, bytearray] = {r.id: bytearray() for r in requests}
+    got: dict[int, list[Any]] = {r.id: [] for r in requests}
     ended: list[int] = []
     for index, value in engine.synthesize_batch(items):
         request_id = requests[index].id
@@ -101,11 +101,31 @@ def test_each_request_of_a_batch_gets_exactly_its_audio_and_progress_alone() -> 
             assert value.error is None
             ended.append(request_id)
         else:
-            got[request_id] += memoryview(value).cast("B")
+            got[request_id].append(value)
     assert ended == [1, 3, 2]  # the shortest ends first, each at once after its last chunk
     for request in requests:
-        assert bytes(got[request.id]) == alone[request.id] == render_bytes(request.text, 8000, seconds_per_char=0.01)
+        audio, spoken = _timeline(got[request.id])
+        assert (audio, spoken) == alone[request.id]
+        assert audio == render_bytes(request.text, 8000, seconds_per_char=0.01)
+        assert spoken == words(request.text, 8000, seconds_per_char=0.01)
+        assert [request.text[w.start_char : w.end_char] for w in spoken] == request.text.split()
         assert progress[request.id] == alone_progress[request.id]
+
+
+def _timeline(values: list[Any]) -> tuple[bytes, list[WordSpan]]:
+    """The audio of an engine's yields, and its words, each checked to come before the chunk
+    that holds its first sample (and after the chunks before that one)."""
+    audio = bytearray()
+    spoken: list[WordSpan] = []
+    for value in values:
+        if isinstance(value, Words):
+            for word in value.words:
+                assert word.start >= len(audio) // 2, (word, len(audio) // 2)
+            spoken += value.words
+        else:
+            audio += memoryview(value).cast("B")
+            assert all(word.start < len(audio) // 2 for word in spoken)
+    return bytes(audio), spoken
 
 
 def test_a_batch_pays_the_simulated_compute_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,6 +156,8 @@ def test_a_batch_drops_a_cancelled_request_and_fails_only_the_one_that_fails() -
         request_id = requests[index].id
         if isinstance(value, ItemDone):
             done[request_id] = value.error
+            continue
+        if isinstance(value, Words):
             continue
         got[request_id] += memoryview(value).cast("B")
         if request_id == 1 and len(got[1]) >= 4 * 160:  # request 2 hangs at its chunk 1 meanwhile

@@ -59,3 +59,29 @@ async def test_a_sidecar_refuses_a_voices_id_out_of_range_and_stays_up() -> None
             assert isinstance(answer, Error) and (answer.id, answer.code) == (3, "invalid_input")
             pong = await peer.request(Ping(id=4))
             assert isinstance(pong[-1], Pong) and pong[-1].id == 4
+
+
+def test_a_word_span_is_a_four_array_on_the_wire_and_omitted_when_there_are_none() -> None:
+    word = protocol.WordSpan(start_char=4, end_char=9, start=2400, end=5100)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(word)) == [4, 9, 2400, 5100]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(word), type=protocol.WordSpan) == word
+    done = protocol.Done(id=1, samples=9000, chunks=2, sample_rate=24000, words=[word])
+    body = protocol.frame(done)[4:]
+    assert msgspec.msgpack.decode(body)["words"] == [[4, 9, 2400, 5100]]
+    assert protocol.decode_reply(body) == done
+    # An older peer's frames carry no ``words``: they decode to none, and none are sent as none.
+    plain = protocol.frame(protocol.Done(id=1, samples=0, chunks=0, sample_rate=24000))[4:]
+    assert "words" not in msgspec.msgpack.decode(plain)
+    head, pcm = protocol.audio_frame_parts(7, 0, 24000, memoryview(b"\x01\x02\x03\x04"))
+    assert "words" not in msgspec.msgpack.decode(bytes(head[4:]) + bytes(pcm))
+
+
+def test_an_audio_frame_with_words_decodes_with_its_samples_intact() -> None:
+    words = [protocol.WordSpan(0, 5, 0, 1200), protocol.WordSpan(6, 11, 1300, 2500)]
+    pcm = bytes(range(256)) * 40
+    head, samples = protocol.audio_frame_parts(7, 2, 24000, memoryview(pcm), words)
+    assert samples.obj is pcm  # the samples travel uncopied, words or not
+    audio = protocol.decode_reply(bytes(head[4:]) + bytes(samples))
+    assert isinstance(audio, protocol.Audio)
+    assert (audio.id, audio.seq, audio.sample_rate, audio.words) == (7, 2, 24000, words)
+    assert bytes(audio.pcm) == pcm

@@ -35,6 +35,7 @@ from indextts_sidecar.protocol import (
     Shutdown,
     Synthesize,
     Unload,
+    WordSpan,
 )
 from indextts_sidecar.protocol.framing import FrameReader
 
@@ -44,6 +45,8 @@ unit = st.floats(min_value=0, max_value=1)
 texts = st.text(max_size=200)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), floats, texts)
 option_maps = st.dictionaries(st.text(max_size=20), scalars, max_size=5)
+counts = st.integers(0, 2**40)
+word_lists = st.lists(st.builds(WordSpan, counts, counts, counts, counts), max_size=6)
 emotions = st.one_of(
     st.none(),
     st.builds(EmotionVector, **{name: unit for name in protocol.EMOTION_NAMES}, alpha=unit),
@@ -86,6 +89,7 @@ replies = st.one_of(
         id=ids,
         seq=st.integers(0, 2**32),
         sample_rate=st.integers(1, 192000),
+        words=word_lists,
         pcm=st.binary(max_size=512).map(memoryview),
     ),
     st.builds(
@@ -95,6 +99,7 @@ replies = st.one_of(
         chunks=st.integers(0, 2**20),
         sample_rate=st.integers(1, 192000),
         timings=st.dictionaries(texts, floats, max_size=4),
+        words=word_lists,
     ),
     st.builds(Ok, id=ids, info=option_maps),
     st.builds(
@@ -234,3 +239,16 @@ def test_audio_frame_parts_decode_to_the_audio_message(request_id: int, seq: int
     data = bytes(head) + bytes(samples)
     assert int.from_bytes(data[:4], "big") == len(data) - 4
     assert protocol.decode_reply(data[4:]) == Audio(id=request_id, seq=seq, sample_rate=rate, pcm=memoryview(pcm))
+
+
+@given(ids, st.integers(1, 192000), word_lists, st.binary(max_size=70000))
+def test_audio_frame_parts_with_words_keep_the_samples_intact(
+    request_id: int, rate: int, words: list[WordSpan], pcm: bytes
+) -> None:
+    head, samples = protocol.audio_frame_parts(request_id, 3, rate, memoryview(pcm), words)
+    data = bytes(head) + bytes(samples)
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    decoded = protocol.decode_reply(data[4:])
+    assert isinstance(decoded, Audio)
+    assert decoded.words == words and bytes(decoded.pcm) == pcm
+    assert decoded == Audio(id=request_id, seq=3, sample_rate=rate, words=words, pcm=memoryview(pcm))

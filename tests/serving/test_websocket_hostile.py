@@ -161,7 +161,14 @@ async def test_text_for_a_context_that_just_failed_never_drops_the_connection(sr
                         break
             assert seen[-1] == "context.done", seen
             assert "engine_error" in seen
-            assert set(seen) <= {"engine_error", "context_ended", "audio.start", "audio.done", "context.done"}, seen
+            assert set(seen) <= {
+                "engine_error",
+                "context_ended",
+                "audio.start",
+                "audio.alignment",
+                "audio.done",
+                "context.done",
+            }, seen
 
 
 async def test_a_foreign_origin_cannot_open_the_socket(srv: Server) -> None:

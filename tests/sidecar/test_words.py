@@ -1,0 +1,182 @@
+"""Word timings over real pipes: the fake engine's words on the audio frames that start them.
+
+The fake engine reports each whitespace-separated word of the text, spoken by its
+characters' tones (``indextts_sidecar.engines.fake.words`` computes them); the sidecar
+sends each word with the audio frame that holds its first sample (``Audio.words``), at the
+frame's sample rate, and those no frame reached with ``done``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+from harness import Peer, pcm_of, sidecar, spawn
+
+from indextts_sidecar import protocol
+from indextts_sidecar.engines.fake import render_bytes, words
+from indextts_sidecar.protocol import Audio, Done, Error, WordSpan
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 60
+RATE = 8000
+PER_CHAR = 0.01
+#: 80 samples a character, 160 a chunk (20 ms): a word of 3+ characters spans chunks.
+ENGINE = ["-o", f"sample_rate={RATE}", "-o", f"seconds_per_char={PER_CHAR}"]
+TEXT = "The  quick brown fox, jumps over\tthe lazy dog."
+
+
+def _synth(request_id: int, text: str, sample_rate: int | None = None, **options: Any) -> protocol.Synthesize:
+    options.setdefault("chunk_seconds", 0.02)
+    return protocol.Synthesize(id=request_id, text=text, sample_rate=sample_rate, options=options)
+
+
+def _expected_words(text: str) -> list[WordSpan]:
+    return words(text, RATE, seconds_per_char=PER_CHAR)
+
+
+def _at_rate(native: Sequence[WordSpan], rate: int) -> list[WordSpan]:
+    """``native`` (at the engine's 8 kHz) at ``rate``: rounded down, always."""
+    return [WordSpan(w.start_char, w.end_char, w.start * rate // RATE, w.end * rate // RATE) for w in native]
+
+
+def _check_placement(frames: Sequence[protocol.Reply]) -> list[WordSpan]:
+    """Every word rides on the frame that holds its first sample; returns them in order."""
+    spoken: list[WordSpan] = []
+    position = 0
+    for frame in frames:
+        if isinstance(frame, Audio):
+            end = position + len(frame.pcm) // 2
+            for word in frame.words:
+                assert position <= word.start < end, (word, position, end)
+            spoken += frame.words
+            position = end
+    return spoken
+
+
+async def test_each_word_rides_on_the_audio_frame_that_holds_its_first_sample() -> None:
+    expected = _expected_words(TEXT)
+    assert [TEXT[w.start_char : w.end_char] for w in expected] == TEXT.split()
+    assert expected[1] == WordSpan(5, 10, 5 * 80, 10 * 80)  # "quick": after two spaces
+    with anyio.fail_after(TIMEOUT):
+        async with spawn("fake", *ENGINE) as peer:
+            ready = await peer.expect(protocol.Ready)
+            assert "word_timings" in ready.capabilities
+            frames = await peer.request(_synth(1, TEXT))
+            assert pcm_of(frames) == render_bytes(TEXT, RATE, seconds_per_char=PER_CHAR)
+            assert _check_placement(frames) == expected
+            done = frames[-1]
+            assert isinstance(done, Done) and done.words == []
+            # Several frames carry none (chunks inside a word): words are not repeated.
+            audio = [f for f in frames if isinstance(f, Audio)]
+            assert sum(1 for f in audio if not f.words) > 0
+
+
+async def test_a_chunk_split_into_several_frames_gives_each_word_to_its_own_frame() -> None:
+    # One chunk for the whole text (1.6 s, 12800 samples); frames of at most 64 KiB less the
+    # overhead (32256 samples) at the smallest --max-frame-size: 12000 characters, 30 frames.
+    text = " ".join([TEXT] * 260)
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE, "--max-frame-size", "65536") as peer:
+            frames = await peer.request(_synth(1, text, chunk_seconds=1000.0))
+            audio = [f for f in frames if isinstance(f, Audio)]
+            assert len(audio) == -(-len(text) * 80 // 32256) and len(audio) > 20
+            spoken = _check_placement(frames)
+            assert spoken == _expected_words(text) and len(spoken) == len(text.split())
+            assert all(f.words for f in audio)
+
+
+async def test_resampled_words_are_at_the_requested_rate() -> None:
+    text = "Resample these five words."
+    native = _expected_words(text)
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE) as peer:
+            for request_id, rate in ((1, 16000), (2, 11025), (3, 4000)):
+                frames = await peer.request(_synth(request_id, text, sample_rate=rate))
+                done = frames[-1]
+                assert isinstance(done, Done) and done.sample_rate == rate, done
+                scaled = _at_rate(native, rate)
+                spoken = _check_placement(frames) + done.words
+                assert spoken == scaled, rate
+                assert all(w.start < done.samples and w.end <= done.samples for w in spoken)
+
+
+async def test_a_cancelled_request_sends_no_more_words() -> None:
+    text = "one two three four five six"
+    per_chunk = 160
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE) as peer:
+            await peer.send(_synth(1, text, hang_at=3))
+            received: list[protocol.Reply] = []
+            while len([f for f in received if isinstance(f, Audio)]) < 3:
+                received.append(await peer.reply())
+            await peer.send(protocol.Cancel(id=2, target=1))
+            rest = await peer.collect({1, 2})
+            frames = received + rest[1]
+            terminal = frames[-1]
+            assert isinstance(terminal, Error) and terminal.code == "cancelled", terminal
+            spoken = _check_placement(frames)
+            # The words of the three chunks sent, and not one more.
+            assert spoken == [w for w in _expected_words(text) if w.start < 3 * per_chunk]
+            assert spoken and len(spoken) < len(text.split())
+
+
+async def test_a_seconds_shorter_than_the_text_keeps_the_words_it_reaches() -> None:
+    text = "alpha beta gamma delta"
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE) as peer:
+            frames = await peer.request(_synth(1, text, seconds=0.08))  # 640 samples: 8 characters
+            spoken = _check_placement(frames)
+            assert spoken == [WordSpan(0, 5, 0, 400), WordSpan(6, 10, 480, 640)]
+
+
+# ------------------------------------------------------------------ batches
+
+
+async def _hold_engine(peer: Peer, request_id: int) -> None:
+    """Load the model, then occupy the engine with a request that hangs until cancelled."""
+    await peer.request(protocol.Load(id=request_id + 1000))
+    await peer.send(_synth(request_id, "held", hang_at=0))
+    started = await peer.reply()
+    assert isinstance(started, protocol.Progress) and started.id == request_id, started
+
+
+async def _queued(peer: Peer, ping_id: int) -> None:
+    """After this, every request sent before on ``peer`` is queued."""
+    await peer.send(protocol.Ping(id=ping_id))
+    while not isinstance(reply := await peer.reply(), protocol.Pong):
+        assert isinstance(reply, protocol.Progress), reply
+
+
+async def test_each_request_of_a_batch_gets_its_own_words_at_its_own_rate() -> None:
+    texts = {11: "first of the batch", 12: "the second one, resampled", 13: "third"}
+    rates = {11: None, 12: 16000, 13: None}
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *ENGINE, "-o", "max_batch=4") as peer:
+            await _hold_engine(peer, 1)
+            for request_id, text in texts.items():
+                await peer.send(_synth(request_id, text, sample_rate=rates[request_id], hang_at=None))
+            await peer.send(_synth(14, "cancelled in the batch", hang_at=2))
+            await _queued(peer, 50)
+            await peer.send(protocol.Cancel(id=2001, target=1))
+            frames = await peer.collect({1, 2001, 11, 12, 13})
+            for request_id, text in texts.items():
+                rate = rates[request_id] or RATE
+                scaled = _at_rate(_expected_words(text), rate)
+                done = frames[request_id][-1]
+                assert isinstance(done, Done), done
+                assert _check_placement(frames[request_id]) + done.words == scaled, request_id
+            # The one that hangs inside the batch: its words up to the hang, then none.
+            partial: list[protocol.Reply] = frames.get(14, [])
+            while len([f for f in partial if isinstance(f, Audio)]) < 2:
+                reply = await peer.reply()
+                assert getattr(reply, "id", None) == 14, reply
+                partial.append(reply)
+            await peer.send(protocol.Cancel(id=2002, target=14))
+            rest = await peer.collect({14, 2002})
+            every = partial + rest[14]
+            assert isinstance(every[-1], Error) and every[-1].code == "cancelled"
+            assert _check_placement(every) == [w for w in _expected_words("cancelled in the batch") if w.start < 320]
