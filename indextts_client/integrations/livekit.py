@@ -378,8 +378,8 @@ async def _speak(
                     if on_text is not None:
                         on_text()
                     await socket.send({"type": "input.text", "context_id": context_id, "text": piece})
-            await socket.send({"type": "input.done", "context_id": context_id})
             input_done.set()
+            await socket.send({"type": "input.done", "context_id": context_id})
         except APIError as exc:
             inbox.put_nowait(exc)
 
@@ -419,9 +419,12 @@ async def _speak(
                     duration=(received - sentence_start) / 2 / rate,
                 )
                 sentences += 1
-                if words:
-                    emitter.push_timed_transcript(words)
-                    emitter.flush()  # the words go out with the sentence's last audio
+                emitter.push_timed_transcript(words)
+            elif kind == "audio.done":
+                if streaming and not (item.get("flushed") and input_done.is_set()):
+                    # more audio may follow, and not soon (the LLM's next sentence): the words
+                    # go out now, with the sentence's last audio, not with the next frame
+                    emitter.flush()
             elif kind in ("context.done", "context.cancelled"):
                 ended = True
                 if segment:

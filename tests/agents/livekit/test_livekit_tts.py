@@ -15,7 +15,7 @@ pytest.importorskip("livekit.agents")
 from http_support import KEY, Server
 from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError, tokenize, tts
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
-from livekit_support import WAIT, bare_route, recording_session
+from livekit_support import WAIT, bare_route, recording_session, timed_words
 
 from indextts_client.integrations.livekit import TTS
 from indextts_sidecar.engines.fake import render_bytes
@@ -49,7 +49,7 @@ def spoken(events: list[dict[str, Any]]) -> bytes:
     return b"".join(render_bytes(e["text"]) for e in events if e["type"] == "audio.start")
 
 
-async def test_a_streamed_reply_is_the_routes_audio(fake: Server) -> None:
+async def test_a_streamed_reply_is_the_routes_audio_with_its_words_timed(fake: Server) -> None:
     expected, events = await bare_route(fake, *PIECES)
     assert expected == spoken(events)
     speaker = TTS(url=fake.base, api_key=KEY)
@@ -66,6 +66,15 @@ async def test_a_streamed_reply_is_the_routes_audio(fake: Server) -> None:
     assert all(ev.frame.sample_rate == 24000 and ev.frame.num_channels == 1 for ev in frames)
     assert len({ev.segment_id for ev in frames}) == 1
     assert [ev.is_final for ev in frames] == [False] * (len(frames) - 1) + [True]
+    words = words_of(frames)
+    assert "".join(words) == REPLY  # each word carries its spaces and punctuation
+    assert [w.strip(" ,.") for w in words] == REPLY.replace(",", "").replace(".", "").split()
+    expected_times = timed_words(events)
+    assert len(expected_times) == len(words)
+    for word, (start, end) in zip(words, expected_times, strict=True):
+        assert word.start_time == pytest.approx(start, abs=1e-6)
+        assert word.end_time == pytest.approx(end, abs=1e-6)
+    assert words[-1].end_time <= len(expected) / 2 / 24000 + 1e-6
 
 
 async def test_synthesize_is_one_context_with_the_routes_audio(fake: Server) -> None:
@@ -78,6 +87,10 @@ async def test_synthesize_is_one_context_with_the_routes_audio(fake: Server) -> 
     finally:
         await speaker.aclose()
     assert pcm_of(frames) == render_bytes(text)
+    words = words_of(frames)
+    assert "".join(words) == text
+    # the fake engine: 0.06 s a character, "One" characters 0-3, "whole" 4-9
+    assert [(w.start_time, w.end_time) for w in words][:2] == [(0.0, 0.18), (0.24, 0.54)]
 
 
 async def test_the_frameworks_stream_adapter_speaks_through_synthesize(fake: Server) -> None:
