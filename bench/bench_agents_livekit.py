@@ -12,8 +12,8 @@ their WebSocket open across rounds, and each round opens a new context with the 
   aiohttp, the library the service uses, to the first binary frame of the context.
 
 The two take turns each round (the order alternating), each to its context's end; the
-figures are medians over rounds with min-max, and the per-round difference (service minus
-bare, paired), which is the service's overhead.  Goal: under 5 ms, median.
+figures are medians over rounds with quartiles and min-max, and the per-round difference
+(service minus bare, paired), which is the service's overhead.  Goal: under 5 ms, median.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ async def service(speaker: TTS) -> float:
 
 def summary(values: list[float]) -> str:
     ms = [v * 1000 for v in values]
-    return f"{statistics.median(ms):7.2f} ms  ({min(ms):.2f}-{max(ms):.2f})"
+    q1, _, q3 = statistics.quantiles(ms, n=4)
+    return f"{statistics.median(ms):7.2f} ms  (quartiles {q1:.2f} .. {q3:.2f}; {min(ms):.2f} .. {max(ms):.2f})"
 
 
 async def main(base: str, rounds: int) -> None:
@@ -99,7 +100,7 @@ async def main(base: str, rounds: int) -> None:
                     bared.append(await bare(ws, f"b{i}"))
         finally:
             await speaker.aclose()
-    print(f"first audio, {rounds} rounds, median (min-max)")
+    print(f"first audio, {rounds} rounds: median (quartiles; min .. max)")
     print(f"  service (LiveKit stream): {summary(served)}")
     print(f"  bare route (aiohttp):     {summary(bared)}")
     print(f"  overhead (paired):        {summary([s - b for s, b in zip(served, bared, strict=True)])}")
