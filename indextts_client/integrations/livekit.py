@@ -66,8 +66,14 @@ _STATUS = {
     "timeout": 504,
 }
 
-# What a context's inbox holds: a JSON event, a binary frame's audio, or the failure that ends it.
-_Item = Union[dict[str, Any], bytes, APIError]
+
+class _InputDone:
+    """The context's text is all sent: from now on the server's silence is bounded."""
+
+
+# What a context's inbox holds: a JSON event, a binary frame's audio, the failure that ends it,
+# or the sender's word that the input is done.
+_Item = Union[dict[str, Any], bytes, APIError, _InputDone]
 
 
 class _Flush:
@@ -83,6 +89,14 @@ def _status_error(event: Mapping[str, Any], request_id: Union[str, None]) -> API
         request_id=request_id,
         body=dict(event),
     )
+
+
+def _connection_error(event: Mapping[str, Any]) -> APIError:
+    """An ``error`` event without a context: the server is ending the connection."""
+    if event.get("code") == "invalid_api_key":
+        return _status_error(event, None)
+    code, message = event.get("code", "error"), event.get("message", "")
+    return APIConnectionError(f"indextts: the server ended the connection: {message} ({code})")
 
 
 def _route_url(url: str) -> str:
@@ -158,8 +172,14 @@ class _Socket:
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise APIConnectionError("indextts: the connection was lost") from exc
 
+    def _fail(self, failure: APIError) -> None:
+        """The connection is over: every open context gets ``failure``, every new one too."""
+        if self._failure is None:
+            self._failure = failure
+            for inbox in self._inboxes.values():
+                inbox.put_nowait(failure)
+
     async def _read(self) -> None:
-        failure: Union[APIError, None] = None
         try:
             async for message in self._ws:
                 if message.type is aiohttp.WSMsgType.BINARY:
@@ -174,17 +194,15 @@ class _Socket:
                         continue
                     context_id = event.get("context_id")
                     if context_id is None and event.get("type") == "error":
-                        failure = _status_error(event, None)  # the connection's end (idle timeout...)
+                        # the connection's end (an idle timeout...): the close follows; a stream
+                        # starting now must not take this socket
+                        self._fail(_connection_error(event))
                     elif isinstance(context_id, str) and (inbox := self._inboxes.get(context_id)) is not None:
                         inbox.put_nowait(event)
         except (aiohttp.ClientError, OSError) as exc:
-            failure = APIConnectionError(f"indextts: the connection was lost ({type(exc).__name__})")
+            self._fail(APIConnectionError(f"indextts: the connection was lost ({type(exc).__name__})"))
         finally:
-            if failure is None:
-                failure = APIConnectionError(f"indextts: the server closed the connection ({self._ws.close_code})")
-            self._failure = failure
-            for inbox in self._inboxes.values():
-                inbox.put_nowait(failure)
+            self._fail(APIConnectionError(f"indextts: the server closed the connection ({self._ws.close_code})"))
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
@@ -200,31 +218,38 @@ def _json(data: object) -> Union[dict[str, Any], None]:
     return event if isinstance(event, dict) else None
 
 
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise APIError(f"indextts: a word's time is not a number of seconds: {value!r}", retryable=False)
+    return float(value)
+
+
 def _words(event: Mapping[str, Any], text: str, *, lead: str, offset: float, duration: float) -> list[TimedString]:
     """A sentence's ``audio.alignment`` as LiveKit words, seconds from the stream's first sample.
 
     The words' texts add up to ``lead`` and the sentence's text: each word carries the spaces and
-    punctuation up to the next one.  Without words (an engine that gives none), the sentence is
-    one timed piece.
+    punctuation up to the next one (where the words' character offsets are given and in order;
+    otherwise the words' own texts, joined by spaces).  Without words (an engine that gives
+    none), the sentence is one timed piece.  An ``event`` whose words are not a list of objects
+    with numeric times raises :class:`APIError`.
     """
-    words = [w for w in event.get("words") or () if isinstance(w, dict)]
+    words = event.get("words") or []
+    if not isinstance(words, list) or not all(isinstance(w, dict) for w in words):
+        raise APIError("indextts: audio.alignment's words are not a list of objects", retryable=False)
     if not words:
         return [TimedString(lead + text, start_time=offset, end_time=offset + duration)] if text else []
-    spans = all(isinstance(w.get("char_start"), int) for w in words)
+    starts = [w.get("char_start") for w in words]
+    spans = all(isinstance(c, int) and not isinstance(c, bool) for c in starts) and starts == sorted(starts)
+    spans = spans and starts[0] >= 0 and starts[-1] <= len(text)
     out = []
     for i, word in enumerate(words):
         last = i + 1 == len(words)
         if spans:
-            piece = text[0 if i == 0 else word["char_start"] : len(text) if last else words[i + 1]["char_start"]]
+            piece = text[0 if i == 0 else starts[i] : len(text) if last else starts[i + 1]]
         else:
             piece = str(word.get("word", "")) + ("" if last else " ")
-        out.append(
-            TimedString(
-                (lead if i == 0 else "") + piece,
-                start_time=offset + float(word.get("start", 0.0)),
-                end_time=offset + float(word.get("end", 0.0)),
-            )
-        )
+        start, end = _seconds(word.get("start")), _seconds(word.get("end"))
+        out.append(TimedString((lead if i == 0 else "") + piece, start_time=offset + start, end_time=offset + end))
     return out
 
 
@@ -365,7 +390,7 @@ async def _speak(
     socket = await link.connection(timeout)
     context_id = f"lk-{request_id}"
     inbox = socket.open(context_id)
-    input_done = asyncio.Event()
+    input_done = False
     rate = int(settings["sample_rate"])
 
     async def send_input() -> None:
@@ -378,7 +403,7 @@ async def _speak(
                     if on_text is not None:
                         on_text()
                     await socket.send({"type": "input.text", "context_id": context_id, "text": piece})
-            input_done.set()
+            inbox.put_nowait(_InputDone())
             await socket.send({"type": "input.done", "context_id": context_id})
         except APIError as exc:
             inbox.put_nowait(exc)
@@ -393,10 +418,13 @@ async def _speak(
         segment = False
         while True:
             try:
-                wait = timeout if input_done.is_set() else None
+                wait = timeout if input_done else None
                 item = await asyncio.wait_for(inbox.get(), wait)
             except (asyncio.TimeoutError, TimeoutError):
                 raise APITimeoutError(f"indextts: no answer within {timeout} s") from None
+            if isinstance(item, _InputDone):
+                input_done = True
+                continue
             if isinstance(item, APIError):
                 ended = isinstance(item, APIConnectionError) or socket.failed
                 raise item
@@ -421,7 +449,7 @@ async def _speak(
                 sentences += 1
                 emitter.push_timed_transcript(words)
             elif kind == "audio.done":
-                if streaming and not (item.get("flushed") and input_done.is_set()):
+                if streaming and not (item.get("flushed") and input_done):
                     # more audio may follow, and not soon (the LLM's next sentence): the words
                     # go out now, with the sentence's last audio, not with the next frame
                     emitter.flush()
