@@ -15,7 +15,8 @@ interrupted reply is kept in the chat context only up to the word the user heard
 Interrupting (LiveKit closes the stream) sends ``context.cancel`` at once: the sentence being
 synthesized and the queued ones stop on the sidecar.  A context the server refuses or that
 fails (an ``error`` event) raises :class:`livekit.agents.APIStatusError` with the HTTP status of
-its code (``unknown_voice``: 404, not retried; ``busy``: 429 and the 503s, retried by LiveKit);
+its code (``unknown_voice`` and other refusals: 400, not retried; ``busy``: 429, an engine's
+failure: 500, and the 503s, retried by LiveKit);
 a connection that cannot be made or is lost raises :class:`livekit.agents.APIConnectionError`,
 a handshake refused by status (a wrong key: 401) an ``APIStatusError``, and a server silent for
 ``conn_options.timeout`` once the text is all sent :class:`livekit.agents.APITimeoutError`.
@@ -53,13 +54,16 @@ __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
 #: The route's path, added to a ``url`` that names none.
 ROUTE = "/v1/audio/speech/stream"
 
-# An `error` event's code -> the HTTP status the server's HTTP route answers for it.  LiveKit
-# retries 408, 429 and 5xx; other 4xx are final.
+# An `error` event's code -> the HTTP status the server's HTTP route answers for it (a code not
+# here is a refused request: 400).  LiveKit retries 408, 429 and 5xx; other 4xx are final.
 _STATUS = {
     "invalid_api_key": 401,
-    "unknown_voice": 404,
     "busy": 429,
     "server_error": 500,
+    "engine_error": 500,
+    "load_failed": 500,
+    "internal": 500,
+    "shutting_down": 503,
     "starting": 503,
     "overloaded": 503,
     "unavailable": 503,

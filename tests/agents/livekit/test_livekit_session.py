@@ -188,5 +188,5 @@ async def test_a_refused_voice_is_the_sessions_tts_error(espeak: Server) -> None
     assert event.source is session.tts
     assert event.error.type == "tts_error" and not event.error.recoverable
     assert isinstance(event.error.error, APIStatusError)
-    assert event.error.error.status_code == 404 and event.error.error.body["code"] == "unknown_voice"
+    assert event.error.error.status_code == 400 and event.error.error.body["code"] == "unknown_voice"
     assert not speaker.frames and not assistant_messages(session)

@@ -155,7 +155,7 @@ async def test_a_refused_voice_is_an_api_status_error_not_retried(espeak: Server
             await drain(speaker.stream(), "Never spoken.")
     finally:
         await speaker.aclose()
-    assert caught.value.status_code == 404
+    assert caught.value.status_code == 400
     assert caught.value.retryable is False
     assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "unknown_voice"
     assert [(type(e.error), e.recoverable) for e in errors] == [(APIStatusError, False)]
