@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -228,30 +229,45 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
+def _pieces(text: str, words: list[dict[str, Any]]) -> list[str]:
+    """``text`` cut into one piece per word, adding up to it.
+
+    With the words' character offsets (given and in order): each word with what follows it up to
+    the next one.  Without (IndexTTS's segments carry the engine's own text): cut in proportion to
+    the words' lengths, at the nearest space where the text has spaces near the cut.
+    """
+    starts = [c for w in words if isinstance(c := w.get("char_start"), int) and not isinstance(c, bool)]
+    if len(starts) == len(words) and starts == sorted(starts) and starts[0] >= 0 and starts[-1] <= len(text):
+        return [text[a:b] for a, b in itertools.pairwise([0, *starts[1:], len(text)])]
+    lengths = [max(1, len(str(w.get("word", "")))) for w in words]
+    cuts, done = [0], 0
+    for length in lengths[:-1]:
+        done += length
+        cut = round(len(text) * done / sum(lengths))
+        left, right = text.rfind(" ", 0, cut + 1), text.find(" ", cut)
+        near = [i for i in (left, right) if i != -1 and abs(i - cut) <= 16]
+        if near:
+            cut = min(near, key=lambda i: abs(i - cut)) + 1  # the space stays with the piece before
+        cuts.append(min(max(cut, cuts[-1]), len(text)))
+    cuts.append(len(text))
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 def _words(event: Mapping[str, Any], text: str, *, lead: str, offset: float, duration: float) -> list[TimedString]:
     """A sentence's ``audio.alignment`` as LiveKit words, seconds from the stream's first sample.
 
-    The words' texts add up to ``lead`` and the sentence's text: each word carries the spaces and
-    punctuation up to the next one (where the words' character offsets are given and in order;
-    otherwise the words' own texts, joined by spaces).  Without words (an engine that gives
-    none), the sentence is one timed piece.  An ``event`` whose words are not a list of objects
-    with numeric times raises :class:`APIError`.
+    The words' texts add up to ``lead`` and the sentence's text (:func:`_pieces`), so that the
+    transcript LiveKit builds from them is the text that was sent.  Without words (an engine
+    that gives none), the sentence is one timed piece.  An ``event`` whose words are not a list
+    of objects with numeric times raises :class:`APIError`.
     """
     words = event.get("words") or []
     if not isinstance(words, list) or not all(isinstance(w, dict) for w in words):
         raise APIError("indextts: audio.alignment's words are not a list of objects", retryable=False)
     if not words:
         return [TimedString(lead + text, start_time=offset, end_time=offset + duration)] if text else []
-    starts = [w.get("char_start") for w in words]
-    spans = all(isinstance(c, int) and not isinstance(c, bool) for c in starts) and starts == sorted(starts)
-    spans = spans and starts[0] >= 0 and starts[-1] <= len(text)
     out = []
-    for i, word in enumerate(words):
-        last = i + 1 == len(words)
-        if spans:
-            piece = text[0 if i == 0 else starts[i] : len(text) if last else starts[i + 1]]
-        else:
-            piece = str(word.get("word", "")) + ("" if last else " ")
+    for i, (word, piece) in enumerate(zip(words, _pieces(text, words), strict=True)):
         start, end = _seconds(word.get("start")), _seconds(word.get("end"))
         out.append(TimedString((lead if i == 0 else "") + piece, start_time=offset + start, end_time=offset + end))
     return out

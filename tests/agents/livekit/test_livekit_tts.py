@@ -4,7 +4,9 @@ words, the interruption seen on the wire, and refusals as LiveKit's error types.
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,7 +14,8 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-from http_support import KEY, Server
+from harness import STANDIN
+from http_support import KEY, Server, environ, server
 from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError, tokenize, tts
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit_support import WAIT, bare_route, recording_session, timed_words
@@ -110,6 +113,28 @@ async def test_the_frameworks_stream_adapter_speaks_through_synthesize(fake: Ser
         await speaker.aclose()
     # then the emitter's own end-of-segment marker: 10 ms of silence after a flushed segment
     assert pcm_of(frames) == expected + b"\0" * 480
+
+
+async def test_indextts_segments_stand_in_for_words_over_the_text_sent(ckpt: Path, voice: str) -> None:
+    # IndexTTS gives no word alignment: its segments, with the engine's own (upper-cased) text and
+    # no offsets, become pieces of the text sent, cut in proportion, timed as the segments.
+    env = environ(PYTHONPATH=os.pathsep.join([str(STANDIN / "v2"), os.environ.get("PYTHONPATH", "")]))
+    args = ("--engine", "indextts2", "-O", f"model_dir={ckpt}", "--voice", f"alloy={voice}", "--api-key", KEY)
+    segmented = {"max_text_tokens_per_segment": 2, "interval_silence": 100}  # "A B", "C D", "E"
+    with server(*args, env=env) as running:
+        speaker = TTS(url=running.base, api_key=KEY, sample_rate=22050, options=segmented)
+        try:
+            with anyio.fail_after(WAIT):
+                frames = await drain(speaker.stream(), "a b c d e")
+        finally:
+            await speaker.aclose()
+    assert len(pcm_of(frames)) == 2 * 15435
+    words = [(str(w), w.start_time, w.end_time) for w in words_of(frames)]
+    assert words == [
+        ("a b ", 0.0, pytest.approx(6615 / 22050, abs=1e-6)),
+        ("c d ", pytest.approx(6615 / 22050, abs=1e-6), pytest.approx(13230 / 22050, abs=1e-6)),
+        ("e", pytest.approx(13230 / 22050, abs=1e-6), pytest.approx(15435 / 22050, abs=1e-6)),
+    ]
 
 
 async def test_closing_a_stream_cancels_its_context_at_once(espeak: Server) -> None:
