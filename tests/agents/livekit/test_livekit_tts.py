@@ -4,6 +4,7 @@ words, the interruption seen on the wire, and refusals as LiveKit's error types.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from pathlib import Path
@@ -78,6 +79,49 @@ async def test_a_streamed_reply_is_the_routes_audio_with_its_words_timed(fake: S
         assert word.start_time == pytest.approx(start, abs=1e-6)
         assert word.end_time == pytest.approx(end, abs=1e-6)
     assert words[-1].end_time <= len(expected) / 2 / 24000 + 1e-6
+
+
+async def test_streams_at_once_share_the_socket_each_with_its_own_audio(fake: Server) -> None:
+    http, traffic = recording_session()
+    speaker = TTS(url=fake.base, api_key=KEY, http_session=http)
+    texts = ["The first of three replies.", "A second one, a little longer than the first.", "Third."]
+    try:
+        with anyio.fail_after(WAIT):
+            replies = await asyncio.gather(*(drain(speaker.stream(), text) for text in texts))
+    finally:
+        await speaker.aclose()
+        await http.close()
+    assert [pcm_of(frames) for frames in replies] == [render_bytes(text) for text in texts]
+    assert ["".join(words_of(frames)) for frames in replies] == texts
+    events = [item for item in traffic.received() if isinstance(item, dict)]
+    assert [e["type"] for e in events].count("session.ready") == 1
+    assert len({e["context_id"] for e in events if e["type"] == "context.done"}) == 3
+
+
+async def test_prewarm_opens_the_socket_and_options_apply_to_the_next_stream(fake: Server) -> None:
+    http, traffic = recording_session()
+    speaker = TTS(url=fake.base, api_key=KEY, http_session=http, sample_rate=16000)
+    try:
+        with anyio.fail_after(WAIT):
+            speaker.prewarm()
+            await traffic.until(lambda item: isinstance(item, dict) and item["type"] == "session.ready")
+            assert traffic.sent() == []
+            speaker.update_options(voice="echo", speed=1.5)
+            frames = await drain(speaker.stream(), "Hello there.")
+    finally:
+        await speaker.aclose()
+        await http.close()
+    config = traffic.sent()[0]
+    assert config == {
+        "type": "context.config",
+        "context_id": config["context_id"],
+        "voice": "echo",
+        "response_format": "pcm",
+        "sample_rate": 16000,
+        "speed": 1.5,
+    }
+    assert all(ev.frame.sample_rate == 16000 for ev in frames)
+    assert [item["type"] for item in traffic.received() if isinstance(item, dict)].count("session.ready") == 1
 
 
 async def test_synthesize_is_one_context_with_the_routes_audio(fake: Server) -> None:
