@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
-from ._words import PendingWords
+from ._words import WORD_BYTES, PendingWords, frames
 from .engines import BatchItem, Cancelled, Engine, EngineError, ItemDone, SynthesisRequest, Words
 from .protocol import Done, Error, Ok, Progress, WordSpan
 from .protocol.defaults import STAGE_STARTED
@@ -118,6 +118,12 @@ AUDIO_FRAME_OVERHEAD = 1024
 #: PCM bytes per ``audio`` frame at most, whatever the frame limit: a parent holds a frame
 #: whole before it hands any of it on, so smaller frames reach it sooner.
 AUDIO_FRAME_BYTES = 4 * 1024 * 1024
+#: Of :data:`AUDIO_FRAME_OVERHEAD`, what an ``audio`` frame's fields besides its words take at
+#: most; the rest, and what the frame limit leaves beyond :data:`AUDIO_FRAME_BYTES`, is room
+#: for words (:mod:`._words`).
+AUDIO_HEAD_BYTES = 192
+#: What a ``done`` frame's fields besides its words take at most (its timings and facts).
+DONE_HEAD_BYTES = 8 * 1024
 
 
 class JobBoard(Protocol):
@@ -160,6 +166,9 @@ class JobOutput:
         self._on_stalled = on_stalled
         #: PCM bytes per audio frame at most (whole int16 samples).
         self.frame_bytes = max(2, min(AUDIO_FRAME_BYTES, max_frame_size - AUDIO_FRAME_OVERHEAD) // 2 * 2)
+        #: Words per audio frame at most, and per ``done`` frame: what fits the frame limit.
+        self.frame_words = max(1, (max_frame_size - self.frame_bytes - AUDIO_HEAD_BYTES) // WORD_BYTES)
+        self.done_words = max(0, (max_frame_size - DONE_HEAD_BYTES) // WORD_BYTES)
 
     @property
     def post(self) -> Callable[..., None]:
@@ -330,10 +339,7 @@ def _synthesize(
                 )
             if seq == 0 and len(view):
                 timings["first_audio"] = time.monotonic() - job.enqueued
-            step = out.frame_bytes
-            for start in range(0, len(view), step):
-                piece = view[start : start + step]
-                words = pending.due(samples + len(piece) // 2)
+            for piece, words in frames(view, samples, out.frame_bytes, pending, out.frame_words):
                 # The samples are written from the engine's own buffer: no copy here.
                 if not out.audio(job, seq, rate, piece, words):
                     return cancelled_error(job)  # while it waited for a slow parent
@@ -348,9 +354,19 @@ def _synthesize(
     timings["synthesis"] = time.monotonic() - began
     timings["total"] = time.monotonic() - job.enqueued
     facts = engine.request_facts()
-    return Done(
-        id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts, words=pending.rest()
-    )
+    words = _words_for_done(pending, out)
+    return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts, words=words)
+
+
+def _words_for_done(pending: PendingWords, out: JobOutput) -> list[WordSpan]:
+    """The words no audio frame carried, for ``done``; more than it can carry fail the request."""
+    if len(pending) > out.done_words:
+        raise EngineError(
+            f"the engine reported {len(pending)} words that start past its audio's end; "
+            f"a done frame carries {out.done_words} at most",
+            code="internal",
+        )
+    return pending.rest()
 
 
 class _BatchEntry:
@@ -378,11 +394,9 @@ class _BatchEntry:
         view = memoryview(data).cast("B")
         if self.seq == 0 and len(view):
             self.timings["first_audio"] = time.monotonic() - self.job.enqueued
-        step = self.out.frame_bytes
-        for start in range(0, len(view), step):
-            piece = view[start : start + step]
-            words = self.pending.due(self.samples + len(piece) // 2)
-            if not self.out.audio(self.job, self.seq, self.rate, piece, words):
+        out = self.out
+        for piece, words in frames(view, self.samples, out.frame_bytes, self.pending, out.frame_words):
+            if not out.audio(self.job, self.seq, self.rate, piece, words):
                 return False
             self.seq += 1
             self.samples += len(piece) // 2
@@ -419,16 +433,15 @@ class _BatchEntry:
             return cancelled_error(job)
         if self.converter is not None and not self.send(self.converter.flush()):
             return cancelled_error(job)
+        try:
+            words = _words_for_done(self.pending, self.out)
+        except EngineError as exc:
+            return error_for(job.id, exc)
         now = time.monotonic()
         self.timings["synthesis"] = now - began
         self.timings["total"] = now - job.enqueued
         return Done(
-            id=job.id,
-            samples=self.samples,
-            chunks=self.seq,
-            sample_rate=self.rate,
-            timings=self.timings,
-            words=self.pending.rest(),
+            id=job.id, samples=self.samples, chunks=self.seq, sample_rate=self.rate, timings=self.timings, words=words
         )
 
 

@@ -8,6 +8,10 @@ the standard library and msgspec.
 espeak-ng keeps its state in process globals (one voice, one set of parameters, one
 callback), so one engine instance owns the library; the sidecar's single engine thread
 makes that safe without locks.
+
+Word timings (``word_timings``) come from espeak-ng's own word events (``espeakEVENT_WORD``),
+read by :func:`sentence_words`; each sentence's words are yielded as
+:class:`~indextts_sidecar.engines.Words` just before the sentence's audio.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any
 
 import msgspec
 
+from ..protocol import WordSpan
 from ..protocol.segments import segment_message
-from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest
+from . import Chunk, Engine, EngineError, LoadError, ProgressFn, RequestError, SpeedControl, SynthesisRequest, Words
 
 __all__ = [
     "EspeakEngine",
     "EspeakOptions",
     "EspeakRequestOptions",
     "sentence_spans",
+    "sentence_words",
     "split_sentences",
     "language_voices",
     "voice_known",
@@ -51,6 +58,10 @@ _RATE = 1
 _PITCH = 3
 _EE_OK = 0
 _EE_NOT_FOUND = 2
+# espeak_EVENT_TYPE: the list's end, a word's start, a clause's or sentence's end.
+_EVENT_LIST_TERMINATED = 0
+_EVENT_WORD = 1
+_EVENT_END = 5
 #: Audio per callback: also how quickly a cancel interrupts a sentence.
 _BUFFER_MS = 100
 
@@ -86,6 +97,81 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
         if pause is not None:
             start = pause.end()
     return spans
+
+
+#: An event as kept from the callback: (type, text_position, length, sample).
+Event = tuple[int, int, int, int]
+
+
+def sentence_words(
+    text: str, start: int, end: int, events: Sequence[Event], samples: int, offset: int
+) -> list[WordSpan]:
+    """The words espeak-ng reported for the sentence ``text[start:end]``, as spans of ``text``.
+
+    ``events`` are espeak's own for that one ``espeak_Synth`` call (the sentence alone):
+    ``espeakEVENT_WORD`` gives a word's 1-based position in the sentence and its length, both
+    in characters (code points: "Grüße" is 5, as in Python), and ``sample``, its first sample
+    in the call's audio, ``samples`` long; ``offset`` is where that audio begins in the request.
+
+    espeak's words are cleaned up: a span loses the spaces and punctuation at its edges; a
+    word of length 0 (espeak gives one for a word in quotes) takes the word that starts at
+    its position; a span of spaces alone is dropped (a symbol spoken as several words gives
+    one); a word overlapping the one before it, or starting at no later sample, is merged
+    into it ("3.14" is reported as four words, "日本" twice).  So spans never overlap and
+    starts strictly increase.
+
+    A word ends where the next begins, or at espeak's next clause end (``espeakEVENT_END``)
+    if that comes first, the last at the end of the sentence's audio (espeak's own end of the
+    sentence, its closing pause included): the silence after a word counts as the word's.
+    """
+    sentence = text[start:end]
+    size = len(sentence)
+    found: list[list[int]] = []  # [first char, end char, first sample], in the sentence
+    clause_ends: list[int] = []
+    for kind, position, length, sample in events:
+        sample = min(max(sample, 0), samples)
+        if kind == _EVENT_END:
+            clause_ends.append(sample)
+            continue
+        if kind != _EVENT_WORD:
+            continue
+        first = min(max(position - 1, 0), size)
+        last = min(first + max(length, 0), size)
+        if length <= 0:
+            while last < size and not sentence[last].isspace():
+                last += 1
+        first, last = _trim_word(sentence, first, last)
+        if first == last:
+            continue
+        if found and (first < found[-1][1] or sample <= found[-1][2]):
+            found[-1][0] = min(found[-1][0], first)
+            found[-1][1] = max(found[-1][1], last)
+            continue
+        found.append([first, last, sample])
+    words = []
+    for index, (first, last, sample) in enumerate(found):
+        stop = found[index + 1][2] if index + 1 < len(found) else samples
+        stop = min([stop, *(at for at in clause_ends if at > sample)])
+        words.append(WordSpan(start + first, start + last, offset + sample, offset + max(stop, sample)))
+    return words
+
+
+def _word_like(char: str) -> bool:
+    return char.isalnum() or unicodedata.category(char).startswith("M")
+
+
+def _trim_word(sentence: str, first: int, last: int) -> tuple[int, int]:
+    """``[first, last)`` without spaces at its edges, nor punctuation unless it is nothing else."""
+    while first < last and sentence[first].isspace():
+        first += 1
+    while last > first and sentence[last - 1].isspace():
+        last -= 1
+    core_first, core_last = first, last
+    while core_first < core_last and not _word_like(sentence[core_first]):
+        core_first += 1
+    while core_last > core_first and not _word_like(sentence[core_last - 1]):
+        core_last -= 1
+    return (core_first, core_last) if core_first < core_last else (first, last)
 
 
 def _check_range(field: str, value: int, bounds: tuple[int, int]) -> None:
@@ -200,7 +286,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
 
     name = "espeak"
     native_sample_rate = 22050
-    capabilities = ("streaming", "voices")
+    capabilities = ("streaming", "voices", "word_timings")
     speed = SpeedControl(option="rate", normal=175, minimum=RATE_RANGE[0], maximum=RATE_RANGE[1], integer=True)
     Options = EspeakOptions
     RequestOptions = EspeakRequestOptions
@@ -212,6 +298,8 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         # collected, espeak would call into freed memory.
         self._callback: Any = None
         self._samples: list[bytes] = []
+        #: The current sentence's word and clause-end events (see :data:`Event`).
+        self._events: list[Event] = []
         self._cancelled: Callable[[], bool] = lambda: False
         self._callback_error: BaseException | None = None
 
@@ -288,8 +376,8 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_Terminate.argtypes = []
         lib.espeak_Terminate.restype = ctypes.c_int
-        # Events are unused, so void* spares declaring the espeak_EVENT struct.
-        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+        event_type = _event_struct(ctypes)
+        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(event_type))
         lib.espeak_SetSynthCallback.argtypes = [callback_type]
         lib.espeak_SetSynthCallback.restype = None
 
@@ -300,11 +388,17 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         if rate <= 0:  # with DONT_EXIT a failure returns 0, older builds a negative code
             raise LoadError(f"espeak_Initialize failed ({rate}) with data at {data_path}")
 
-        def on_audio(wav: int | None, numsamples: int, events: int | None) -> int:
+        def on_audio(wav: int | None, numsamples: int, events: Any) -> int:
             # An exception cannot cross the C frame: keep it, abort, re-raise after Synth.
             try:
                 if wav and numsamples > 0:
                     self._samples.append(ctypes.string_at(wav, numsamples * 2))
+                if events:
+                    index = 0
+                    while (event := events[index]).type != _EVENT_LIST_TERMINATED:
+                        if event.type in (_EVENT_WORD, _EVENT_END):
+                            self._events.append((event.type, event.text_position, event.length, event.sample))
+                        index += 1
                 return 1 if self._cancelled() else 0
             except BaseException as exc:  # re-raised after espeak_Synth returns
                 self._callback_error = exc
@@ -353,10 +447,12 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         text = request.text.replace("\0", " ")
         spans = sentence_spans(text)
         self._cancelled = cancelled
+        offset = 0  # samples of the request before this sentence's
         try:
             for done, (start, end) in enumerate(spans, 1):
                 sentence = text[start:end].encode("utf-8")
                 self._samples = []
+                self._events = []
                 self._callback_error = None
                 status = lib.espeak_Synth(
                     sentence, len(sentence) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None
@@ -376,10 +472,15 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
                     audio = samples.tobytes()
                 # Before the sentence's audio: the parent marks that audio with the sentence's span.
                 progress("synthesize", done / len(spans), segment_message(start, end))
+                words = sentence_words(text, start, end, self._events, len(audio) // 2, offset)
+                if words:
+                    yield Words(words)
                 if audio:
                     yield audio
+                offset += len(audio) // 2
         finally:
             self._samples = []
+            self._events = []
             self._cancelled = lambda: False
 
     def unload(self) -> None:
@@ -388,3 +489,24 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         self._lib.espeak_Terminate()
         self._lib = None
         self._callback = None
+
+
+def _event_struct(ctypes: Any) -> Any:
+    """``espeak_EVENT`` (speak_lib.h) as a ctypes structure; ``ctypes`` is passed in, imported at load."""
+
+    class EventId(ctypes.Union):  # type: ignore[misc]
+        _fields_ = (("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8))
+
+    class Event(ctypes.Structure):  # type: ignore[misc]
+        _fields_ = (
+            ("type", ctypes.c_int),  # espeak_EVENT_TYPE
+            ("unique_identifier", ctypes.c_uint),
+            ("text_position", ctypes.c_int),  # 1-based, in characters of the text given
+            ("length", ctypes.c_int),  # the word's, in characters
+            ("audio_position", ctypes.c_int),  # milliseconds
+            ("sample", ctypes.c_int),  # samples since the start of the call's audio
+            ("user_data", ctypes.c_void_p),
+            ("id", EventId),
+        )
+
+    return Event

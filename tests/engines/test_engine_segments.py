@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from indextts_sidecar.engines import SynthesisRequest
+from indextts_sidecar.engines import SynthesisRequest, Words
 from indextts_sidecar.engines.espeak import sentence_spans, split_sentences
 from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, FakeRequestOptions, render
 from indextts_sidecar.protocol.segments import segment_message, segment_span
@@ -56,7 +56,10 @@ def _fake_marks(text: str, **options: Any) -> list[tuple[str, Any, bytes]]:
         got.append(("progress", stage, message))
 
     for chunk in engine.synthesize(request, progress, lambda: False):
-        got.append(("audio", "", bytes(memoryview(chunk).cast("B"))))
+        if isinstance(chunk, Words):
+            got.append(("words", "", chunk.words))
+        else:
+            got.append(("audio", "", bytes(memoryview(chunk).cast("B"))))
     return got
 
 
@@ -69,7 +72,8 @@ def test_the_fake_engine_names_each_chunks_characters_before_it() -> None:
         ("progress", "synthesize", "text[5:8]"),
         ("progress", "synthesize", "text[7:8]"),
     ]
-    assert [kind for kind, _, _ in got] == ["progress", "audio"] * 4
+    # The one word before the chunk that holds its first sample (tests/sidecar/test_words.py).
+    assert [kind for kind, _, _ in got] == ["words"] + ["progress", "audio"] * 4
     assert (
         b"".join(data for kind, _, data in got if kind == "audio") == render("abcdefgh", seconds_per_char=0.1).tobytes()
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import array
+import itertools
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,8 +15,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from indextts_sidecar.engines import RequestError, SynthesisRequest
-from indextts_sidecar.engines.espeak import EspeakEngine, EspeakOptions, EspeakRequestOptions, split_sentences
+from indextts_sidecar.engines import RequestError, SynthesisRequest, Words, WordSpan
+from indextts_sidecar.engines.espeak import (
+    EspeakEngine,
+    EspeakOptions,
+    EspeakRequestOptions,
+    sentence_spans,
+    sentence_words,
+    split_sentences,
+)
 
 pytest.importorskip("espeakng_loader")
 
@@ -34,7 +43,8 @@ def _request(text: str, voice: str | None = None, **options: Any) -> SynthesisRe
 
 
 def _speak(engine: EspeakEngine, text: str, cancelled: Callable[[], bool] = _never, **kwargs: Any) -> list[bytes]:
-    return [bytes(c) for c in engine.synthesize(_request(text, **kwargs), _progress, cancelled)]
+    chunks = engine.synthesize(_request(text, **kwargs), _progress, cancelled)
+    return [bytes(c) for c in chunks if not isinstance(c, Words)]
 
 
 def _samples(chunks: list[bytes]) -> array.array[int]:
@@ -72,7 +82,8 @@ def test_rate_option_changes_duration(engine: EspeakEngine) -> None:
 def test_sentences_stream_as_separate_chunks(engine: EspeakEngine) -> None:
     fractions: list[float] = []
     request = _request("First sentence here. Second one follows!\nThird line")
-    chunks = list(engine.synthesize(request, lambda stage, f=None, m="": fractions.append(f), _never))
+    yielded = engine.synthesize(request, lambda stage, f=None, m="": fractions.append(f), _never)
+    chunks = [c for c in yielded if not isinstance(c, Words)]
     assert len(chunks) == 3
     assert all(len(c) > 0 and len(c) % 2 == 0 for c in chunks)
     assert fractions == pytest.approx([1 / 3, 2 / 3, 1.0])
@@ -81,10 +92,15 @@ def test_sentences_stream_as_separate_chunks(engine: EspeakEngine) -> None:
 def test_cancel_after_first_chunk_stops_early(engine: EspeakEngine) -> None:
     flag = [False]
     chunks = []
+    spoken: list[WordSpan] = []
     for chunk in engine.synthesize(_request("One. Two. Three. Four."), _progress, lambda: flag[0]):
+        if isinstance(chunk, Words):
+            spoken += chunk.words
+            continue
         chunks.append(chunk)
         flag[0] = True
     assert len(chunks) == 1
+    assert [(w.start_char, w.end_char) for w in spoken] == [(0, 3)]  # "One": no word of a sentence not spoken
     # An aborted synth leaves the library usable.
     assert len(_speak(engine, "Still working. Yes.")) == 2
 
@@ -215,3 +231,75 @@ def test_an_unknown_voice_is_refused_by_check_before_any_synthesis() -> None:
 
 def test_probe_finds_the_wheel() -> None:
     assert EspeakEngine.probe() is None
+
+
+def _timeline(engine: EspeakEngine, text: str, **options: Any) -> tuple[int, list[WordSpan]]:
+    """Samples and words of ``text``; each word checked to come before the chunk holding its first sample."""
+    samples = 0
+    spoken: list[WordSpan] = []
+    for value in engine.synthesize(_request(text, **options), _progress, _never):
+        if isinstance(value, Words):
+            assert all(word.start >= samples for word in value.words), (value, samples)
+            spoken += value.words
+        else:
+            samples += len(value) // 2
+            assert all(word.start < samples for word in spoken)
+    return samples, spoken
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello big world, again. The quick brown fox jumps over the lazy dog!\nA third line",
+        "Grüße, Ωmega café. Naïve cats sleep; Zoë reads.",
+        "  Spaces   before and\tbetween  words.  ",
+    ],
+)
+def test_every_word_comes_with_its_span_and_samples_in_order(engine: EspeakEngine, text: str) -> None:
+    samples, spoken = _timeline(engine, text)
+    assert [text[w.start_char : w.end_char] for w in spoken] == re.findall(r"\w+", text)
+    starts = [w.start for w in spoken]
+    assert starts == sorted(set(starts)), "starts strictly increase"
+    assert all(w.start < w.end <= samples for w in spoken)
+    # Each word ends where the next starts, or at its clause's end (a comma, a sentence's end).
+    for word, after in itertools.pairwise(spoken):
+        assert word.end <= after.start
+    assert spoken[-1].end == samples
+    # The first word of each sentence starts at that sentence's first sample.
+    sentence_starts = {start for start, _ in sentence_spans(text)}
+    firsts = [w for w in spoken if w.start_char in sentence_starts]
+    assert len(firsts) == len(sentence_spans(text)) and firsts[0].start == 0
+
+
+def test_a_word_of_several_code_points_and_one_outside_the_bmp_map_back_to_the_text(engine: EspeakEngine) -> None:
+    # A combining diaeresis (two code points), a character outside the BMP (four UTF-8 bytes)
+    # and CJK (three bytes each): espeak counts characters, not bytes, as Python does.
+    text = "I 😀 love nai\u0308ve 日本 cats."
+    _, spoken = _timeline(engine, text)
+    assert [text[w.start_char : w.end_char] for w in spoken] == ["I", "😀", "love", "nai\u0308ve", "日本", "cats"]
+
+
+def test_numbers_spoken_as_several_words_are_one_word_and_quotes_are_trimmed(engine: EspeakEngine) -> None:
+    text = "It costs 3.14 dollars at 10:30, “quoted” today."
+    _, spoken = _timeline(engine, text)
+    assert [text[w.start_char : w.end_char] for w in spoken] == [
+        "It", "costs", "3.14", "dollars", "at", "10", "30", "quoted", "today",
+    ]  # fmt: skip
+
+
+def test_sentence_words_cleans_up_what_espeak_reports() -> None:
+    text = "Say it, “again” now 3.14."
+    sentence = (4, len(text))  # "it, “again” now 3.14."
+    events = [
+        (1, 1, 2, 0),  # "it"
+        (5, 4, 0, 900),  # the clause ends at the comma
+        (1, 5, 0, 900),  # length 0: the word that starts there ("“again”" trimmed to "again")
+        (1, 13, 5, 2000),  # "now 3" from a wrong length: trimmed, kept
+        (1, 17, 4, 3000),  # "3.14" overlaps: merged into the word before
+        (1, 18, 2, 1500),  # an earlier sample: merged too
+        (1, 16, 1, 3500),  # a space alone: dropped
+        (1, 99, 3, 9999),  # past the sentence and the audio: clamped, empty, dropped
+    ]
+    words = sentence_words(text, *sentence, events, samples=5000, offset=10_000)
+    assert [text[w.start_char : w.end_char] for w in words] == ["it", "again", "now 3.14"]
+    assert [(w.start, w.end) for w in words] == [(10_000, 10_900), (10_900, 12_000), (12_000, 15_000)]
