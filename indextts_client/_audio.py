@@ -97,11 +97,13 @@ class WordTiming:
     segment: bool = False
 
 
-def word_timings(spans: Sequence[WordSpan], text: str, sample_rate: int, request_id: int = 0) -> tuple[WordTiming, ...]:
+def word_timings(
+    spans: Sequence[WordSpan], text: str, sample_rate: int, request_id: int = 0, *, warn: bool = True
+) -> tuple[WordTiming, ...]:
     """The sidecar's word spans (characters of ``text``, samples at ``sample_rate``) as timings.
 
     A span the sidecar got wrong (characters outside ``text``, an end before its start, a
-    negative sample) is dropped with a warning: the audio stays good without it.
+    negative sample) is dropped, with a warning if ``warn``: the audio stays good without it.
     """
     size = len(text)
     out = []
@@ -113,7 +115,7 @@ def word_timings(spans: Sequence[WordSpan], text: str, sample_rate: int, request
             continue
         span_of = (start_char, end_char)
         out.append(WordTiming(text[start_char:end_char], span_of, start / sample_rate, end / sample_rate))
-    if bad:
+    if bad and warn:
         log.warning(
             "request %d: dropped %d of %d word timings the sidecar sent that do not fit its text of %d "
             "characters (or end before they start)",
@@ -313,6 +315,7 @@ class AudioAssembler:
 
     __slots__ = (
         "_buffer",
+        "_dropped_words",
         "_first",
         "_keep",
         "_sample_rate",
@@ -342,6 +345,8 @@ class AudioAssembler:
         self.words: list[WordTiming] = []
         #: The segment the engine announced last (protocol.segments): the coming frames speak it.
         self.segment: Union[TextSegment, None] = None
+        #: Whether a word the sidecar sent was dropped (and said so) already.
+        self._dropped_words = False
         #: Each announced segment with the position of its first sample.
         self._segments: list[tuple[int, TextSegment]] = []
 
@@ -401,7 +406,7 @@ class AudioAssembler:
         view = pcm.cast("B") if pcm.format != "B" else pcm
         self._check(seq, sample_rate, len(view))
         if words:
-            self.words.extend(word_timings(words, self.text, sample_rate, self.request_id))
+            self._add_words(words, sample_rate)
         if self._keep:
             if self._buffer is None and self.chunks == 0 and not transient:
                 self._first = view  # perhaps the only frame: keep it as it is
@@ -425,6 +430,12 @@ class AudioAssembler:
                 f"request {self.request_id}: done reports {sample_rate} Hz, the audio frames {self._sample_rate} Hz"
             )
 
+    def _add_words(self, spans: Sequence[WordSpan], sample_rate: int) -> None:
+        # One warning a request: a sidecar that gets every frame's words wrong fills no log.
+        timings = word_timings(spans, self.text, sample_rate, self.request_id, warn=not self._dropped_words)
+        self._dropped_words = self._dropped_words or len(timings) < len(spans)
+        self.words.extend(timings)
+
     def all_words(
         self, sample_rate: int, late: Sequence[WordSpan] = (), *, by_segment: bool = False
     ) -> tuple[WordTiming, ...]:
@@ -434,7 +445,7 @@ class AudioAssembler:
         from its first sample to the next one's (the last to the end of the audio).
         """
         if late:
-            self.words.extend(word_timings(late, self.text, sample_rate, self.request_id))
+            self._add_words(late, sample_rate)
         if self.words or not by_segment or sample_rate <= 0 or not self._segments:
             return tuple(self.words)
         segments = self._segments

@@ -21,6 +21,7 @@ class _Output:
     def __init__(self, name: str, ended: list[tuple[str, int, str]], all_done: threading.Event, total: int) -> None:
         self.name = name
         self.frame_bytes = 1 << 20
+        self.frame_words = self.done_words = 1000
         self.sent: list[protocol.Reply] = []
         self._ended = ended
         self._all_done = all_done
@@ -144,7 +145,7 @@ class _BatchingEngine(FakeEngine):
 class _FrameOutput(_Output):
     """An output that also takes the running jobs' frames (and drops them)."""
 
-    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview) -> bool:
+    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview, words: Any = ()) -> bool:
         return True
 
     def progress(self, job: Job, stage: str, fraction: Any, message: str) -> None:

@@ -132,6 +132,8 @@ def test_ready_ping_synthesize_and_shutdown() -> None:
         assert all(set(p) == {"op", "stage", "percent"} and 0 <= p["percent"] <= 100 for p in progress)
         assert audio["sample_rate"] == 24000
         assert _pcm(audio) == render_bytes("hello seed")
+        # The fake engine reports words (word_timings); the seed's frame has no field for them.
+        assert set(audio) == {"op", "audio_pcm_b64", "sample_rate", "n_samples"}
         # Loaded now: the second request's only frame is its audio, whole.
         progress, audio = parent.synthesize(text="again")
         assert [p["stage"] for p in progress if p["stage"] == "loading_model"] == []

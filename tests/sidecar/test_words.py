@@ -8,12 +8,15 @@ frame's sample rate, and those no frame reached with ``done``.
 
 from __future__ import annotations
 
+import os
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from harness import Peer, pcm_of, sidecar, spawn
+from harness import REPO, Peer, pcm_of, sidecar, spawn
 
 from indextts_sidecar import protocol
 from indextts_sidecar._words import WORD_BYTES, PendingWords, frames
@@ -154,6 +157,96 @@ async def test_a_seconds_shorter_than_the_text_keeps_the_words_it_reaches() -> N
             frames = await peer.request(_synth(1, text, seconds=0.08))  # 640 samples: 8 characters
             spoken = _check_placement(frames)
             assert spoken == [WordSpan(0, 5, 0, 400), WordSpan(6, 10, 480, 640)]
+
+
+#: An engine of a third party's (registered through an entry point) that reports words late,
+#: out of order, past its audio's end, or broken, as a buggy or unusual engine might.
+_ODD_ENGINE = """
+import time
+
+from indextts_sidecar.engines import Cancelled, EngineError, Words
+from indextts_sidecar.engines.fake import FakeEngine
+from indextts_sidecar.protocol import WordSpan
+
+class Odd(FakeEngine):
+    name = "odd"
+
+    def synthesize(self, request, progress, cancelled):
+        # Two chunks of 160 samples (8 kHz, 20 ms chunks); the text says what to do.
+        chunks = [c for c in super().synthesize(request, progress, cancelled) if not isinstance(c, Words)]
+        if request.text.startswith("late"):
+            yield chunks[0]
+            yield chunks[1]
+            # After the audio of both, out of order: words that began in the first two chunks.
+            yield Words([WordSpan(0, 4, 300, 330), WordSpan(0, 2, 10, 20)])
+            yield chunks[2]
+            # After the last chunk: a word that starts past the audio's end.
+            yield Words([WordSpan(5, 9, 600, 600)])
+        elif request.text.startswith("early"):
+            # Every word at once, then the first chunk, then a hang until cancelled.
+            yield Words([WordSpan(0, 5, 0, 100), WordSpan(6, 9, 150, 200), WordSpan(10, 14, 200, 400)])
+            yield chunks[0]
+            while not cancelled():
+                time.sleep(0.005)
+            raise Cancelled
+        else:
+            yield Words([WordSpan(0, 99, 0, 10)])
+            yield chunks[0]
+"""
+
+
+@pytest.fixture
+def odd_engine(tmp_path: Path) -> dict[str, str]:
+    """The environment under which ``--engine odd`` runs :data:`_ODD_ENGINE`."""
+    (tmp_path / "odd_engine").mkdir()
+    (tmp_path / "odd_engine" / "__init__.py").write_text(textwrap.dedent(_ODD_ENGINE))
+    dist = tmp_path / "odd_engine-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-engine\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[indextts_sidecar.engines]\nodd = odd_engine:Odd\n")
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
+
+
+async def test_words_reported_late_ride_on_the_next_frame_and_those_past_the_audio_on_done(
+    odd_engine: dict[str, str],
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("odd", *ENGINE, env=odd_engine) as peer:
+            frames = await peer.request(_synth(1, "late word"))  # 9 characters: 720 samples, 5 chunks
+    audio = [f for f in frames if isinstance(f, Audio)]
+    assert [len(f.pcm) // 2 for f in audio] == [160, 160, 160]
+    # Words come in order of their first sample, with the first frame after they were reported.
+    assert [f.words for f in audio] == [[], [], [WordSpan(0, 2, 10, 20), WordSpan(0, 4, 300, 330)]]
+    done = frames[-1]
+    assert isinstance(done, Done) and done.samples == 480
+    assert done.words == [WordSpan(5, 9, 600, 600)]
+
+
+async def test_words_held_for_later_frames_are_never_sent_once_the_request_is_cancelled(
+    odd_engine: dict[str, str],
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("odd", *ENGINE, env=odd_engine) as peer:
+            await peer.send(_synth(1, "early one four"))
+            first = await peer.expect(Audio)
+            # Of the three words the engine gave at once, the two that start in this frame.
+            assert first.words == [WordSpan(0, 5, 0, 100), WordSpan(6, 9, 150, 200)]
+            await peer.send(protocol.Cancel(id=2, target=1))
+            rest = (await peer.collect({1, 2}))[1]
+            assert len(rest) == 1 and isinstance(rest[0], Error) and rest[0].code == "cancelled", rest
+
+
+async def test_a_word_outside_the_text_fails_the_request_as_the_engines_bug(odd_engine: dict[str, str]) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("odd", *ENGINE, env=odd_engine) as peer:
+            frames = await peer.request(_synth(1, "broken"))
+            error = frames[-1]
+            assert isinstance(error, Error) and error.code == "internal", error
+            assert "outside the text" in error.message
+            assert not [f for f in frames if isinstance(f, Audio)]
+            # The sidecar goes on.
+            again = await peer.request(_synth(2, "late word"))
+            assert isinstance(again[-1], Done)
 
 
 # ------------------------------------------------------------------ batches
