@@ -20,7 +20,7 @@ from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.voice.events import ErrorEvent
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities, TextOutput
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
-from livekit_support import WAIT
+from livekit_support import WAIT, recording_session
 
 from indextts_client.integrations.livekit import TTS
 
@@ -42,6 +42,7 @@ class Speaker(AudioOutput):
         self._started = 0.0
         self._queued = 0.0  # seconds given since the first frame
         self._done: asyncio.TimerHandle | None = None
+        self.playing = asyncio.Event()  # set at the first frame
 
     async def capture_frame(self, frame: rtc.AudioFrame) -> None:
         await super().capture_frame(frame)
@@ -50,6 +51,7 @@ class Speaker(AudioOutput):
             self.on_playback_started(created_at=time.time())
         self._queued += frame.duration
         self.frames.append(frame)
+        self.playing.set()
 
     def flush(self) -> None:
         super().flush()
@@ -94,9 +96,9 @@ class Transcript(TextOutput):
 
 
 async def start_session(
-    server: Server, voice: str = "alloy"
+    server: Server, voice: str = "alloy", **options: Any
 ) -> tuple[AgentSession[None], Speaker, Transcript, TranscriptSynchronizer]:
-    speaker_tts = TTS(url=server.base, api_key=KEY, voice=voice)
+    speaker_tts = TTS(url=server.base, api_key=KEY, voice=voice, **options)
     session = AgentSession[None](tts=speaker_tts, use_tts_aligned_transcript=True)
     speaker, transcript = Speaker(), Transcript()
     sync = TranscriptSynchronizer(next_in_chain_audio=speaker, next_in_chain_text=transcript)
@@ -190,3 +192,26 @@ async def test_a_refused_voice_is_the_sessions_tts_error(espeak: Server) -> None
     assert isinstance(event.error.error, APIStatusError)
     assert event.error.error.status_code == 400 and event.error.error.body["code"] == "unknown_voice"
     assert not speaker.frames and not assistant_messages(session)
+
+
+async def test_an_interruption_cancels_the_reply_still_being_made(fake: Server) -> None:
+    # The fake engine sends the first 0.5 s of the reply, then hangs until the request is
+    # cancelled: only the interruption reaching the sidecar ends it.
+    http, traffic = recording_session()
+    hanging = {"chunk_seconds": 0.5, "hang_at": 1}
+    session, speaker, _, sync = await start_session(fake, options=hanging, http_session=http)
+    try:
+        with anyio.fail_after(WAIT):
+            handle = session.say(REPLY)
+            await speaker.playing.wait()
+            handle.interrupt()
+            await handle.wait_for_playout()
+            [config] = [e for e in traffic.sent() if e["type"] == "context.config"]
+            context = config["context_id"]
+            assert {"type": "context.cancel", "context_id": context} in traffic.sent()
+            await traffic.until(lambda item: item == {"type": "context.cancelled", "context_id": context})
+    finally:
+        await close(session, sync)
+        await http.close()
+    assert handle.interrupted
+    assert sum(f.duration for f in speaker.frames) <= 0.5 + 1e-6
