@@ -359,12 +359,20 @@ class TTS(tts.TTS[Any]):
     def provider(self) -> str:
         return "indextts-sidecar"
 
-    def update_options(self, *, voice: Union[str, None] = None, speed: Union[float, None] = None) -> None:
-        """Change the voice or speed of the streams opened from now on."""
+    def update_options(
+        self,
+        *,
+        voice: Union[str, None] = None,
+        speed: Union[float, None] = None,
+        options: Union[Mapping[str, Any], None] = None,
+    ) -> None:
+        """Change the voice, speed or engine options of the streams opened from now on."""
         if voice is not None:
             self._opts.voice = voice
         if speed is not None:
             self._opts.speed = speed
+        if options is not None:
+            self._opts.options = dict(options)
 
     def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
         return ChunkedStream(
