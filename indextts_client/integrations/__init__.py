@@ -2,6 +2,8 @@
 
 - :mod:`indextts_client.integrations.pipecat` (extra ``pipecat``): Pipecat TTS services, over
   ``serve``'s WebSocket route or a Client/Pool in process.
+- :mod:`indextts_client.integrations.livekit` (extra ``livekit``): a LiveKit Agents ``tts.TTS``
+  over ``serve``'s WebSocket route.
 
 Importing this package imports no framework; each module imports its own.  docs/agents.md.
 """

@@ -7,7 +7,9 @@ Every word is checked against the text it claims to speak and the audio it claim
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -173,3 +175,35 @@ async def test_stream_text_gives_each_sentence_its_words() -> None:
             for word in chunk.words:
                 first = round(word.start * chunk.sample_rate)
                 assert chunk.offset_samples <= first < chunk.offset_samples + len(chunk.samples)
+
+
+# ------------------------------------------------------------------ espeak: espeak-ng's word events
+
+ESPEAK_TEXT = 'Hello there, brave world. It costs 42 dollars, "quoted" too!'
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the espeak wheel's library is tested on Linux")
+async def test_espeak_words_are_its_own_word_events() -> None:
+    pytest.importorskip("espeakng_loader")
+    with anyio.fail_after(TIMEOUT):
+        async with Client("espeak") as client:
+            assert "word_timings" in client.info.capabilities
+            audio = await client.synthesize(ESPEAK_TEXT)
+            async with client.stream(ESPEAK_TEXT) as stream:
+                chunks = [chunk async for chunk in stream]
+            resampled = await client.synthesize(ESPEAK_TEXT, sample_rate=16000)
+    spoken = ["Hello", "there", "brave", "world", "It", "costs", "42", "dollars", "quoted", "too"]
+    assert [word.word for word in audio.words] == spoken
+    check_words(audio.words, ESPEAK_TEXT, len(audio), audio.sample_rate)
+    # The words fill the audio from its start, one after the other.
+    assert audio.words[0].start == 0.0
+    assert all(a.end <= b.start for a, b in itertools.pairwise(audio.words))
+    # espeak-ng's timing of a word may differ by a few samples from one run to the next: each
+    # request is checked on its own, and against the others by its words.
+    for words, samples, rate in (
+        (stream.words, sum(len(c) for c in chunks), 22050),
+        (resampled.words, len(resampled), 16000),
+    ):
+        assert [(word.word, word.span) for word in words] == [(word.word, word.span) for word in audio.words]
+        check_words(words, ESPEAK_TEXT, samples, rate)
+    check_chunks(chunks, stream.words)

@@ -14,6 +14,7 @@ import base64
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -216,3 +217,33 @@ async def test_indextts_segments_stand_in_over_sse_and_the_websocket(ckpt: Path,
         "granularity": "segment",
         "words": SEGMENTS,
     }
+
+
+# ------------------------------------------------------------------ espeak: its own word events
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the espeak wheel's library is tested on Linux")
+async def test_espeak_gives_words_per_sentence_over_the_websocket() -> None:
+    pytest.importorskip("espeakng_loader")
+    text = 'Good morning, everyone. It costs 42 dollars, "quoted" too!'
+    with server("--engine", "espeak") as s:
+        async with session(s) as ws:
+            await ws.send("context.config", context_id="e", voice="en-us")
+            await ws.send("input.text", context_id="e", text=text)
+            await ws.send("input.done", context_id="e")
+            messages = await ws.until_done("e")
+        events = sse_events(s, input=text, voice="en-us", response_format="pcm")  # pcm: 24 kHz
+    spoken = sentences_of(messages)
+    assert [start["text"] for start, *_ in spoken] == ["Good morning, everyone.", 'It costs 42 dollars, "quoted" too!']
+    words = [[w["word"] for w in alignment["words"]] for _, _, alignment, _ in spoken]
+    assert words == [["Good", "morning", "everyone"], ["It", "costs", "42", "dollars", "quoted", "too"]]
+    for start, audio, alignment, done in spoken:
+        assert alignment["granularity"] == "word"
+        assert len(audio) == 2 * done["samples"]
+        check_entries(alignment["words"], start["text"], done["samples"] / start["sample_rate"])
+        assert alignment["words"][0]["start"] == 0.0  # seconds from the sentence's own first sample
+    # SSE: one request, offsets into the whole input, seconds of the whole response.
+    sse = check_sse_order(events)
+    assert sse["granularity"] == "word"
+    assert [w["word"] for w in sse["words"]] == words[0] + words[1]
+    check_entries(sse["words"], text, samples_of(events) / 24000)

@@ -1,0 +1,563 @@
+"""A LiveKit Agents text-to-speech over ``indextts-client serve``'s WebSocket route.
+
+    pip install "indextts-sidecar[livekit]"
+
+:class:`TTS` is a ``livekit.agents.tts.TTS`` that streams: an ``AgentSession`` given
+``tts=TTS(url=...)`` speaks each reply through one context of the route
+(``/v1/audio/speech/stream``), the LLM's text going in as it is written and each sentence's
+audio coming back as soon as the server has it.  One WebSocket per :class:`TTS` carries every
+stream of it (a context each, named after the stream's request id), so a turn costs no
+connection set-up.  It declares ``aligned_transcript``: each sentence's ``audio.alignment``
+event becomes LiveKit ``TimedString`` words (their start and end in seconds from the stream's
+first sample), which the session's transcript synchronizer paces against playback, so an
+interrupted reply is kept in the chat context only up to the word the user heard.
+
+Interrupting (LiveKit closes the stream) sends ``context.cancel`` at once: the sentence being
+synthesized and the queued ones stop on the sidecar.  A context the server refuses or that
+fails (an ``error`` event) raises :class:`livekit.agents.APIStatusError` with the HTTP status of
+its code (``unknown_voice`` and other refusals: 400, not retried; ``busy``: 429, an engine's
+failure: 500, and the 503s, retried by LiveKit);
+a connection that cannot be made or is lost raises :class:`livekit.agents.APIConnectionError`,
+a handshake refused by status (a wrong key: 401) an ``APIStatusError``, and a server silent for
+``conn_options.timeout`` once the text is all sent :class:`livekit.agents.APITimeoutError`.
+
+``synthesize(text)`` returns a :class:`ChunkedStream` over the same connection (one context,
+its text sent whole).  Audio is 16-bit PCM, mono, at ``sample_rate`` (24 kHz by default; the
+server resamples to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+from livekit.agents import (
+    DEFAULT_API_CONNECT_OPTIONS,
+    APIConnectionError,
+    APIConnectOptions,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    tts,
+    utils,
+)
+from livekit.agents.types import TimedString
+
+__all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
+
+#: The route's path, added to a ``url`` that names none.
+ROUTE = "/v1/audio/speech/stream"
+
+# An `error` event's code -> the HTTP status the server's HTTP route answers for it (a code not
+# here is a refused request: 400).  LiveKit retries 408, 429 and 5xx; other 4xx are final.
+_STATUS = {
+    "invalid_api_key": 401,
+    "busy": 429,
+    "server_error": 500,
+    "engine_error": 500,
+    "load_failed": 500,
+    "internal": 500,
+    "shutting_down": 503,
+    "starting": 503,
+    "overloaded": 503,
+    "unavailable": 503,
+    "timeout": 504,
+}
+
+
+class _InputDone:
+    """The context's text is all sent: from now on the server's silence is bounded."""
+
+
+# What a context's inbox holds: a JSON event, a binary frame's audio, the failure that ends it,
+# or the sender's word that the input is done.
+_Item = Union[dict[str, Any], bytes, APIError, _InputDone]
+
+
+class _Flush:
+    """A flush of the stream's text, in the order of its pieces."""
+
+
+def _status_error(event: Mapping[str, Any], request_id: Union[str, None]) -> APIStatusError:
+    code = str(event.get("code", "error"))
+    message = str(event.get("message", "the server refused the request"))
+    return APIStatusError(
+        f"indextts: {message} ({code})",
+        status_code=_STATUS.get(code, 400),
+        request_id=request_id,
+        body=dict(event),
+    )
+
+
+def _connection_error(event: Mapping[str, Any]) -> APIError:
+    """An ``error`` event without a context: the server is ending the connection."""
+    if event.get("code") == "invalid_api_key":
+        return _status_error(event, None)
+    code, message = event.get("code", "error"), event.get("message", "")
+    return APIConnectionError(f"indextts: the server ended the connection: {message} ({code})")
+
+
+def _route_url(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"url must be ws://, wss://, http:// or https://, not {url!r}")
+    path = parts.path if parts.path not in ("", "/") else ROUTE
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class _Socket:
+    """One WebSocket to the route, its events handed to the context each names."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self._inboxes: dict[str, asyncio.Queue[_Item]] = {}
+        self._failure: Union[APIError, None] = None
+        self._send_lock = asyncio.Lock()
+        self._reader = asyncio.create_task(self._read(), name="indextts.livekit.read")
+
+    @classmethod
+    async def connect(
+        cls, session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], timeout: float
+    ) -> _Socket:
+        async def handshake() -> tuple[Any, Any]:
+            ws = await session.ws_connect(url, headers=dict(headers), autoping=True)
+            try:
+                return ws, await ws.receive()
+            except BaseException:
+                await ws.close()
+                raise
+
+        try:
+            ws, first = await asyncio.wait_for(handshake(), timeout)
+        except aiohttp.WSServerHandshakeError as exc:
+            raise APIStatusError(
+                f"indextts: the WebSocket handshake was refused ({exc.status})", status_code=exc.status
+            ) from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise APITimeoutError(f"indextts: no session.ready from {url} within {timeout} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise APIConnectionError(f"indextts: cannot connect to {url}") from exc
+        event = _json(first.data) if first.type is aiohttp.WSMsgType.TEXT else None
+        if event is None or event.get("type") != "session.ready":
+            await ws.close()
+            if event is not None and event.get("type") == "error":
+                raise _status_error(event, None)
+            raise APIConnectionError(f"indextts: {url} did not answer with session.ready")
+        return cls(ws)
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    def open(self, context_id: str) -> asyncio.Queue[_Item]:
+        inbox: asyncio.Queue[_Item] = asyncio.Queue()
+        if self._failure is not None:
+            inbox.put_nowait(self._failure)
+        self._inboxes[context_id] = inbox
+        return inbox
+
+    def forget(self, context_id: str) -> None:
+        """No more events for ``context_id`` (a late one, after a cancel, is dropped)."""
+        self._inboxes.pop(context_id, None)
+
+    async def send(self, event: Mapping[str, Any]) -> None:
+        if self._failure is not None:
+            raise self._failure
+        try:
+            async with self._send_lock:
+                await self._ws.send_str(json.dumps(event))
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise APIConnectionError("indextts: the connection was lost") from exc
+
+    def _fail(self, failure: APIError) -> None:
+        """The connection is over: every open context gets ``failure``, every new one too."""
+        if self._failure is None:
+            self._failure = failure
+            for inbox in self._inboxes.values():
+                inbox.put_nowait(failure)
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._ws:
+                if message.type is aiohttp.WSMsgType.BINARY:
+                    data: bytes = message.data
+                    n = data[0] if data else 0
+                    inbox = self._inboxes.get(data[1 : 1 + n].decode("ascii", "replace"))
+                    if inbox is not None:
+                        inbox.put_nowait(data[1 + n :])
+                elif message.type is aiohttp.WSMsgType.TEXT:
+                    event = _json(message.data)
+                    if event is None:
+                        continue
+                    context_id = event.get("context_id")
+                    if context_id is None and event.get("type") == "error":
+                        # the connection's end (an idle timeout...): the close follows; a stream
+                        # starting now must not take this socket
+                        self._fail(_connection_error(event))
+                    elif isinstance(context_id, str) and (inbox := self._inboxes.get(context_id)) is not None:
+                        inbox.put_nowait(event)
+        except (aiohttp.ClientError, OSError) as exc:
+            self._fail(APIConnectionError(f"indextts: the connection was lost ({type(exc).__name__})"))
+        finally:
+            self._fail(APIConnectionError(f"indextts: the server closed the connection ({self._ws.close_code})"))
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+        await utils.aio.cancel_and_wait(self._reader)
+
+
+def _json(data: object) -> Union[dict[str, Any], None]:
+    try:
+        event = json.loads(data) if isinstance(data, (str, bytes)) else None
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise APIError(f"indextts: a word's time is not a number of seconds: {value!r}", retryable=False)
+    return float(value)
+
+
+def _pieces(text: str, words: list[dict[str, Any]]) -> list[str]:
+    """``text`` cut into one piece per word, adding up to it.
+
+    With the words' character offsets (given and in order): each word with what follows it up to
+    the next one.  Without (IndexTTS's segments carry the engine's own text): cut in proportion to
+    the words' lengths, at the nearest space where the text has spaces near the cut.
+    """
+    starts = [c for w in words if isinstance(c := w.get("char_start"), int) and not isinstance(c, bool)]
+    if len(starts) == len(words) and starts == sorted(starts) and starts[0] >= 0 and starts[-1] <= len(text):
+        return [text[a:b] for a, b in itertools.pairwise([0, *starts[1:], len(text)])]
+    lengths = [max(1, len(str(w.get("word", "")))) for w in words]
+    cuts, done = [0], 0
+    for length in lengths[:-1]:
+        done += length
+        cut = round(len(text) * done / sum(lengths))
+        left, right = text.rfind(" ", 0, cut + 1), text.find(" ", cut)
+        near = [i for i in (left, right) if i != -1 and abs(i - cut) <= 16]
+        if near:
+            cut = min(near, key=lambda i: abs(i - cut)) + 1  # the space stays with the piece before
+        cuts.append(min(max(cut, cuts[-1]), len(text)))
+    cuts.append(len(text))
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def _words(event: Mapping[str, Any], text: str, *, lead: str, offset: float, duration: float) -> list[TimedString]:
+    """A sentence's ``audio.alignment`` as LiveKit words, seconds from the stream's first sample.
+
+    The words' texts add up to ``lead`` and the sentence's text (:func:`_pieces`), so that the
+    transcript LiveKit builds from them is the text that was sent.  Without words (an engine
+    that gives none), the sentence is one timed piece.  An ``event`` whose words are not a list
+    of objects with numeric times raises :class:`APIError`.
+    """
+    words = event.get("words") or []
+    if not isinstance(words, list) or not all(isinstance(w, dict) for w in words):
+        raise APIError("indextts: audio.alignment's words are not a list of objects", retryable=False)
+    if not words:
+        return [TimedString(lead + text, start_time=offset, end_time=offset + duration)] if text else []
+    out = []
+    for i, (word, piece) in enumerate(zip(words, _pieces(text, words), strict=True)):
+        start, end = _seconds(word.get("start")), _seconds(word.get("end"))
+        out.append(TimedString((lead if i == 0 else "") + piece, start_time=offset + start, end_time=offset + end))
+    return out
+
+
+class _Link:
+    """The TTS's WebSocket, opened on first use and again after it is lost."""
+
+    def __init__(self, url: str, headers: Mapping[str, str], session: Union[aiohttp.ClientSession, None]) -> None:
+        self.url, self.headers = url, dict(headers)
+        self._session, self._own_session = session, session is None
+        self._socket: Union[_Socket, None] = None
+        self._lock = asyncio.Lock()
+
+    async def connection(self, timeout: float) -> _Socket:
+        async with self._lock:
+            if self._socket is None or self._socket.failed:
+                if self._socket is not None:
+                    await self._socket.aclose()
+                    self._socket = None
+                if self._session is None:
+                    self._session = aiohttp.ClientSession()
+                self._socket = await _Socket.connect(self._session, self.url, self.headers, timeout)
+            return self._socket
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            if self._socket is not None:
+                await self._socket.aclose()
+                self._socket = None
+            if self._own_session and self._session is not None:
+                await self._session.close()
+                self._session = None
+
+
+@dataclass
+class _Options:
+    voice: str
+    sample_rate: int
+    speed: Union[float, None]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {"voice": self.voice, "response_format": "pcm", "sample_rate": self.sample_rate}
+        if self.speed is not None:
+            settings["speed"] = self.speed
+        if self.options:
+            settings["options"] = self.options
+        return settings
+
+
+class TTS(tts.TTS[Any]):
+    """LiveKit's TTS interface over one WebSocket to ``indextts-client serve``.
+
+    ``url``: the server (``http://host:port`` or ``ws://host:port``; the route's path is added
+    when the URL names none).  ``api_key``: the server's ``--api-key``, sent as a bearer token.
+    ``voice``: a voice the server knows (``serve --voice NAME=REF.wav``, an uploaded one, or the
+    engine's own).  ``sample_rate``: of the PCM LiveKit receives.  ``speed`` and ``options`` (the
+    engine's request options) as on the route's ``context.config``.  ``http_session``: an
+    ``aiohttp.ClientSession`` to use (one of its own, closed by :meth:`aclose`, otherwise).
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str = "ws://127.0.0.1:8000",
+        api_key: Union[str, None] = None,
+        voice: str = "alloy",
+        sample_rate: int = 24000,
+        speed: Union[float, None] = None,
+        options: Union[Mapping[str, Any], None] = None,
+        http_session: Union[aiohttp.ClientSession, None] = None,
+    ) -> None:
+        super().__init__(
+            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
+            sample_rate=sample_rate,
+            num_channels=1,
+        )
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._link = _Link(_route_url(url), headers, http_session)
+        self._opts = _Options(voice=voice, sample_rate=sample_rate, speed=speed, options=dict(options or {}))
+        self._prewarm: Union[asyncio.Task[Any], None] = None
+
+    @property
+    def model(self) -> str:
+        return "indextts"
+
+    @property
+    def provider(self) -> str:
+        return "indextts-sidecar"
+
+    def update_options(
+        self,
+        *,
+        voice: Union[str, None] = None,
+        speed: Union[float, None] = None,
+        options: Union[Mapping[str, Any], None] = None,
+    ) -> None:
+        """Change the voice, speed or engine options of the streams opened from now on."""
+        if voice is not None:
+            self._opts.voice = voice
+        if speed is not None:
+            self._opts.speed = speed
+        if options is not None:
+            self._opts.options = dict(options)
+
+    def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
+        return ChunkedStream(
+            tts=self, input_text=text, conn_options=conn_options, link=self._link, settings=self._opts.settings()
+        )
+
+    def stream(self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> SynthesizeStream:
+        return SynthesizeStream(tts=self, conn_options=conn_options, link=self._link, settings=self._opts.settings())
+
+    def prewarm(self) -> None:
+        """Open the WebSocket now, so that the first reply does not wait for it."""
+
+        async def connect() -> None:
+            with contextlib.suppress(APIError):
+                await self._link.connection(DEFAULT_API_CONNECT_OPTIONS.timeout)
+
+        if self._prewarm is None or self._prewarm.done():
+            self._prewarm = asyncio.create_task(connect(), name="indextts.livekit.prewarm")
+
+    async def aclose(self) -> None:
+        """Close the WebSocket (and the session of its own)."""
+        if self._prewarm is not None:
+            await utils.aio.cancel_and_wait(self._prewarm)
+        await self._link.aclose()
+
+
+async def _speak(
+    link: _Link,
+    settings: Mapping[str, Any],
+    emitter: tts.AudioEmitter,
+    texts: AsyncIterable[Union[str, _Flush]],
+    *,
+    request_id: str,
+    streaming: bool,
+    timeout: float,
+    on_text: Union[Callable[[], None], None] = None,
+) -> None:
+    """One context: ``texts`` sent as they come, the audio and words pushed to ``emitter``.
+
+    Ends at ``context.done``; an ``error`` event raises; leaving early (LiveKit cancels an
+    interrupted stream) cancels the context on the server at once.
+    """
+    socket = await link.connection(timeout)
+    context_id = f"lk-{request_id}"
+    inbox = socket.open(context_id)
+    input_done = False
+    rate = int(settings["sample_rate"])
+
+    async def send_input() -> None:
+        try:
+            await socket.send({"type": "context.config", "context_id": context_id, **settings})
+            async for piece in texts:
+                if isinstance(piece, _Flush):
+                    await socket.send({"type": "input.flush", "context_id": context_id})
+                elif piece:
+                    if on_text is not None:
+                        on_text()
+                    await socket.send({"type": "input.text", "context_id": context_id, "text": piece})
+            inbox.put_nowait(_InputDone())
+            await socket.send({"type": "input.done", "context_id": context_id})
+        except APIError as exc:
+            inbox.put_nowait(exc)
+
+    sender = asyncio.create_task(send_input(), name="indextts.livekit.send")
+    ended = False  # the server has ended the context (done or failed): nothing to cancel
+    try:
+        received = 0  # bytes of audio so far
+        sentence_start = 0
+        sentence_text = ""
+        sentences = 0
+        segment = False
+        while True:
+            try:
+                wait = timeout if input_done else None
+                item = await asyncio.wait_for(inbox.get(), wait)
+            except (asyncio.TimeoutError, TimeoutError):
+                raise APITimeoutError(f"indextts: no answer within {timeout} s") from None
+            if isinstance(item, _InputDone):
+                input_done = True
+                continue
+            if isinstance(item, APIError):
+                ended = isinstance(item, APIConnectionError) or socket.failed
+                raise item
+            if isinstance(item, bytes):
+                emitter.push(item)
+                received += len(item)
+                continue
+            kind = item.get("type")
+            if kind == "audio.start":
+                if streaming and not segment:
+                    emitter.start_segment(segment_id=context_id)
+                    segment = True
+                sentence_start, sentence_text = received, str(item.get("text") or "")
+            elif kind == "audio.alignment":
+                words = _words(
+                    item,
+                    sentence_text,
+                    lead=" " if sentences else "",
+                    offset=sentence_start / 2 / rate,
+                    duration=(received - sentence_start) / 2 / rate,
+                )
+                sentences += 1
+                emitter.push_timed_transcript(words)
+            elif kind == "audio.done":
+                if streaming and not (item.get("flushed") and input_done):
+                    # more audio may follow, and not soon (the LLM's next sentence): the words
+                    # go out now, with the sentence's last audio, not with the next frame
+                    emitter.flush()
+            elif kind in ("context.done", "context.cancelled"):
+                ended = True
+                if segment:
+                    emitter.end_segment()
+                return
+            elif kind == "error":
+                ended = True
+                raise _status_error(item, request_id)
+    finally:
+        socket.forget(context_id)
+        await utils.aio.cancel_and_wait(sender)
+        if not ended and not socket.failed:
+            # interrupted: stop the sentence being made and the queued ones, without waiting
+            with contextlib.suppress(APIError, asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(socket.send({"type": "context.cancel", "context_id": context_id}), timeout)
+
+
+class ChunkedStream(tts.ChunkedStream):
+    """``TTS.synthesize(text)``: one context, ``text`` sent whole, its audio and words."""
+
+    def __init__(
+        self, *, tts: TTS, input_text: str, conn_options: APIConnectOptions, link: _Link, settings: dict[str, Any]
+    ) -> None:
+        super().__init__(tts=tts, input_text=input_text, conn_options=conn_options)
+        self._link, self._settings = link, settings
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        request_id = utils.shortuuid()
+        output_emitter.initialize(
+            request_id=request_id,
+            sample_rate=self._settings["sample_rate"],
+            num_channels=1,
+            mime_type="audio/pcm",
+        )
+
+        async def text() -> AsyncIterator[str]:
+            yield self._input_text
+
+        await _speak(
+            self._link,
+            self._settings,
+            output_emitter,
+            text(),
+            request_id=request_id,
+            streaming=False,
+            timeout=self._conn_options.timeout,
+        )
+
+
+class SynthesizeStream(tts.SynthesizeStream):
+    """``TTS.stream()``: the text pushed to it, as it comes, into one context of the route."""
+
+    def __init__(self, *, tts: TTS, conn_options: APIConnectOptions, link: _Link, settings: dict[str, Any]) -> None:
+        super().__init__(tts=tts, conn_options=conn_options)
+        self._link, self._settings = link, settings
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        request_id = utils.shortuuid()
+        output_emitter.initialize(
+            request_id=request_id,
+            sample_rate=self._settings["sample_rate"],
+            num_channels=1,
+            mime_type="audio/pcm",
+            stream=True,
+        )
+
+        async def texts() -> AsyncIterator[Union[str, _Flush]]:
+            async for piece in self._input_ch:
+                yield _Flush() if isinstance(piece, self._FlushSentinel) else piece
+
+        await _speak(
+            self._link,
+            self._settings,
+            output_emitter,
+            texts(),
+            request_id=request_id,
+            streaming=True,
+            timeout=self._conn_options.timeout,
+            on_text=self._mark_started,
+        )
