@@ -8,8 +8,6 @@ import sys
 import wave
 from pathlib import Path
 
-import pytest
-
 from indextts_sidecar.engines.fake import render_bytes
 
 REPO = Path(__file__).resolve().parents[2]
