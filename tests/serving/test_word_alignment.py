@@ -133,6 +133,26 @@ async def test_each_sentence_gets_its_words_before_its_done_per_context(fake: Se
                 assert len(audio) == 2 * done["samples"]
 
 
+async def test_a_sentence_without_words_still_gets_its_alignment(fake: Server) -> None:
+    # ``seconds`` longer than the text's own audio repeats the text: the fake engine names no word.
+    async with session(fake) as ws:
+        await ws.send("context.config", context_id="z", options={"seconds": 2.0})
+        await ws.send("input.text", context_id="z", text="Hello there, friend. How are you today?")
+        await ws.send("input.done", context_id="z")
+        messages = await ws.until_done("z")
+    spoken = sentences_of(messages)
+    assert [start["text"] for start, *_ in spoken] == ["Hello there, friend.", "How are you today?"]
+    for start, _, alignment, done in spoken:
+        assert done["samples"] == 48000
+        assert alignment == {
+            "type": "audio.alignment",
+            "context_id": "z",
+            "sentence": start["sentence"],
+            "granularity": "word",
+            "words": [],
+        }
+
+
 def sse_events(s: Server, **body: Any) -> list[dict[str, Any]]:
     events = []
     with (
