@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Union
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = ["STREAM_PATH", "Timeline", "WordTime", "event", "split_frame", "stream_url"]
 
@@ -21,15 +22,15 @@ WordTime = tuple[str, float, float]
 
 
 def stream_url(base: str) -> str:
-    """The route's URL from a server's base URL (``http://host:8000``, ``ws://host:8000``, or the
-    route's own URL, which is returned as it is)."""
-    url = base.rstrip("/")
-    for plain, secure in (("http://", "ws://"), ("https://", "wss://")):
-        if url.startswith(plain):
-            url = secure + url[len(plain) :]
-    if not url.startswith(("ws://", "wss://")):
+    """The route's URL from a server's URL: ``http``/``https`` become ``ws``/``wss``, and
+    :data:`STREAM_PATH` is added to a URL that names no path (``http://host:8000``); a path
+    it names (the route's own, or a proxy's) is kept."""
+    parts = urlsplit(base)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss") or not parts.netloc:
         raise ValueError(f"not an http(s) or ws(s) URL: {base!r}")
-    return url if url.endswith(STREAM_PATH) else url + STREAM_PATH
+    path = parts.path if parts.path not in ("", "/") else STREAM_PATH
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
 
 def event(type: str, **fields: Any) -> str:

@@ -35,7 +35,6 @@ import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from livekit.agents import (
@@ -50,10 +49,10 @@ from livekit.agents import (
 )
 from livekit.agents.types import TimedString
 
+from ._socket import split_frame, stream_url
+
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
 
-#: The route's path, added to a ``url`` that names none.
-ROUTE = "/v1/audio/speech/stream"
 
 # An `error` event's code -> the HTTP status the server's HTTP route answers for it (a code not
 # here is a refused request: 400).  LiveKit retries 408, 429 and 5xx; other 4xx are final.
@@ -102,15 +101,6 @@ def _connection_error(event: Mapping[str, Any]) -> APIError:
         return _status_error(event, None)
     code, message = event.get("code", "error"), event.get("message", "")
     return APIConnectionError(f"indextts: the server ended the connection: {message} ({code})")
-
-
-def _route_url(url: str) -> str:
-    parts = urlsplit(url)
-    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
-    if scheme not in ("ws", "wss"):
-        raise ValueError(f"url must be ws://, wss://, http:// or https://, not {url!r}")
-    path = parts.path if parts.path not in ("", "/") else ROUTE
-    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
 
 class _Socket:
@@ -188,11 +178,13 @@ class _Socket:
         try:
             async for message in self._ws:
                 if message.type is aiohttp.WSMsgType.BINARY:
-                    data: bytes = message.data
-                    n = data[0] if data else 0
-                    inbox = self._inboxes.get(data[1 : 1 + n].decode("ascii", "replace"))
+                    try:
+                        frame_context, pcm = split_frame(message.data)
+                    except ValueError:
+                        continue  # not a frame of the route's: no context to give it to
+                    inbox = self._inboxes.get(frame_context)
                     if inbox is not None:
-                        inbox.put_nowait(data[1 + n :])
+                        inbox.put_nowait(pcm)
                 elif message.type is aiohttp.WSMsgType.TEXT:
                     event = _json(message.data)
                     if event is None:
@@ -347,7 +339,7 @@ class TTS(tts.TTS[Any]):
             num_channels=1,
         )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._link = _Link(_route_url(url), headers, http_session)
+        self._link = _Link(stream_url(url), headers, http_session)
         self._opts = _Options(voice=voice, sample_rate=sample_rate, speed=speed, options=dict(options or {}))
         self._prewarm: Union[asyncio.Task[Any], None] = None
 

@@ -17,6 +17,7 @@ from indextts_client.integrations._socket import Timeline, event, split_frame, s
         ("https://tts.example/", "wss://tts.example/v1/audio/speech/stream"),
         ("ws://h:1", "ws://h:1/v1/audio/speech/stream"),
         ("wss://h/v1/audio/speech/stream", "wss://h/v1/audio/speech/stream"),
+        ("https://proxy.example/tts/stream", "wss://proxy.example/tts/stream"),  # a proxy's path is kept
     ],
 )
 def test_the_route_url_from_a_base(base: str, url: str) -> None:
