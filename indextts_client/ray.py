@@ -43,14 +43,14 @@ import dataclasses
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from typing import Any, Union
 
 import anyio
 import msgspec
 import numpy as np
 
-from ._audio import SAMPLE_DTYPE, Audio, AudioChunk
+from ._audio import SAMPLE_DTYPE, Audio, AudioChunk, WordTiming
 from ._client import Client
 from ._exceptions import CrashedError, RestartLimitError, StartError
 from ._signature import CLIENT, REQUESTER, same_parameters
@@ -259,6 +259,7 @@ class SidecarReplica:
             "sample_rate": audio.sample_rate,
             "timings": audio.timings,
             "facts": audio.facts,
+            "words": _words_out(audio.words),
             "pid": client.pid,
         }
 
@@ -266,14 +267,20 @@ class SidecarReplica:
         client = await self._ready()
         await self._note_voice()
         with self._load.track(text):
-            async with client.stream(text, **kwargs) as chunks:
+            synthesis = client.stream(text, **kwargs)
+            async with synthesis as chunks:
                 async for chunk in chunks:
                     yield {
                         "samples": chunk.samples.tobytes(),
                         "sample_rate": chunk.sample_rate,
                         "seq": chunk.seq,
                         "offset_samples": chunk.offset_samples,
+                        "words": _words_out(chunk.words),
                     }
+            # The end: what the caller reads off a finished stream (every word, segment stand-ins
+            # included, which no chunk carries).
+            words = _words_out(synthesis.words)
+            yield {"end": True, "words": words, "timings": synthesis.timings, "facts": synthesis.facts}
 
     async def info(self) -> dict[str, Any]:
         """The sidecar's ready facts: engine, capabilities, native rate, speed control (None: none)."""
@@ -404,6 +411,81 @@ def http_ingress(
     return ingress.bind()
 
 
+class RayStream:
+    """:meth:`RayClient.stream`'s stream: ``async with stream as chunks``; after its end, the
+    request's ``words`` (as :attr:`Audio.words`), ``timings`` and ``facts`` as the replica saw them."""
+
+    def __init__(self, handle: Any, text: str, kwargs: dict[str, Any], retries: int) -> None:
+        self._handle, self._text, self._kwargs, self._retries = handle, text, kwargs, retries
+        self._current: Union[Any, None] = None
+        self._iterator: Union[AsyncIterator[AudioChunk], None] = None
+        self.words: tuple[WordTiming, ...] = ()
+        self.timings: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+
+    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
+        if self._iterator is not None:
+            raise RuntimeError("a RayStream is entered once")
+        self._current = self._handle.stream.remote(self._text, **self._kwargs)
+        self._iterator = self._chunks()
+        return self._iterator
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._iterator is not None:
+            await self._iterator.aclose()  # type: ignore[attr-defined]
+        if self._current is not None:
+            self._current.cancel()
+
+    async def _chunks(self) -> AsyncIterator[AudioChunk]:
+        delivered = 0
+        attempt = 0
+        while True:
+            try:
+                item = await _next(self._current)
+            except _RETRYABLE as exc:
+                assert self._current is not None
+                self._current.cancel()
+                if delivered or attempt == self._retries:
+                    if isinstance(exc, RayActorError):
+                        raise CrashedError(_lost(exc, delivered)) from exc
+                    raise
+                attempt += 1
+                log.warning("a stream lost its replica before any audio (%s); sending it again", type(exc).__name__)
+                self._current = self._handle.stream.remote(self._text, **self._kwargs)
+                continue
+            if item is None:
+                return
+            if item.get("end"):
+                self.words = _words_in(item.get("words"))
+                self.timings, self.facts = dict(item.get("timings") or {}), dict(item.get("facts") or {})
+                continue
+            delivered += 1
+            yield AudioChunk(
+                samples=np.frombuffer(item["samples"], dtype=SAMPLE_DTYPE),
+                sample_rate=int(item["sample_rate"]),
+                seq=int(item["seq"]),
+                offset_samples=int(item["offset_samples"]),
+                words=_words_in(item.get("words")),
+            )
+
+
+def _words_out(words: tuple[WordTiming, ...]) -> list[list[Any]]:
+    """Word timings as plain lists, for Ray's serializer (compact, and no class to import)."""
+    return [[w.word, None if w.span is None else list(w.span), w.start, w.end, w.segment] for w in words]
+
+
+def _words_in(rows: Any) -> tuple[WordTiming, ...]:
+    """The replica's word rows as timings (none from an older replica)."""
+    if not rows:
+        return ()
+    return tuple(
+        WordTiming(
+            str(word), None if span is None else (int(span[0]), int(span[1])), float(start), float(end), bool(seg)
+        )
+        for word, span, start, end, seg in rows
+    )
+
+
 class RayClient:
     """The Client's async API (``synthesize``, ``stream``, ``ping``) over a deployment handle.
 
@@ -445,6 +527,7 @@ class RayClient:
             sample_rate=int(result["sample_rate"]),
             timings=dict(result["timings"]),
             facts=dict(result.get("facts") or {}),
+            words=_words_in(result.get("words")),
         )
 
     async def info(self) -> dict[str, Any]:
@@ -459,48 +542,14 @@ class RayClient:
         return result
 
     @same_parameters(REQUESTER.stream)
-    @asynccontextmanager
-    async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[AsyncIterator[AudioChunk]]:
+    def stream(self, text: str, **kwargs: Any) -> RayStream:
         """``async with client.stream(text) as chunks: async for chunk in chunks``; leaving early cancels.
 
         ``on_progress`` is not available (it would run in the replica, unseen).  A stream whose
         replica is lost after it delivered audio raises :class:`CrashedError`: audio is never
-        replayed twice."""
-        handle = self._for(_remote(kwargs)).options(stream=True)
-        current: list[Any] = [handle.stream.remote(text, **kwargs)]
-
-        async def chunks() -> AsyncIterator[AudioChunk]:
-            delivered = 0
-            attempt = 0
-            while True:
-                try:
-                    item = await _next(current[0])
-                except _RETRYABLE as exc:
-                    current[0].cancel()
-                    if delivered or attempt == self._retries:
-                        if isinstance(exc, RayActorError):
-                            raise CrashedError(_lost(exc, delivered)) from exc
-                        raise
-                    attempt += 1
-                    log.warning("a stream lost its replica before any audio (%s); sending it again", type(exc).__name__)
-                    current[0] = handle.stream.remote(text, **kwargs)
-                    continue
-                if item is None:
-                    return
-                delivered += 1
-                yield AudioChunk(
-                    samples=np.frombuffer(item["samples"], dtype=SAMPLE_DTYPE),
-                    sample_rate=int(item["sample_rate"]),
-                    seq=int(item["seq"]),
-                    offset_samples=int(item["offset_samples"]),
-                )
-
-        iterator = chunks()
-        try:
-            yield iterator
-        finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
-            current[0].cancel()
+        replayed twice.  Once it ended, the stream holds the request's ``words``, ``timings``
+        and ``facts``, as a Client's does."""
+        return RayStream(self._for(_remote(kwargs)).options(stream=True), text, kwargs, self._retries)
 
     @same_parameters(CLIENT.stream_text)
     def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:

@@ -40,8 +40,8 @@ class ServedStream(Protocol):
     """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
 
     After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
-    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``; none
-    behind Ray), and the pool member that served it (None behind Ray).
+    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``), and the
+    pool member that served it (None behind Ray).
     """
 
     @property
@@ -182,7 +182,8 @@ class PoolBackend:
 
 
 class _RayStream:
-    """A Ray stream as a :class:`ServedStream`: behind Ray no timings, facts or member come back."""
+    """A Ray stream as a :class:`ServedStream`: words, timings and facts as the replica reported
+    them once the stream ended (none from an older replica); behind Ray no member comes back."""
 
     def __init__(self, opened: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]) -> None:
         self._opened = opened
@@ -201,6 +202,10 @@ class _RayStream:
         tb: Union[TracebackType, None],
     ) -> Union[bool, None]:
         await self._opened.__aexit__(exc_type, exc, tb)
+        # A RayClient's stream holds what the replica reported once it ended.
+        self.words = tuple(getattr(self._opened, "words", ()))
+        self.timings = dict(getattr(self._opened, "timings", {}))
+        self.facts = dict(getattr(self._opened, "facts", {}))
         return None
 
 

@@ -21,9 +21,10 @@ ray = pytest.importorskip("ray", reason="Ray is not installed here: `bash .ci/ra
 from ray import serve  # noqa: E402
 from ray_support import ROOT, TIMEOUT  # noqa: E402
 
-from indextts_client import InvalidRequestError  # noqa: E402
+from indextts_client import InvalidRequestError, SentenceEnd, WordTiming  # noqa: E402
 from indextts_client.ray import RayClient, deployment, http_ingress  # noqa: E402
 from indextts_sidecar.engines.fake import render_bytes  # noqa: E402
+from indextts_sidecar.engines.fake import words as fake_words  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,6 +42,14 @@ def test_the_example_runs() -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert re.search(r"^1\.86 s of audio at 24000 Hz$", done.stdout, re.M), done.stdout  # 31 characters
     assert len(re.findall(r"^chunk \d+: \d+ samples$", done.stdout, re.M)) >= 2
+
+
+def timings(text: str) -> tuple[WordTiming, ...]:
+    """The fake engine's words for ``text`` at 24 kHz, as the client gives them."""
+    return tuple(
+        WordTiming(text[w.start_char : w.end_char], (w.start_char, w.end_char), w.start / 24000, w.end / 24000)
+        for w in fake_words(text)
+    )
 
 
 def run(app: Any, name: str) -> Any:
@@ -71,13 +80,17 @@ async def test_two_replicas_share_requests_and_stream(cluster: dict[str, Any]) -
         assert empty.value.code == "invalid_input"
         audio = await client.synthesize("hello ray")
         assert audio.samples.tobytes() == render_bytes("hello ray") and audio.sample_rate == 24000
+        assert audio.words == timings("hello ray")  # the replica's word timings come back
         received = b""
-        async with client.stream("a streamed text", chunk_seconds=0.2) as chunks:
-            seqs = []
+        stream = client.stream("a streamed text", chunk_seconds=0.2)
+        async with stream as chunks:
+            seqs, carried = [], []
             async for chunk in chunks:
                 received += chunk.samples.tobytes()
                 seqs.append(chunk.seq)
+                carried.extend(chunk.words)
         assert received == render_bytes("a streamed text") and seqs == list(range(len(seqs))) and len(seqs) > 1
+        assert tuple(carried) == stream.words == timings("a streamed text")
     serve.delete("two")
 
 
@@ -96,14 +109,16 @@ async def test_stream_text_speaks_fragments_as_ordered_sentences(cluster: dict[s
 
     with anyio.fail_after(TIMEOUT):
         received: dict[int, bytes] = {}
-        firsts = []
+        ends: dict[int, tuple[WordTiming, ...]] = {}
         async with client.stream_text(trickle(), chunk_seconds=0.2) as stream:
-            async for chunk in stream:
-                if chunk.seq == 0:
-                    firsts.append(chunk.text)
-                received[chunk.sentence] = received.get(chunk.sentence, b"") + chunk.samples.tobytes()
-    assert firsts == sentences
+            async for event in stream.events():
+                if isinstance(event, SentenceEnd):
+                    assert event.text == sentences[event.sentence]
+                    ends[event.sentence] = event.words
+                else:
+                    received[event.sentence] = received.get(event.sentence, b"") + event.samples.tobytes()
     assert received == {i: render_bytes(s) for i, s in enumerate(sentences)}
+    assert ends == {i: timings(s) for i, s in enumerate(sentences)}  # each sentence's words, from its replica
     serve.delete("text")
 
 
