@@ -51,9 +51,10 @@ async def test_a_node_killed_mid_stream_loses_no_request(
         lost: dict[int, int] = {}  # stream -> chunks it had when its replica was lost
         whole: dict[int, bytes] = {}
         # A sidecar runs one request at a time: two streams in the middle of their audio at once
-        # are one on each node.  "In the middle": a chunk received and at least three still to
-        # come, since Ray delivers each stream on its own, so a stream's last chunks can reach us
-        # after the next request on the same sidecar began.  Each replica holds six requests,
+        # are one on each node.  "In the middle": a chunk received and at least four still to
+        # come (1.2 s at the sidecar's pace), since Ray delivers each stream on its own, so a
+        # stream's last chunks can reach a loaded test process after its sidecar made them all
+        # and began the next request.  Each replica holds six requests,
         # and twelve are sent: six wait on each node.
         active: set[int] = set()
         both = anyio.Event()
@@ -64,11 +65,11 @@ async def test_a_node_killed_mid_stream_loses_no_request(
             data = b""
             whole_length = len(render_bytes(texts[i]))
             try:
-                async with client.stream(texts[i], chunk_seconds=0.2, delay=0.2) as audio:
+                async with client.stream(texts[i], chunk_seconds=0.2, delay=0.3) as audio:
                     async for chunk in audio:
                         data += chunk.samples.tobytes()
                         chunks += 1
-                        if len(data) <= whole_length - 3 * chunk_bytes:
+                        if len(data) <= whole_length - 4 * chunk_bytes:
                             active.add(i)
                         else:
                             active.discard(i)
@@ -83,7 +84,7 @@ async def test_a_node_killed_mid_stream_loses_no_request(
 
         async def synthesize(i: int) -> None:
             # These deliver nothing before they finish: every one must come back whole.
-            audio = await client.synthesize(texts[i], voice=str(voice), chunk_seconds=0.2, delay=0.2)
+            audio = await client.synthesize(texts[i], voice=str(voice), chunk_seconds=0.2, delay=0.3)
             whole[i] = audio.samples.tobytes()
 
         caplog.set_level(logging.WARNING, logger="indextts_client")
