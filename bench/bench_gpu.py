@@ -33,7 +33,9 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   holds ``equal_to_unbatched`` (each request of a batch of 4 against itself alone in the same
   sidecar: at most one int16 step apart on at most 1% of the samples, see
   tests/upstream/test_upstream_batching.py), ``throughput_ratio`` (aggregate audio
-  seconds per second at c over c = 1, batching sidecar), ``first_audio_ratio`` (median first
+  seconds per second at c over c = 1, batching sidecar, whose lone request first waits
+  ``--batch-wait-ms``), ``throughput_ratio_over_lone`` (the same over the unbatched sidecar's
+  lone request, which waits for nothing), ``first_audio_ratio`` (median first
   audio at c over c = 1), the same against the other two configurations, and memory per
   configuration.
 * ``overhead``: the same request through the public client and through upstream's
@@ -718,6 +720,14 @@ class Run:
             c: v["aggregate_audio_per_second"]["median"] / base for c, v in batched.items()
         }
         section["first_audio_ratio"][model] = {c: v["first_audio"]["median"] / first for c, v in batched.items()}
+        # The same over a lone request that waits for no company (the batching sidecar's c = 1
+        # waits BATCH_WAIT_MS first): what batching gives a user against not batching at all.
+        lone = figures["unbatched"].get("1")
+        if lone is not None:
+            section.setdefault("throughput_ratio_over_lone", {})[model] = {
+                c: v["aggregate_audio_per_second"]["median"] / lone["aggregate_audio_per_second"]["median"]
+                for c, v in batched.items()
+            }
         for name in ("unbatched", "sidecars"):
             other = figures[name]
             section[f"against_{name}"][model] = {

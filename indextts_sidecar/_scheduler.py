@@ -19,8 +19,10 @@ An engine whose :attr:`~.engines.Engine.max_batch` is 2 or more gets several
 takes the first as usual and then, going on round robin, the next ``synthesize`` at the
 head of each lane, up to ``max_batch``, and runs them through
 :func:`~._jobs.execute_batch`.  A lone job starts at once, unless ``batch_wait`` asks the
-thread to wait that long for company.  A job of a batch that is cancelled is answered at
-once; the engine drops it at its next step.
+thread to wait that long for company: "at once" is after the event loop has gone round
+(microseconds), so that the other requests of a burst, read together with it but not yet
+queued, join it instead of forming a second batch.  A job of a batch that is cancelled is
+answered at once; the engine drops it at its next step.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from .protocol import Error
 __all__ = ["Job", "Lane", "Scheduler"]
 
 log = logging.getLogger("indextts_sidecar")
+
+#: Seconds the engine thread waits at most for the event loop to go round before a lone job
+#: starts (see :meth:`Scheduler._loop_barrier`); a loop that busy is a bug elsewhere.
+BARRIER_TIMEOUT = 0.25
 
 
 class Lane:
@@ -232,7 +238,16 @@ class Scheduler:
             if not self._batches(picked[1]):
                 return batch
             self._companions(batch)
-            if len(batch) > 1 or self.batch_wait <= 0:
+            if len(batch) > 1:
+                return self._as_batch(batch)
+            lane = picked[0]
+        if self.batch_wait <= 0:
+            # The rest of a burst may be decoded on the event loop right now (frames read
+            # together, or already waiting in the connection): let the loop go round first.
+            self._loop_barrier(lane)
+            with self.lock:
+                if not batch[0][1].cancel.is_set() and not self._closed:
+                    self._companions(batch)
                 return self._as_batch(batch)
         # A lone job waits up to --batch-wait-ms for company; every job queued meanwhile wakes us.
         deadline = time.monotonic() + self.batch_wait
@@ -251,6 +266,23 @@ class Scheduler:
             if not batch[0][1].cancel.is_set():
                 self._companions(batch)
             return self._as_batch(batch)
+
+    def _loop_barrier(self, lane: Lane) -> None:
+        """Until the event loop of ``lane`` has gone round twice (at most :data:`BARRIER_TIMEOUT`).
+
+        The first pass runs behind what the loop is doing now (the frames of one read are
+        handed over in one go), the second behind the reads that were ready by then, so a
+        burst already in the connection's buffers is queued when this returns.  Microseconds
+        on an idle loop: a lone request is not held back measurably.
+        """
+        passed = threading.Event()
+        post = lane.output.post
+
+        def first() -> None:
+            post(passed.set)
+
+        post(first)
+        passed.wait(BARRIER_TIMEOUT)
 
     def _batches(self, job: Job) -> bool:
         """Whether ``job`` may start a batch: a ``synthesize`` for a loaded engine that batches."""

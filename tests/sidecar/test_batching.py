@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,8 +29,13 @@ from harness import Peer, pcm_of, sidecar, spawn
 
 from indextts_client import Client, RequestTimeoutError
 from indextts_sidecar import protocol
+from indextts_sidecar._jobs import Job
+from indextts_sidecar._scheduler import Lane, Scheduler
+from indextts_sidecar._server import Server
 from indextts_sidecar.engines import describe_engine
-from indextts_sidecar.engines.fake import render_bytes
+from indextts_sidecar.engines.fake import FakeEngine, FakeOptions, render_bytes
+from indextts_sidecar.protocol.framing import FrameReader
+from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
 pytestmark = pytest.mark.anyio
 
@@ -384,3 +391,81 @@ async def test_a_lone_request_waiting_for_company_is_cancelled_at_once() -> None
             assert isinstance(error, protocol.Error) and error.code == "cancelled", error
             assert not [f for f in frames[2] if isinstance(f, protocol.Audio)]
             assert frames[3] == [protocol.Ok(id=3, info={"found": True})]
+
+
+class _EngineThreadFirst(Scheduler):
+    """The race at ``--batch-wait-ms 0``, made certain: the loop thread queues a burst's first
+    request and waits until the engine thread has taken it, then queues the rest."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        super().__init__(engine)
+        self.taken = threading.Event()
+        self.first = True
+
+    def _pick(self) -> Any:
+        picked = super()._pick()
+        if picked is not None and picked[1].kind == "synthesize":
+            self.taken.set()
+        return picked
+
+    def enqueue(self, lane: Lane, job: Job, limit: int) -> int | None:
+        depth = super().enqueue(lane, job, limit)
+        if job.kind == "synthesize" and self.first:
+            self.first = False
+            assert self.taken.wait(TIMEOUT)  # the engine thread holds it; the others are not queued yet
+        return depth
+
+
+async def test_a_burst_written_at_once_runs_as_one_batch_without_batch_wait(tmp_path: Path) -> None:
+    """With ``--batch-wait-ms 0`` the first request of a burst does not start alone: the engine
+    thread lets the event loop go round (it queues the rest of the burst) before it starts."""
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    engine = FakeEngine(FakeOptions(sample_rate=RATE, seconds_per_char=PER_CHAR, max_batch=4))
+    scheduler = _EngineThreadFirst(engine)
+    server = Server(engine, scheduler=scheduler)
+    texts = {2: "the first of four", 3: "second", 4: "third one", 5: "and the last"}
+    try:
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg, FdReceiveStream(replies_r) as replies:
+                tg.start_soon(server.serve, FdReceiveStream(requests_r), FdSendStream(replies_w))
+                reader = FrameReader(replies)
+
+                async def until_terminal(ids: set[int]) -> dict[int, list[protocol.Reply]]:
+                    frames: dict[int, list[protocol.Reply]] = {i: [] for i in ids}
+                    ended: set[int] = set()
+                    while ended != ids:
+                        body = await reader.receive()
+                        assert body is not None, frames
+                        reply = protocol.decode_reply(body)
+                        if isinstance(reply, protocol.Ready):
+                            continue
+                        frames[reply.id].append(reply)  # type: ignore[union-attr]
+                        if protocol.is_terminal(reply):
+                            ended.add(reply.id)  # type: ignore[union-attr]
+                    return frames
+
+                os.write(requests_w, protocol.frame(protocol.Load(id=1)))
+                assert isinstance((await until_terminal({1}))[1][-1], protocol.Ok)
+                burst = b"".join(protocol.frame(_synth(i, text, tmp_path / f"{i}.json")) for i, text in texts.items())
+                os.write(requests_w, burst)  # one write: the four arrive together
+                frames = await until_terminal(set(texts))
+                for i, text in texts.items():
+                    assert isinstance(frames[i][-1], protocol.Done), frames[i][-1]
+                    assert pcm_of(frames[i]) == _expected(text)
+                    assert _batch_of(tmp_path / f"{i}.json") == [2, 3, 4, 5]
+                # A lone request still runs by itself (synthesize(), no batch of one).
+                os.write(requests_w, protocol.frame(_synth(6, "alone", tmp_path / "6.json")))
+                frames = await until_terminal({6})
+                assert pcm_of(frames[6]) == _expected("alone")
+                assert _batch_of(tmp_path / "6.json") is None
+                os.close(requests_w)  # end of input: the server ends
+                requests_w = -1
+    finally:
+        scheduler.close()
+        for fd in (requests_w, replies_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

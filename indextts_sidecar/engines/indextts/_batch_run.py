@@ -89,6 +89,7 @@ class BatchRun:
         self.worker_of: dict[int, int] = {}
         starts: list[Callable[[], Iterator[Any]]] = []
         contexts: list[Decoding] = []
+        memo: dict[Any, Any] = {}  # per-voice results the batch's requests share (_batched.py)
         for index, item in enumerate(items):
             try:
                 kwargs = prepare(item.request)
@@ -100,6 +101,7 @@ class BatchRun:
                 num_beams=getattr(item.request.options, "num_beams", None),
                 seed=getattr(item.request.options, "seed", None),
                 batch_vocoder=batch_vocoder,
+                memo=memo,
             )
             self.worker_of[index] = len(starts)
             starts.append(self._starter(kwargs, context))

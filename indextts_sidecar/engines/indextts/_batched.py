@@ -11,7 +11,11 @@ Upstream's generator calls, for each segment of a request,
     without its conditions), written for one request: it stacks one time step per half,
     which the interceptor on its estimator (upstream's DiT) repeats for each row of a half;
 ``model.bigvgan(...)``
-    the vocoder.
+    the vocoder;
+
+and, around them, ``model.gpt.merge_emovec`` (the voice's emotion vector, from two
+conditioning encoders), ``model.gpt.get_conditioning`` (inside the GPT call) and
+``model.gpt(...)`` (the latents of a decoded segment, one forward pass).
 
 :func:`install` puts an interceptor in front of each, as an attribute of the one instance
 (upstream's files and classes stay untouched).  An interceptor passes the call through
@@ -27,8 +31,13 @@ unchanged unless the calling thread runs a request with a :class:`Decoding` cont
 What a batch may share: GPT rows with the same generation settings (and, for 2.5, the same
 language), padded as upstream's own ``prepare_gpt_inputs`` expects; CFM rows of exactly the
 same length (upstream's DiT and wavenet see padded frames, so padding would change a row's
-audio); vocoder rows of the same length, likewise.  A batch that fails is retried row by row,
-so that one request's bad input fails that request alone.
+audio); vocoder rows of the same length, likewise; latent passes whose tensors all have the
+same shapes.  What depends on the voice alone is computed once per batch: the emotion vector
+of each voice (the requests of a batch that use upstream's same cached conditioning tensors
+get one result), and, in a batched GPT call, the conditioning encoder over each distinct
+reference row.  (On a CPU these are what batching saves most: docs/indextts.md, "Batching".)
+A batch that fails is retried row by row, so that one request's bad input fails that request
+alone.
 """
 
 from __future__ import annotations
@@ -71,6 +80,8 @@ class Decoding:
     batch: Union[Lockstep, None] = None
     #: Whether the vocoder runs batched too.
     batch_vocoder: bool = True
+    #: Shared by the requests of one batch: per-voice results computed once (see :func:`install`).
+    memo: Union[dict[Any, Any], None] = field(default=None, repr=False)
     _generator: Any = field(default=None, repr=False)
 
     def noise(self, torch: Any, shape: list[int], device: Any) -> Any:
@@ -122,10 +133,14 @@ class Hooks:
     vocoder_original: Callable[..., Any]
     gpt_signature: inspect.Signature
     stop_text_token: int
+    #: The GPT's own forward (the latents of a decoded segment, one pass), and its signature.
+    latent_original: Union[Callable[..., Any], None] = None
+    latent_signature: Union[inspect.Signature, None] = None
 
     def uninstall(self) -> None:
         owners = ((self.gpt, "inference_speech"), (self.cfm, "inference"), (self.vocoder, "forward"))
-        for owner, name in (*owners, (self.cfm.estimator, "forward")):
+        optional = ((self.gpt, "merge_emovec"), (self.gpt, "get_conditioning"), (self.gpt, "forward"))
+        for owner, name in (*owners, *optional, (self.cfm.estimator, "forward")):
             owner.__dict__.pop(name, None)
 
 
@@ -249,7 +264,78 @@ def install(model: Any) -> Hooks:
             t = t.repeat_interleave(rows // t.size(0))
         return estimator_original(x, prompt_x, x_lens, t, *args, **kwargs)
 
+    merge_original = getattr(gpt, "merge_emovec", None)
+
+    def merge_emovec(speaker: Any, emotion: Any, *args: Any, **kwargs: Any) -> Any:
+        # A voice's emotion vector (two conditioning encoders over its clips): upstream
+        # recomputes it for every segment of every request.  The requests of a batch that
+        # share a voice get it once, from upstream's own cached conditioning tensors.
+        context = current()
+        assert merge_original is not None
+        if context is None or context.memo is None:
+            return merge_original(speaker, emotion, *args, **kwargs)
+        torch = _torch()
+
+        amp = _amp(torch, speaker.device.type)
+        key = ("merge_emovec", id(speaker), id(emotion), _plain(torch, args), _plain(torch, kwargs), amp)
+        held = context.memo.get(key)
+        if held is not None and held[0] is speaker and held[1] is emotion:
+            return held[2]
+        result = merge_original(speaker, emotion, *args, **kwargs)
+        context.memo[key] = (speaker, emotion, result)  # the tensors held: their ids stay theirs
+        return result
+
+    conditioning_original = getattr(gpt, "get_conditioning", None)
+
+    def get_conditioning(inputs: Any, lengths: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # In a batched GPT call, rows of the same voice hold the same reference features:
+        # the conditioning encoder runs once per distinct row.
+        assert conditioning_original is not None
+        if not getattr(_local, "dedupe_rows", False) or args or kwargs or int(inputs.size(0)) < 2:
+            return conditioning_original(inputs, lengths, *args, **kwargs)
+        torch = _torch()
+
+        firsts, inverse = _distinct_rows(torch, inputs, lengths)
+        if len(firsts) == int(inputs.size(0)):
+            return conditioning_original(inputs, lengths)
+        index = torch.tensor(firsts, device=inputs.device)
+        once = conditioning_original(inputs.index_select(0, index), None if lengths is None else lengths[index])
+        return once.index_select(0, torch.tensor(inverse, device=once.device))
+
+    latent_original = getattr(gpt, "forward", None)
+    if callable(latent_original):
+        hooks.latent_original = latent_original
+        hooks.latent_signature = inspect.signature(latent_original)
+
+    def latents(*args: Any, **kwargs: Any) -> Any:
+        # The GPT's forward pass over a decoded segment (upstream's latents for s2mel): in a
+        # batch, the rows whose every tensor has the same shape run as one pass.
+        context = current()
+        assert latent_original is not None and hooks.latent_signature is not None
+        if context is None or context.batch is None:
+            return latent_original(*args, **kwargs)
+        torch = _torch()
+
+        arguments = dict(hooks.latent_signature.bind(*args, **kwargs).arguments)
+        if _var_keyword(hooks.latent_signature) in arguments or not _one_row(torch, arguments):
+            return latent_original(*args, **kwargs)
+        shapes = tuple(
+            (name, tuple(value.shape), str(value.dtype), str(value.device))
+            if isinstance(value, torch.Tensor)
+            else (name, repr(value))
+            for name, value in sorted(arguments.items())
+        )
+        device = next(v.device for v in arguments.values() if isinstance(v, torch.Tensor))
+        key = ("latent", shapes, _amp(torch, device.type))
+        return context.batch.park(Call("latent", key, (), arguments))
+
     gpt.inference_speech = inference_speech
+    if callable(latent_original):
+        gpt.forward = latents
+    if callable(merge_original):
+        gpt.merge_emovec = merge_emovec
+    if callable(conditioning_original):
+        gpt.get_conditioning = get_conditioning
     cfm.inference = inference
     vocoder.forward = forward
     estimator.forward = estimate
@@ -275,6 +361,39 @@ def _amp(torch: Any, device_type: str) -> tuple[str, bool, Any]:
         return (device_type, bool(torch.is_autocast_enabled(device_type)), torch.get_autocast_dtype(device_type))
     except (TypeError, RuntimeError, AttributeError):  # a torch without per-device autocast queries
         return (device_type, False, None)
+
+
+def _plain(torch: Any, value: Any) -> Any:
+    """``value`` (arguments: tensors, numbers, containers) as a hashable key of its contents."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), str(value.device), tuple(value.shape), tuple(value.reshape(-1).tolist()))
+    if isinstance(value, dict):
+        return tuple(sorted((name, _plain(torch, item)) for name, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(torch, item) for item in value)
+    return repr(value)
+
+
+def _one_row(torch: Any, arguments: dict[str, Any]) -> bool:
+    """Whether every tensor argument holds exactly one row (and there is one)."""
+    tensors = [value for value in arguments.values() if isinstance(value, torch.Tensor)]
+    return bool(tensors) and all(value.dim() > 0 and int(value.size(0)) == 1 for value in tensors)
+
+
+def _distinct_rows(torch: Any, inputs: Any, lengths: Any) -> tuple[list[int], list[int]]:
+    """The first row of each group of equal rows (with equal lengths), and each row's group."""
+    firsts: list[int] = []
+    inverse: list[int] = []
+    for row in range(int(inputs.size(0))):
+        for group, first in enumerate(firsts):
+            same_length = lengths is None or bool(lengths[row] == lengths[first])
+            if same_length and torch.equal(inputs[row], inputs[first]):
+                inverse.append(group)
+                break
+        else:
+            inverse.append(len(firsts))
+            firsts.append(row)
+    return firsts, inverse
 
 
 def _settings_key(torch: Any, arguments: dict[str, Any]) -> tuple[Any, ...]:
@@ -338,6 +457,8 @@ def _run(torch: Any, hooks: Hooks, kind: str, key: Any, group: Sequence[Call]) -
             return _gpt(torch, hooks, group)
         if kind == "cfm":
             return _solve(torch, hooks.cfm, [call.kwargs for call in group])
+        if kind == "latent":
+            return _latents(torch, hooks, group)
         return _vocoder(torch, hooks, group)
 
 
@@ -360,7 +481,11 @@ def _gpt(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
             merged[name] = torch.cat(values, dim=0).unsqueeze(1)
         else:
             merged[name] = torch.cat(values, dim=0)
-    codes, latent = original(**merged)
+    _local.dedupe_rows = True
+    try:
+        codes, latent = original(**merged)
+    finally:
+        _local.dedupe_rows = False
     stop = getattr(hooks.gpt, "stop_mel_token", None)
     results = []
     for i in range(len(rows)):
@@ -415,4 +540,18 @@ def _vocoder(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
     if len(group) == 1:
         return [original(group[0].kwargs["x"])]
     out = original(torch.cat([call.kwargs["x"] for call in group], dim=0))
+    return [out[i : i + 1] for i in range(len(group))]
+
+
+def _latents(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
+    """The GPT's forward for rows of equal shapes, as one pass: each tensor stacked on its first axis."""
+    original = hooks.latent_original
+    assert original is not None
+    if len(group) == 1:
+        return [original(**group[0].kwargs)]
+    merged = {
+        name: torch.cat([call.kwargs[name] for call in group], dim=0) if isinstance(value, torch.Tensor) else value
+        for name, value in group[0].kwargs.items()
+    }
+    out = original(**merged)
     return [out[i : i + 1] for i in range(len(group))]
