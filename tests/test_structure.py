@@ -128,7 +128,7 @@ SUPERVISION = (
     "_mps",
 )
 FACADES = ("_client", "_pool", "_pool_cli", "_pool_routing", "_pool_stream", "_blocking", "_signature", "_stream_text")
-SERVING = ("http", "http.*", "ray", "wyoming", "wyoming.*")
+SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
 SERVICE = ("_service", "_service.*")
 TOOLS = ("_cli", "_doctor", "_engines", "__main__")

@@ -50,11 +50,11 @@ import anyio
 import msgspec
 import numpy as np
 
-from ._audio import SAMPLE_DTYPE, Audio, AudioChunk, WordTiming
-from ._client import Client
-from ._exceptions import CrashedError, RestartLimitError, StartError
-from ._signature import CLIENT, REQUESTER, same_parameters
-from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
+from .._audio import SAMPLE_DTYPE, Audio
+from .._client import Client
+from .._exceptions import CrashedError
+from .._signature import CLIENT, REQUESTER, same_parameters
+from .._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
 
 try:
     import ray
@@ -62,6 +62,8 @@ try:
     from ray.exceptions import RayActorError
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.60' ({exc})") from exc
+
+from ._calls import RETRYABLE, RayStream, lost, resolved, word_rows, words_from_rows
 
 __all__ = [
     "AudioAutoscaling",
@@ -259,7 +261,7 @@ class SidecarReplica:
             "sample_rate": audio.sample_rate,
             "timings": audio.timings,
             "facts": audio.facts,
-            "words": _words_out(audio.words),
+            "words": word_rows(audio.words),
             "pid": client.pid,
         }
 
@@ -275,11 +277,11 @@ class SidecarReplica:
                         "sample_rate": chunk.sample_rate,
                         "seq": chunk.seq,
                         "offset_samples": chunk.offset_samples,
-                        "words": _words_out(chunk.words),
+                        "words": word_rows(chunk.words),
                     }
             # The end: what the caller reads off a finished stream (every word, segment stand-ins
             # included, which no chunk carries).
-            words = _words_out(synthesis.words)
+            words = word_rows(synthesis.words)
             yield {"end": True, "words": words, "timings": synthesis.timings, "facts": synthesis.facts}
 
     async def info(self) -> dict[str, Any]:
@@ -402,88 +404,13 @@ def http_ingress(
     voice_map = dict(voices or {})
 
     def build() -> Any:
-        from .http import create_app
+        from ..http import create_app
 
         handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         return create_app(ray=RayClient(handle), api_key=api_key, voices=voice_map)
 
     ingress = serve.deployment(name=f"{deployment_name}-http", num_replicas=num_replicas)(serve.ingress(build)())
     return ingress.bind()
-
-
-class RayStream:
-    """:meth:`RayClient.stream`'s stream: ``async with stream as chunks``; after its end, the
-    request's ``words`` (as :attr:`Audio.words`), ``timings`` and ``facts`` as the replica saw them."""
-
-    def __init__(self, handle: Any, text: str, kwargs: dict[str, Any], retries: int) -> None:
-        self._handle, self._text, self._kwargs, self._retries = handle, text, kwargs, retries
-        self._current: Union[Any, None] = None
-        self._iterator: Union[AsyncIterator[AudioChunk], None] = None
-        self.words: tuple[WordTiming, ...] = ()
-        self.timings: dict[str, float] = {}
-        self.facts: dict[str, Any] = {}
-
-    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
-        if self._iterator is not None:
-            raise RuntimeError("a RayStream is entered once")
-        self._current = self._handle.stream.remote(self._text, **self._kwargs)
-        self._iterator = self._chunks()
-        return self._iterator
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._iterator is not None:
-            await self._iterator.aclose()  # type: ignore[attr-defined]
-        if self._current is not None:
-            self._current.cancel()
-
-    async def _chunks(self) -> AsyncIterator[AudioChunk]:
-        delivered = 0
-        attempt = 0
-        while True:
-            try:
-                item = await _next(self._current)
-            except _RETRYABLE as exc:
-                assert self._current is not None
-                self._current.cancel()
-                if delivered or attempt == self._retries:
-                    if isinstance(exc, RayActorError):
-                        raise CrashedError(_lost(exc, delivered)) from exc
-                    raise
-                attempt += 1
-                log.warning("a stream lost its replica before any audio (%s); sending it again", type(exc).__name__)
-                self._current = self._handle.stream.remote(self._text, **self._kwargs)
-                continue
-            if item is None:
-                return
-            if item.get("end"):
-                self.words = _words_in(item.get("words"))
-                self.timings, self.facts = dict(item.get("timings") or {}), dict(item.get("facts") or {})
-                continue
-            delivered += 1
-            yield AudioChunk(
-                samples=np.frombuffer(item["samples"], dtype=SAMPLE_DTYPE),
-                sample_rate=int(item["sample_rate"]),
-                seq=int(item["seq"]),
-                offset_samples=int(item["offset_samples"]),
-                words=_words_in(item.get("words")),
-            )
-
-
-def _words_out(words: tuple[WordTiming, ...]) -> list[list[Any]]:
-    """Word timings as plain lists, for Ray's serializer (compact, and no class to import)."""
-    return [[w.word, None if w.span is None else list(w.span), w.start, w.end, w.segment] for w in words]
-
-
-def _words_in(rows: Any) -> tuple[WordTiming, ...]:
-    """The replica's word rows as timings (none from an older replica)."""
-    if not rows:
-        return ()
-    return tuple(
-        WordTiming(
-            str(word), None if span is None else (int(span[0]), int(span[1])), float(start), float(end), bool(seg)
-        )
-        for word, span, start, end, seg in rows
-    )
 
 
 class RayClient:
@@ -513,12 +440,12 @@ class RayClient:
         handle = self._for(_remote(kwargs))
         for attempt in range(self._retries + 1):
             try:
-                result = await _result(handle.synthesize.remote(text, **kwargs))
+                result = await resolved(handle.synthesize.remote(text, **kwargs))
                 break
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 if attempt == self._retries:
                     if isinstance(exc, RayActorError):
-                        raise CrashedError(_lost(exc, 0)) from exc
+                        raise CrashedError(lost(exc, 0)) from exc
                     raise
                 log.warning("a request lost its replica (%s); sending it again", type(exc).__name__)
         samples = np.frombuffer(result["samples"], dtype=SAMPLE_DTYPE).copy()
@@ -527,18 +454,18 @@ class RayClient:
             sample_rate=int(result["sample_rate"]),
             timings=dict(result["timings"]),
             facts=dict(result.get("facts") or {}),
-            words=_words_in(result.get("words")),
+            words=words_from_rows(result.get("words")),
         )
 
     async def info(self) -> dict[str, Any]:
         """A replica's sidecar facts: engine, capabilities, native rate."""
-        result: dict[str, Any] = await _result(self._handle.info.remote())
+        result: dict[str, Any] = await resolved(self._handle.info.remote())
         return result
 
     async def ping(self) -> dict[str, Any]:
         """One replica's answer (which one is Serve's choice): pid, loaded, queue depth, memory,
         its Ray node (``node_id``) and the audio seconds it holds."""
-        result: dict[str, Any] = await _result(self._handle.ping.remote())
+        result: dict[str, Any] = await resolved(self._handle.ping.remote())
         return result
 
     @same_parameters(REQUESTER.stream)
@@ -567,63 +494,9 @@ class RayClient:
         )
 
 
-_END = object()
-#: Failures after which a request that delivered nothing may run on another replica: its
-#: actor or node died (Ray), or its sidecar crashed or could not start (the replica's Client).
-_RETRYABLE = (RayActorError, CrashedError, RestartLimitError, StartError)
-
-
-def _lost(exc: BaseException, delivered: int) -> str:
-    """Why a request failed whose replica Ray lost (a dead actor or node): raised as
-    :class:`CrashedError`, the error a Pool gives when its member dies."""
-    after = f" after {delivered} chunks of audio" if delivered else ""
-    return f"the Ray Serve replica serving the request was lost{after}: {type(exc).__name__}: {exc}"
-
-
 def _remote(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The request's arguments, refusing those that cannot cross to a replica."""
     if kwargs.get("on_progress") is not None:
         # Pickled to the replica, the callback would run there and the caller would see nothing.
         raise TypeError("RayClient does not take on_progress: the callback would run in the replica")
     return kwargs
-
-
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-async def _result(response: Any) -> Any:
-    """Await a DeploymentResponse on asyncio, or in a worker thread on trio; cancel it if we are."""
-    if _on_asyncio():
-        try:
-            return await response
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
-    try:
-        return await anyio.to_thread.run_sync(response.result, abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        response.cancel()
-        raise
-
-
-async def _next(response: Any) -> Any:
-    """The next item of a DeploymentResponseGenerator, or None at its end."""
-    if _on_asyncio():
-        try:
-            return await response.__anext__()
-        except StopAsyncIteration:
-            return None
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
-    try:
-        item = await anyio.to_thread.run_sync(lambda: next(response, _END), abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        response.cancel()
-        raise
-    return None if item is _END else item
