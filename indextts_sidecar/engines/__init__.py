@@ -36,6 +36,7 @@ __all__ = [
     "EngineDescription",
     "EngineError",
     "ItemDone",
+    "Join",
     "LoadError",
     "NoOptions",
     "ProgressFn",
@@ -129,6 +130,15 @@ class BatchItem(Generic[RequestOptionsT]):
     progress: ProgressFn
     #: True once this request was cancelled or missed its deadline: drop it at its next step.
     cancelled: Callable[[], bool]
+
+
+#: What an engine that :attr:`~Engine.joins_batches` gets as :meth:`Engine.synthesize_batch`'s
+#: ``join``.  Called on the engine thread at a step boundary with the room the batch has left
+#: (``max_batch`` less the items not yet ended), it returns the requests that join the running
+#: batch now: at most that many, often none.  Joiners are numbered on from the items given so
+#: far: after a batch of 3, the first joiner's index is 3.  It returns none once the sidecar
+#: wants the batch to end (a job of another kind waits, or the sidecar is closing).
+Join = Callable[[int], Sequence[BatchItem[Any]]]
 
 
 class ItemDone:
@@ -231,12 +241,25 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
         """
         return 1
 
+    @property
+    def joins_batches(self) -> bool:
+        """Whether :meth:`synthesize_batch` takes new requests while it runs (its ``join``).
+
+        Such an engine (with :attr:`max_batch` 2 or more) gets every ``synthesize`` job through
+        :meth:`synthesize_batch`, a lone one as a batch of one, with a :data:`Join` to call at
+        its step boundaries: requests that arrive while a batch runs join it at its next step
+        (continuous batching) instead of waiting for its end.  Read once, like :attr:`max_batch`.
+        """
+        return False
+
     def synthesize_batch(
-        self, items: Sequence[BatchItem[RequestOptionsT]]
+        self, items: Sequence[BatchItem[RequestOptionsT]], join: Union[Join, None] = None
     ) -> Iterator[tuple[int, Union[Chunk, Words, ItemDone]]]:
         """Synthesize 2..:attr:`max_batch` requests at once; on the engine thread, after :meth:`load`.
 
-        A lone request still goes to :meth:`synthesize`.  Yields ``(index into items, chunk)``
+        A lone request still goes to :meth:`synthesize`, unless the engine :attr:`joins_batches`:
+        then it comes here as a batch of one, and ``join`` (None otherwise) hands the batch the
+        requests that arrive while it runs; their indices go on from the items'.  Yields ``(index into items, chunk)``
         in any interleaving, each chunk int16 at :attr:`sample_rate` as for :meth:`synthesize`
         (never modified after it is yielded), and ``(index, Words(...))`` as :meth:`synthesize` does.
         ``(index, ItemDone(None))`` ends that item successfully at once, ``(index,

@@ -45,6 +45,7 @@ from . import (
     Engine,
     EngineError,
     ItemDone,
+    Join,
     LoadError,
     ProgressFn,
     RequestError,
@@ -293,7 +294,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             yield plan.chunk(index, progress)
 
     def synthesize_batch(
-        self, items: Sequence[BatchItem[FakeRequestOptions]]
+        self, items: Sequence[BatchItem[FakeRequestOptions]], join: Union[Join, None] = None
     ) -> Iterator[tuple[int, Union[Any, Words, ItemDone]]]:
         ids = [item.request.id for item in items]
         plans = [self._plan(item.request, batch=ids) for item in items]

@@ -136,7 +136,7 @@ class _BatchingEngine(FakeEngine):
         self.ran.append((request.id,))
         yield b"\x01\x00"
 
-    def synthesize_batch(self, items: Any) -> Iterator[tuple[int, Any]]:
+    def synthesize_batch(self, items: Any, join: Any = None) -> Iterator[tuple[int, Any]]:
         self.ran.append(tuple(item.request.id for item in items))
         for index in range(len(items)):
             yield index, b"\x01\x00"

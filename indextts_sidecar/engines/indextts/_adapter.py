@@ -26,6 +26,7 @@ from .. import (
     Engine,
     EngineError,
     ItemDone,
+    Join,
     LoadError,
     ProgressFn,
     RequestError,
@@ -472,7 +473,9 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     # ---------------------------------------------------------- batches
 
-    def synthesize_batch(self, items: Sequence[BatchItem[Any]]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+    def synthesize_batch(
+        self, items: Sequence[BatchItem[Any]], join: Union[Join, None] = None
+    ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
         """Several requests at once: upstream's generators in lockstep, their model calls batched.
 
         See _batched.py and _lockstep.py.  Where upstream's calls cannot be intercepted, the
