@@ -118,7 +118,8 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     #: Write what the engine received (text, voice, emotion, these options, sample rate) as
     #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
     #: In a batch it adds ``batch``: the ids of the requests that shared a step with this one
-    #: (itself included), in the batch's order; rewritten when one joins.
+    #: (itself included), in the batch's order, rewritten when one joins; and ``joined``
+    #: (true) for a request that joined a running batch.
     record: Union[str, None] = None
 
 
@@ -326,7 +327,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     i = len(items)
                     items.append(item)
                     ids.append(item.request.id)
-                    plans.append(self._plan(item.request, batch=[ids[k] for k in [*active, i]]))
+                    plans.append(self._plan(item.request, batch=[ids[k] for k in [*active, i]], joined=True))
                     next_chunk.append(0)
                     shared.append({*active, i})
                     if plans[i].count:
@@ -373,7 +374,9 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 if record is not None:
                     _record_batch(record, [ids[k] for k in sorted(shared[i])])
 
-    def _plan(self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None) -> _Plan:
+    def _plan(
+        self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None, joined: bool = False
+    ) -> _Plan:
         """What a request produces, after its side effects (lines, stderr, record, facts)."""
         opts = request.options
         for line in range(opts.print_lines):
@@ -384,7 +387,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
         if opts.record is not None:
-            _record(opts.record, request, batch)
+            _record(opts.record, request, batch, joined)
         self._request_facts = {}
         if request.voice is not None:
             # Bounded by the voices a test uses; a real engine's cache has a size.
@@ -451,7 +454,9 @@ class _Plan:
         return self.audio[first:end]
 
 
-def _record(path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None]) -> None:
+def _record(
+    path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None], joined: bool
+) -> None:
     received: dict[str, Any] = {
         "text": request.text,
         "voice": request.voice,
@@ -461,6 +466,8 @@ def _record(path: str, request: SynthesisRequest[FakeRequestOptions], batch: Uni
     }
     if batch is not None:
         received["batch"] = batch
+    if joined:
+        received["joined"] = True
     with open(path, "wb") as file:
         file.write(msgspec.json.encode(received))
 

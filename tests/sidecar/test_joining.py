@@ -57,6 +57,12 @@ def _batch_of(record: Path) -> list[int] | None:
     return received.get("batch")
 
 
+def _joined(record: Path) -> bool:
+    """Whether the request came in by joining a running batch."""
+    received: dict[str, Any] = json.loads(record.read_bytes())
+    return bool(received.get("joined"))
+
+
 class _Log:
     """Every frame of one connection in arrival order, and per request id."""
 
@@ -121,6 +127,7 @@ async def test_a_request_sent_while_another_runs_joins_it_and_both_keep_their_by
             assert log.first_audio(2) < log.terminal(2) < log.terminal(1)
             assert _batch_of(tmp_path / "1.json") == [1, 2]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
+            assert _joined(tmp_path / "2.json") and not _joined(tmp_path / "1.json")
             # Once the batch has ended, a lone request runs as a batch of one.
             alone = await peer.request(_synth(3, "alone", tmp_path / "3.json"))
             assert pcm_of(alone) == _expected("alone") and isinstance(alone[-1], protocol.Done)
@@ -149,6 +156,7 @@ async def test_a_full_batch_takes_a_joiner_only_once_one_of_its_requests_ended(t
             assert _batch_of(tmp_path / "1.json") == [1, 2, 3]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
             assert _batch_of(tmp_path / "3.json") == [1, 3]
+            assert _joined(tmp_path / "2.json") and _joined(tmp_path / "3.json")
 
 
 @pytest.fixture
