@@ -23,6 +23,12 @@ thread to wait that long for company: "at once" is after the event loop has gone
 (microseconds), so that the other requests of a burst, read together with it but not yet
 queued, join it instead of forming a second batch.  A job of a batch that is cancelled is
 answered at once; the engine drops it at its next step.
+
+An engine that :attr:`~.engines.Engine.joins_batches` gets every ``synthesize`` that way, a
+lone one as a batch of one, and the batch takes more while it runs: at each step boundary
+the engine's ``join`` takes the ``synthesize`` jobs at the lanes' heads, round robin, up to
+``max_batch`` live (:meth:`Scheduler._joiners`).  It takes none while a job of another kind
+waits at a lane's head, so that the batch drains and that job runs, nor once closed.
 """
 
 from __future__ import annotations
