@@ -57,10 +57,10 @@ def _batch_of(record: Path) -> list[int] | None:
     return received.get("batch")
 
 
-def _joined(record: Path) -> bool:
-    """Whether the request came in by joining a running batch."""
+def _joined(record: Path) -> int | None:
+    """How many steps the batch had run when the request joined it; None: it did not join."""
     received: dict[str, Any] = json.loads(record.read_bytes())
-    return bool(received.get("joined"))
+    return received.get("joined")
 
 
 class _Log:
@@ -127,7 +127,9 @@ async def test_a_request_sent_while_another_runs_joins_it_and_both_keep_their_by
             assert log.first_audio(2) < log.terminal(2) < log.terminal(1)
             assert _batch_of(tmp_path / "1.json") == [1, 2]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
-            assert _joined(tmp_path / "2.json") and not _joined(tmp_path / "1.json")
+            # It joined after the first's first step (at least), while 34 were left.
+            joined = _joined(tmp_path / "2.json")
+            assert joined is not None and 1 <= joined < 36 and _joined(tmp_path / "1.json") is None
             # Once the batch has ended, a lone request runs as a batch of one.
             alone = await peer.request(_synth(3, "alone", tmp_path / "3.json"))
             assert pcm_of(alone) == _expected("alone") and isinstance(alone[-1], protocol.Done)
@@ -156,7 +158,9 @@ async def test_a_full_batch_takes_a_joiner_only_once_one_of_its_requests_ended(t
             assert _batch_of(tmp_path / "1.json") == [1, 2, 3]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
             assert _batch_of(tmp_path / "3.json") == [1, 3]
-            assert _joined(tmp_path / "2.json") and _joined(tmp_path / "3.json")
+            # 3 joined once 2 (six steps) had ended.
+            joined = {request_id: _joined(tmp_path / f"{request_id}.json") for request_id in (2, 3)}
+            assert joined[2] is not None and joined[3] is not None and joined[3] >= joined[2] + 6, joined
 
 
 @pytest.fixture
