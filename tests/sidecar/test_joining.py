@@ -24,6 +24,7 @@ import anyio
 import pytest
 from harness import Peer, pcm_of, sidecar
 
+from indextts_client import Client, RequestTimeoutError
 from indextts_sidecar import protocol
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -308,6 +309,35 @@ async def test_a_failing_joiner_fails_alone_and_a_raising_one_fails_the_whole_ba
             # The sidecar serves on.
             done = await peer.request(_synth(20, "after"))
             assert pcm_of(done) == _expected("after")
+
+
+async def test_a_joiner_keeps_its_own_deadline_and_the_first_its_bytes(tmp_path: Path) -> None:
+    options = {"sample_rate": RATE, "seconds_per_char": PER_CHAR, "max_batch": 4, "join_batches": True}
+    async with Client("fake", engine_options=options, restart_backoff=0.0) as client:
+        with anyio.fail_after(TIMEOUT):
+            await client.load()
+            first = bytearray()
+            outcome: dict[str, Any] = {}
+
+            async def joiner() -> None:
+                try:
+                    await client.synthesize("hangs past its deadline", timeout=1.0, hang_at=1, chunk_seconds=0.02)
+                except RequestTimeoutError as exc:
+                    outcome["joiner"] = exc
+
+            async with anyio.create_task_group() as tg:
+                record = str(tmp_path / "1.json")
+                async with client.stream(LONG, chunk_seconds=0.02, delay=STEP, record=record) as chunks:
+                    async for chunk in chunks:
+                        if not first:
+                            tg.start_soon(joiner)  # after the first's first audio
+                        first += chunk.samples.tobytes()
+            assert isinstance(outcome["joiner"], RequestTimeoutError)
+            assert bytes(first) == _expected(LONG)
+            batch = _batch_of(tmp_path / "1.json")
+            assert batch is not None and len(batch) == 2, batch  # the joiner shared its steps
+            health = await client.ping()
+            assert health.active is None and health.queue_depth == 0
 
 
 async def test_shutdown_while_a_batch_with_a_joiner_runs_ends_each_request_once(tmp_path: Path) -> None:
