@@ -164,6 +164,32 @@ async def test_a_full_batch_takes_a_joiner_only_once_one_of_its_requests_ended(t
             assert joined[2] is not None and joined[3] is not None and joined[3] >= joined[2] + 6, joined
 
 
+async def test_a_joiner_keeps_its_own_sample_rate_and_progress_choice(tmp_path: Path) -> None:
+    def joiner(request_id: int) -> protocol.Synthesize:
+        message = _synth(request_id, "resampled joiner", tmp_path / f"{request_id}.json")
+        message.sample_rate = 16000
+        message.progress = False
+        return message
+
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
+            await _loaded(peer)
+            alone = await peer.request(joiner(1))
+            assert _batch_of(tmp_path / "1.json") == [1]
+            log = _Log(peer)
+            await peer.send(_synth(2, LONG))
+            await log.until_audio(2)
+            await peer.send(joiner(3))
+            await log.until_ended(2, 3)
+            assert _joined(tmp_path / "3.json") is not None and _batch_of(tmp_path / "3.json") == [2, 3]
+            assert pcm_of(log.frames[3]) == pcm_of(alone)
+            assert len(pcm_of(alone)) == 2 * len(_expected("resampled joiner"))
+            assert {f.sample_rate for f in log.frames[3] if isinstance(f, protocol.Audio)} == {16000}
+            assert not [f for f in log.frames[3] if isinstance(f, protocol.Progress)]
+            assert [f.stage for f in log.frames[2] if isinstance(f, protocol.Progress)].count("started") == 1
+            assert pcm_of(log.frames[2]) == _expected(LONG)
+
+
 @pytest.fixture
 def sockdir() -> Iterator[Path]:
     """A short private directory: a Unix socket path must fit in about 100 bytes."""
