@@ -20,7 +20,9 @@ Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
 With ``max_batch=N`` (N >= 2) it batches: :meth:`FakeEngine.synthesize_batch` makes each
 request's chunks exactly as :meth:`FakeEngine.synthesize` would, one chunk per request
 per step, and pays the simulated compute (``delay``) once per step for the whole batch
-(the longest ``delay`` of the requests still in it), as a GPU decoding a batch does.
+(the longest ``delay`` of the requests still in it), as a GPU decoding a batch does.  With
+``join_batches`` as well it joins batches: before each step's compute it calls ``join`` and
+takes the requests it returns into the batch, each made exactly as alone.
 """
 
 from __future__ import annotations
