@@ -18,10 +18,11 @@ An engine whose :attr:`~.engines.Engine.max_batch` is 2 or more gets several
 ``synthesize`` jobs at once when several wait once its model is loaded: the engine thread
 takes the first as usual and then, going on round robin, the next ``synthesize`` at the
 head of each lane, up to ``max_batch``, and runs them through
-:func:`~._jobs.execute_batch`.  A lone job starts at once, unless ``batch_wait`` asks the
+:func:`~._batch.execute_batch`.  A lone job starts at once, unless ``batch_wait`` asks the
 thread to wait that long for company: "at once" is after the event loop has gone round
 (microseconds), so that the other requests of a burst, read together with it but not yet
-queued, join it instead of forming a second batch.  A job of a batch that is cancelled is
+queued, join it instead of forming a second batch; a batch that is not full waits for the
+loop the same way (without ``batch_wait``).  A job of a batch that is cancelled is
 answered at once; the engine drops it at its next step.
 
 An engine that :attr:`~.engines.Engine.joins_batches` gets every ``synthesize`` that way, a
@@ -247,12 +248,13 @@ class Scheduler:
             if not self._batches(picked[1]):
                 return batch
             self._companions(batch)
-            if len(batch) > 1:
+            if len(batch) >= self.max_batch:
                 return self._as_batch(batch)
             lane = picked[0]
-        if self.batch_wait <= 0:
+        if len(batch) > 1 or self.batch_wait <= 0:
             # The rest of a burst may be decoded on the event loop right now (frames read
-            # together, or already waiting in the connection): let the loop go round first.
+            # together, or already waiting in the connection): let the loop go round first,
+            # whether one or several of the burst were queued when the thread took them.
             self._loop_barrier(lane)
             with self.lock:
                 if not batch[0][1].cancel.is_set() and not self._closed:

@@ -416,13 +416,48 @@ class _EngineThreadFirst(Scheduler):
         return depth
 
 
-async def test_a_burst_written_at_once_runs_as_one_batch_without_batch_wait(tmp_path: Path) -> None:
-    """With ``--batch-wait-ms 0`` the first request of a burst does not start alone: the engine
-    thread lets the event loop go round (it queues the rest of the burst) before it starts."""
+class _EngineThreadAfterTwo(Scheduler):
+    """The same race one request later: the engine thread takes a burst's first two requests
+    (a batch already, but not a full one) before the loop thread has queued the rest."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        super().__init__(engine)
+        self.taken = threading.Event()
+        self.two = threading.Event()
+        self.queued = 0
+
+    def _take(self) -> Any:
+        if self.queued:
+            assert self.two.wait(TIMEOUT)  # the burst's first two are queued before it takes any
+        return super()._take()
+
+    def _pick(self) -> Any:
+        picked = super()._pick()
+        if picked is not None and picked[1].kind == "synthesize":
+            self.taken.set()
+        return picked
+
+    def enqueue(self, lane: Lane, job: Job, limit: int) -> int | None:
+        if job.kind == "synthesize":
+            self.queued += 1  # before its token can wake the engine thread
+        depth = super().enqueue(lane, job, limit)
+        if job.kind == "synthesize" and self.queued == 2:
+            self.two.set()
+            assert self.taken.wait(TIMEOUT)  # the engine thread holds two; the rest are not queued yet
+        return depth
+
+
+@pytest.mark.parametrize("scheduler_class", [_EngineThreadFirst, _EngineThreadAfterTwo])
+async def test_a_burst_written_at_once_runs_as_one_batch_without_batch_wait(
+    tmp_path: Path, scheduler_class: type[Scheduler]
+) -> None:
+    """With ``--batch-wait-ms 0`` the first request of a burst does not start alone, nor its first
+    two as a batch of two: the engine thread lets the event loop go round (it queues the rest of
+    the burst) before it starts a batch that is not full."""
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
     engine = FakeEngine(FakeOptions(sample_rate=RATE, seconds_per_char=PER_CHAR, max_batch=4))
-    scheduler = _EngineThreadFirst(engine)
+    scheduler = scheduler_class(engine)  # type: ignore[call-arg]
     server = Server(engine, scheduler=scheduler)
     texts = {2: "the first of four", 3: "second", 4: "third one", 5: "and the last"}
     try:
