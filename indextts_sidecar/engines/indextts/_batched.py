@@ -159,7 +159,10 @@ def interceptable(model: Any) -> Union[str, None]:
     if not callable(getattr(getattr(model, "bigvgan", None), "forward", None)):
         return "it has no bigvgan vocoder"
     if getattr(gpt, "accel_engine", None) is not None:
-        return "its GPT runs on the accel engine, which decodes one sequence at a time here"
+        return (
+            "its GPT runs on the accel engine (use_accel), which decodes one sequence per call here; "
+            "load without use_accel to batch"
+        )
     return None
 
 
