@@ -159,7 +159,10 @@ def interceptable(model: Any) -> Union[str, None]:
     if not callable(getattr(getattr(model, "bigvgan", None), "forward", None)):
         return "it has no bigvgan vocoder"
     if getattr(gpt, "accel_engine", None) is not None:
-        return "its GPT runs on the accel engine, which decodes one sequence at a time here"
+        return (
+            "its GPT runs on the accel engine (use_accel), which decodes one sequence per call here; "
+            "load without use_accel to batch"
+        )
     return None
 
 
@@ -483,9 +486,11 @@ def _gpt(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
             merged[name] = torch.cat(values, dim=0)
     _local.dedupe_rows = True
     try:
-        codes, latent = original(**merged)
+        out = original(**merged)
     finally:
         _local.dedupe_rows = False
+    # Upstream's GPTs answer (codes, conditioning latent); indextts25-inference's, the codes alone.
+    codes, latent = out if isinstance(out, tuple) else (out, None)
     stop = getattr(hooks.gpt, "stop_mel_token", None)
     results = []
     for i in range(len(rows)):
@@ -494,7 +499,7 @@ def _gpt(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:
             ends = (row[0] == stop).nonzero()
             if ends.numel():
                 row = row[:, : int(ends[0, 0]) + 1]  # as decoded alone: it stops after its stop token
-        results.append((row, latent[i : i + 1]))
+        results.append(row if latent is None else (row, latent[i : i + 1]))
     return results
 
 
