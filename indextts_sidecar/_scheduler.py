@@ -23,6 +23,12 @@ thread to wait that long for company: "at once" is after the event loop has gone
 (microseconds), so that the other requests of a burst, read together with it but not yet
 queued, join it instead of forming a second batch.  A job of a batch that is cancelled is
 answered at once; the engine drops it at its next step.
+
+An engine that :attr:`~.engines.Engine.joins_batches` gets every ``synthesize`` that way, a
+lone one as a batch of one, and the batch takes more while it runs: at each step boundary
+the engine's ``join`` takes the ``synthesize`` jobs at the lanes' heads, round robin, up to
+``max_batch`` live (:meth:`Scheduler._joiners`).  It takes none while a job of another kind
+waits at a lane's head, so that the batch drains and that job runs, nor once closed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from typing import Any, Union
 
 import anyio
 
-from ._jobs import Job, JobOutput, cancelled_error, execute, execute_batch, shutting_down
+from ._batch import execute_batch
+from ._jobs import Job, JobOutput, cancelled_error, execute, shutting_down
 from .engines import Engine
 from .protocol import Error
 
@@ -84,6 +91,8 @@ class Scheduler:
         self.engine = engine
         #: Jobs per batch at most (read once: it must not change while serving).
         self.max_batch = max(1, int(engine.max_batch))
+        #: Every ``synthesize`` runs as a batch, which the jobs that come meanwhile join (read once).
+        self.joins = self.max_batch > 1 and bool(engine.joins_batches)
         #: Seconds a lone ``synthesize`` waits for company when the engine batches.
         self.batch_wait = batch_wait
         self.started = time.monotonic()
@@ -205,12 +214,12 @@ class Scheduler:
                 return lane, job
         return None
 
-    def _companions(self, batch: list[tuple[Lane, Job]]) -> None:
-        """Add ``synthesize`` jobs to ``batch`` up to ``max_batch``, round robin.  Under the lock.
+    def _companions(self, batch: list[tuple[Lane, Job]], limit: Union[int, None] = None) -> None:
+        """Add ``synthesize`` jobs to ``batch`` up to ``limit`` (``max_batch``), round robin.  Under the lock.
 
         Only a job at the head of its lane joins: a connection's jobs start in its order.
         """
-        while len(batch) < self.max_batch:
+        while len(batch) < (self.max_batch if limit is None else limit):
             count = len(self._lanes)
             for step in range(count):
                 index = (self._turn + step) % count
@@ -289,10 +298,29 @@ class Scheduler:
         return self.max_batch > 1 and job.kind == "synthesize" and self.engine.loaded
 
     def _as_batch(self, batch: list[tuple[Lane, Job]]) -> list[tuple[Lane, Job]]:
-        if len(batch) > 1:
+        if len(batch) > 1 or self.joins:
             for _, job in batch:
                 job.batched = True
         return batch
+
+    def _joiners(self, batch: list[tuple[Lane, Job]], live: int, room: int) -> list[tuple[Job, JobOutput]]:
+        """``synthesize`` jobs that join the running ``batch`` now (``live`` of it not ended), at
+        most ``room``.  None once another kind of job waits at a lane's head (the batch drains so
+        that it runs) or the scheduler is closing.  Engine thread.
+        """
+        with self.lock:
+            room = min(room, self.max_batch - live)
+            if room <= 0 or self._closed:
+                return []
+            for lane in self._lanes:
+                if lane.waiting and lane.waiting[next(iter(lane.waiting))].kind != "synthesize":
+                    return []
+            before = len(batch)
+            self._companions(batch, before + room)
+            joined = batch[before:]
+            for _, job in joined:
+                job.batched = True
+            return [(job, lane.output) for lane, job in joined]
 
     def _main(self) -> None:
         while True:
@@ -303,7 +331,7 @@ class Scheduler:
                 # A token per job queued, or on close; one left by a job cancelled while
                 # queued, or taken into a batch, only wakes us to find nothing.
                 self._tokens.get()
-            elif len(work) == 1:
+            elif len(work) == 1 and not work[0][1].batched:
                 self._run(*work[0])
             else:
                 self._run_batch(work)
@@ -331,17 +359,31 @@ class Scheduler:
         self._end(lane, job, terminal)
 
     def _run_batch(self, batch: list[tuple[Lane, Job]]) -> None:
-        """Run ``synthesize`` jobs as one batch; each ends with its own terminal frame.  Engine thread."""
+        """Run ``synthesize`` jobs as one batch; each ends with its own terminal frame.  Engine thread.
+
+        When the engine joins batches, ``batch`` grows as jobs join it (:meth:`_joiners`).
+        """
         ended = [False] * len(batch)
 
         def end(index: int, terminal: Any) -> None:
             ended[index] = True
             self._end(*batch[index], terminal)
 
+        def take(room: int) -> list[tuple[Job, JobOutput]]:
+            with self.lock:  # a job the event loop cancelled has its terminal frame: no longer live
+                live = sum(not done and not job.finished for done, (_, job) in zip(ended, batch, strict=True))
+                joined = self._joiners(batch, live, room)
+                ended.extend([False] * len(joined))
+            return joined
+
         try:
-            execute_batch(self.engine, [(job, lane.output) for lane, job in batch], end)
+            execute_batch(self.engine, [(job, lane.output) for lane, job in batch], end, take if self.joins else None)
         except Exception as exc:  # a bug here must still end every request
             log.exception("internal error running a batch")
-            for index, (lane, job) in enumerate(batch):
-                if not ended[index]:
-                    self._end(lane, job, Error(code="internal", id=job.id, message=f"{type(exc).__name__}: {exc}"))
+            error: Union[Exception, None] = exc
+        else:
+            error = None
+        for index, (lane, job) in enumerate(batch):
+            if not ended[index]:  # a bug: every job of a batch ends in execute_batch
+                reason = f"{type(error).__name__}: {error}" if error is not None else "the batch lost it"
+                self._end(lane, job, Error(code="internal", id=job.id, message=reason))

@@ -82,6 +82,9 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     validate: bool = True
     #: Requests synthesized at once as one batch at most; 1: none (no ``synthesize_batch``).
     max_batch: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    #: With ``max_batch`` >= 2: requests that arrive while a batch runs join it at its next step
+    #: (continuous batching; every request then runs through ``synthesize_batch``).
+    join_batches: bool = False
 
 
 class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -114,7 +117,9 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     stderr_bytes: _Count = 0
     #: Write what the engine received (text, voice, emotion, these options, sample rate) as
     #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
-    #: In a batch it adds ``batch``: the ids of the batch's requests, in the batch's order.
+    #: In a batch it adds ``batch``: the ids of the requests that shared a step with this one
+    #: (itself included), in the batch's order, rewritten when one joins; and ``joined``
+    #: (true) for a request that joined a running batch.
     record: Union[str, None] = None
 
 
@@ -267,6 +272,10 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     def max_batch(self) -> int:
         return self.options.max_batch
 
+    @property
+    def joins_batches(self) -> bool:
+        return self.options.join_batches
+
     def synthesize(
         self,
         request: SynthesisRequest[FakeRequestOptions],
@@ -296,8 +305,11 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
     def synthesize_batch(
         self, items: Sequence[BatchItem[FakeRequestOptions]], join: Union[Join, None] = None
     ) -> Iterator[tuple[int, Union[Any, Words, ItemDone]]]:
+        items = list(items)
         ids = [item.request.id for item in items]
         plans = [self._plan(item.request, batch=ids) for item in items]
+        #: Per item, the indices of the items it shared the batch with (itself included).
+        shared = [set(range(len(items))) for _ in items]
         self._request_facts = {}
         #: Each request's next chunk; a request leaves ``active`` when it ends or is cancelled.
         next_chunk = [0] * len(items)
@@ -309,9 +321,24 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 yield i, ItemDone()  # no audio at all: done before any step
         while active:
             active = [i for i in active if not items[i].cancelled()]
+            if join is not None and active:
+                joined = join(self.options.max_batch - len(active))
+                for item in joined:
+                    i = len(items)
+                    items.append(item)
+                    ids.append(item.request.id)
+                    plans.append(self._plan(item.request, batch=[ids[k] for k in [*active, i]], joined=True))
+                    next_chunk.append(0)
+                    shared.append({*active, i})
+                    if plans[i].count:
+                        active.append(i)
+                    else:
+                        yield i, ItemDone()
+                if joined:
+                    self._shared_step(active, shared, plans, ids)
             hanging = {i for i in active if next_chunk[i] == plans[i].options.hang_at}
             if active and len(hanging) == len(active):
-                time.sleep(0.005)  # every request left hangs: until one is cancelled
+                time.sleep(0.005)  # every request left hangs: until one is cancelled (or one joins)
                 continue
             # One step's compute for the whole batch: the longest delay of those in it.
             delay = max((plans[i].options.delay for i in active), default=0.0)
@@ -337,7 +364,19 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     active.remove(i)
                     yield i, ItemDone()  # its Done goes out now, not when the batch ends
 
-    def _plan(self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None) -> _Plan:
+    @staticmethod
+    def _shared_step(active: list[int], shared: list[set[int]], plans: list[_Plan], ids: list[int]) -> None:
+        """Those in ``active`` share the next step: each one's ``record`` names the others too."""
+        for i in active:
+            record = plans[i].options.record
+            if not shared[i].issuperset(active):
+                shared[i].update(active)
+                if record is not None:
+                    _record_batch(record, [ids[k] for k in sorted(shared[i])])
+
+    def _plan(
+        self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None, joined: bool = False
+    ) -> _Plan:
         """What a request produces, after its side effects (lines, stderr, record, facts)."""
         opts = request.options
         for line in range(opts.print_lines):
@@ -348,7 +387,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         if opts.stderr_bytes:
             _flood_stderr(opts.stderr_bytes)
         if opts.record is not None:
-            _record(opts.record, request, batch)
+            _record(opts.record, request, batch, joined)
         self._request_facts = {}
         if request.voice is not None:
             # Bounded by the voices a test uses; a real engine's cache has a size.
@@ -415,7 +454,9 @@ class _Plan:
         return self.audio[first:end]
 
 
-def _record(path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None]) -> None:
+def _record(
+    path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None], joined: bool
+) -> None:
     received: dict[str, Any] = {
         "text": request.text,
         "voice": request.voice,
@@ -425,8 +466,20 @@ def _record(path: str, request: SynthesisRequest[FakeRequestOptions], batch: Uni
     }
     if batch is not None:
         received["batch"] = batch
+    if joined:
+        received["joined"] = True
     with open(path, "wb") as file:
         file.write(msgspec.json.encode(received))
+
+
+def _record_batch(path: str, batch: list[int]) -> None:
+    """Rewrite ``batch`` in the record at ``path`` (a request joined), whole: a reader sees the old or the new."""
+    with open(path, "rb") as file:
+        received = msgspec.json.decode(file.read())
+    received["batch"] = batch
+    with open(f"{path}.tmp", "wb") as file:
+        file.write(msgspec.json.encode(received))
+    os.replace(f"{path}.tmp", path)
 
 
 def _first_time(marker: str) -> bool:

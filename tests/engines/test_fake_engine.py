@@ -177,3 +177,49 @@ def test_fail_raw_in_a_batch_escapes_the_generator() -> None:
     ]
     with pytest.raises(RuntimeError, match="injected failure"):
         list(engine.synthesize_batch(items))
+
+
+def test_join_batches_takes_joiners_once_per_step_each_with_its_audio_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextts_sidecar.engines import fake
+
+    assert not _engine(max_batch=3).joins_batches
+    engine = _engine(max_batch=3, join_batches=True)
+    assert engine.joins_batches
+    events: list[Any] = []
+    monkeypatch.setattr(fake, "_sleep_unless", lambda seconds, stop: events.append("compute") or True)
+    first = _request(1, "the first, six chunks", delay=0.01, record=str(tmp_path / "1.json"))
+    joiners = [_request(2, "joins at two", record=str(tmp_path / "2.json")), _request(3, "at three")]
+    alone = {}
+    for request in (first, *joiners):
+        seen: list[str] = []
+        chunks = list(engine.synthesize(request, lambda _s, _f=None, m="", seen=seen: seen.append(m), lambda: False))
+        alone[request.id] = (_timeline(chunks), seen)
+    progress: dict[int, list[str]] = {1: [], 2: [], 3: []}
+    handed = {2: [_item(joiners[0], [False], progress[2])], 3: [_item(joiners[1], [False], progress[3])]}
+    steps = 0
+    events.clear()  # synthesize() above slept too
+
+    def join(room: int) -> list[BatchItem[Any]]:
+        nonlocal steps
+        steps += 1
+        events.append(("join", room))
+        return handed.pop(steps, [])
+
+    got: dict[int, list[Any]] = {1: [], 2: [], 3: []}
+    ids = [1]
+    for index, value in engine.synthesize_batch([_item(first, [False], progress[1])], join):
+        if index == len(ids):
+            ids.append(2 if len(ids) == 1 else 3)  # a joiner's first yield: numbered on
+        if not isinstance(value, ItemDone):
+            got[ids[index]].append(value)
+    assert ids == [1, 2, 3]
+    # One join before each step's compute, with the room max_batch leaves.
+    assert events[:6] == [("join", 2), "compute", ("join", 2), "compute", ("join", 1), "compute"]
+    assert all(events[i] == "compute" for i in range(1, len(events), 2))
+    for request_id in (1, 2, 3):
+        assert (_timeline(got[request_id]), progress[request_id]) == alone[request_id]
+    # Who shared a step with whom: 2 (six chunks) was still in the batch when 3 joined.
+    assert msgspec.json.decode((tmp_path / "1.json").read_bytes())["batch"] == [1, 2, 3]
+    assert msgspec.json.decode((tmp_path / "2.json").read_bytes())["batch"] == [1, 2, 3]
