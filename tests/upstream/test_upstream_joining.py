@@ -6,9 +6,11 @@ test_upstream_batching.py (at most one int16 step, on at most 1% of a request's 
 decoding that drifted differs everywhere).  A lone request, which the sidecar now runs
 through the batch path as a batch of one, must sound as upstream's own generator makes it.
 
-The adapter is driven in process by ``probe_joining.py`` in upstream's venv, so that the
-test decides exactly when a request joins: the second when the first has one segment out
-(the first is at its 2nd), the third when it has two (at its 3rd).
+Two ways: the adapter driven in process by ``probe_joining.py`` in upstream's venv, where the
+test decides exactly when a request joins (the second when the first has one segment out, so
+the first is at its 2nd; the third when it has two, at its 3rd), and a real sidecar through
+the public Client, where a request is sent once another's progress says its first segment is
+out (a real happened-before) and joins it at its next step.
 """
 
 from __future__ import annotations
@@ -19,15 +21,23 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
-from conftest import HERE, ROOT, flavour_named
+from conftest import HERE, ROOT, Flavour, flavour_named
 
-#: Loads a model and runs nine requests: a minute or two on two busy cores.
+from indextts_client import Audio, Client, ProgressEvent
+
+#: Each test loads a model and runs six to nine requests: a minute or two on two busy cores.
 pytestmark = pytest.mark.timeout(900)
 
 #: Samples (of each request) allowed to differ by one int16 step; none may differ by more.
 SHARE = 0.01
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 def assert_equal_audio(alone: np.ndarray, other: np.ndarray) -> None:
@@ -90,3 +100,87 @@ def test_a_request_that_joins_mid_way_sounds_as_alone_and_so_does_a_lone_batch(
         assert len(notes) == 1 and notes[0] in ("joined a batch of 2", "joined a batch of 3"), notes
     # The room each join was offered: max_batch less the requests running then.
     assert report["rooms"][0] == 3 and min(report["rooms"]) >= 1
+
+
+def jobs(ckpt: Path, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """probe_joining.py's three requests: greedy, a seed each, the first of four segments."""
+    voice, voice2 = str(ckpt / "voice.wav"), str(ckpt / "voice2.wav")
+    options = {"do_sample": False, "max_mel_tokens": 12, "max_text_tokens_per_segment": 6 if name == "2" else 20}
+    return [
+        ("Hello there. This is a test. We speak slowly. One two three.", {"voice": voice, "seed": 2, **options}),
+        ("We speak slowly and clearly.", {"voice": voice2, "seed": 3, **options}),
+        ("Hello there, one two three.", {"voice": voice, "seed": 5, **options}),
+    ]
+
+
+def joining_client(flavour: Flavour, ckpt: Path) -> Client:
+    options: dict[str, Any] = {"model_dir": str(ckpt), "device": "cpu", "max_batch": 4, "use_qwen_emo": False}
+    return Client(
+        flavour.engine,
+        python=flavour.python,
+        engine_options=options,
+        env=flavour.env(),
+        ready_timeout=60,
+        idle_timeout=300,
+    )
+
+
+def ready_segments(events: list[ProgressEvent]) -> int:
+    return sum(1 for e in events if e.message.startswith("segment ") and " ready (" in e.message)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["2", "2.5"])
+async def test_through_a_sidecar_requests_sent_while_one_runs_join_it_and_sound_as_alone(
+    name: str, checkpoints: Any
+) -> None:
+    flavour = flavour_named(name)
+    ckpt = checkpoints(flavour)
+    requests = jobs(ckpt, name)
+    async with joining_client(flavour, ckpt) as c:
+        await c.load()
+        assert c.info.max_batch == 4
+        alone = []
+        for text, options in requests:
+            events: list[ProgressEvent] = []
+            alone.append(await c.synthesize(text, on_progress=events.append, **options))
+            assert batch_notes([e.message for e in events]) == []  # a batch of one says nothing of batches
+
+        results: list[Any] = [None] * 3
+        events_of: list[list[ProgressEvent]] = [[], [], []]
+        timeline: list[tuple[int, str]] = []  # every request's progress, in the order it came
+        # The second is sent once the first has one segment out, the third once it has two.
+        out = [anyio.Event(), anyio.Event()]
+
+        def recorder(i: int) -> Any:
+            def progress(event: ProgressEvent) -> None:
+                events_of[i].append(event)
+                timeline.append((i, event.message))
+                for k in range(min(ready_segments(events_of[0]), 2) if i == 0 else 0):
+                    out[k].set()
+
+            return progress
+
+        async def one(i: int) -> None:
+            if i:
+                await out[i - 1].wait()
+            text, options = requests[i]
+            results[i] = await c.synthesize(text, on_progress=recorder(i), **options)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+
+    for i in range(3):
+        assert isinstance(results[i], Audio), results[i]
+        assert_equal_audio(alone[i].samples, results[i].samples)
+    assert batch_notes([e.message for e in events_of[0]]) == []
+    for i in (1, 2):
+        notes = batch_notes([e.message for e in events_of[i]])
+        assert len(notes) == 1 and notes[0] in ("joined a batch of 2", "joined a batch of 3"), notes
+    # Each joined the first mid-way: its first segment came out before the first's last.
+    firsts_last = max(k for k, (i, message) in enumerate(timeline) if i == 0 and " ready (" in message)
+    assert ready_segments(events_of[0]) == 4
+    for i in (1, 2):
+        own_first = min(k for k, (j, message) in enumerate(timeline) if j == i and " ready (" in message)
+        assert own_first < firsts_last, timeline
