@@ -23,8 +23,10 @@ Printed per c: aggregate audio seconds per wall second for each, their ratio (ba
 the other, per round), the batched throughput over one lone request's (the other sidecar's
 first c; the issue's ``throughput_ratio``), the median and the slowest request's first audio
 against a lone request's, and for each batching sidecar how many bursts split: did not start
-as one batch (a request that ran alone or in a smaller batch, or that joined a running one),
-read from the fake engine's ``record`` of each request.  Median (min-max) over the rounds.
+as one batch (a request that ran alone or in a smaller batch, or that joined a running one
+after its first step),
+read from the fake engine's ``record`` of each request, and what a split costs: the split
+bursts' throughput over the median unsplit burst's.  Median (min-max) over the rounds.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ async def _burst(client: Client, count: int, options: dict[str, Any], records: P
     if count > 1 and paths:
         for path in paths:
             received = json.loads(path.read_bytes())
-            if received.get("joined") or len(received.get("batch", ())) < count:
+            # Joined after the batch's first step, or ran alone or in a smaller batch.
+            if received.get("joined", 0) >= 1 or len(received.get("batch", ())) < count:
                 split = True
     return _Burst(wall, firsts, split)
 
@@ -123,6 +126,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return _report(args, levels, results)
 
 
+def _split_cost(bursts: list[_Burst], rates: list[float]) -> str:
+    """The split bursts' throughput over the median unsplit burst's: median (min-max), or "-"."""
+    whole = [rate for burst, rate in zip(bursts, rates, strict=True) if not burst.split]
+    split = [rate for burst, rate in zip(bursts, rates, strict=True) if burst.split]
+    if not split or not whole:
+        return "-"
+    return _stat([rate / statistics.median(whole) for rate in split])
+
+
 def _report(args: argparse.Namespace, levels: list[int], results: dict[str, dict[int, list[_Burst]]]) -> dict[str, Any]:
     names = ["batched", "other"]
     report: dict[str, Any] = {"settings": vars(args), "levels": {}}
@@ -131,7 +143,8 @@ def _report(args: argparse.Namespace, levels: list[int], results: dict[str, dict
     print(f"the other sidecar: {args.against}; -o {' '.join(args.option) or '(none)'}")
     print(
         f"{'c':>3} {'batched a-s/s':>20} {'other a-s/s':>20} {'batched/other':>18} {'batched/lone':>18} "
-        f"{'first/lone':>18} {'slowest first/lone':>20} {'other slowest':>18} {'splits':>7}"
+        f"{'first/lone':>18} {'slowest first/lone':>20} {'other slowest':>18} {'splits':>7} "
+        f"{'split a-s/s, batched':>18} {'split a-s/s, other':>18}"
     )
     for level in levels:
         bursts = {name: results[name][level] for name in names}
@@ -148,10 +161,11 @@ def _report(args: argparse.Namespace, levels: list[int], results: dict[str, dict
         }
         splits = {name: sum(burst.split for burst in bursts[name]) for name in names}
         shown = f"{splits['batched']}/{splits['other']}" if args.against == "batched" else str(splits["batched"])
+        cost = {name: _split_cost(bursts[name], rates[name]) for name in names}
         print(
             f"{level:>3} {_stat(rates['batched']):>20} {_stat(rates['other']):>20} {_stat(ratio):>18} "
             f"{_stat(over_lone):>18} {_stat(first['batched']):>18} {_stat(slowest['batched']):>20} "
-            f"{_stat(slowest['other']):>18} {shown:>7}"
+            f"{_stat(slowest['other']):>18} {shown:>7} {cost['batched']:>18} {cost['other']:>18}"
         )
         report["levels"][level] = {
             "batched_audio_per_second": rates["batched"],
@@ -162,6 +176,8 @@ def _report(args: argparse.Namespace, levels: list[int], results: dict[str, dict
             "slowest_first_audio_over_lone": slowest["batched"],
             "other_slowest_first_audio_over_lone": slowest["other"],
             "splits": splits,
+            "batched_split": [burst.split for burst in bursts["batched"]],
+            "other_split": [burst.split for burst in bursts["other"]],
         }
     return report
 

@@ -20,7 +20,9 @@ Engine options (``--option key=value``) shape loading: see :class:`FakeOptions`.
 With ``max_batch=N`` (N >= 2) it batches: :meth:`FakeEngine.synthesize_batch` makes each
 request's chunks exactly as :meth:`FakeEngine.synthesize` would, one chunk per request
 per step, and pays the simulated compute (``delay``) once per step for the whole batch
-(the longest ``delay`` of the requests still in it), as a GPU decoding a batch does.
+(the longest ``delay`` of the requests still in it), as a GPU decoding a batch does.  With
+``join_batches`` as well it joins batches: before each step's compute it calls ``join`` and
+takes the requests it returns into the batch, each made exactly as alone.
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     #: Write what the engine received (text, voice, emotion, these options, sample rate) as
     #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
     #: In a batch it adds ``batch``: the ids of the requests that shared a step with this one
-    #: (itself included), in the batch's order, rewritten when one joins; and ``joined``
-    #: (true) for a request that joined a running batch.
+    #: (itself included), in the batch's order, rewritten when one joins; and for a request
+    #: that joined a running batch, ``joined``: how many steps the batch had run by then.
     record: Union[str, None] = None
 
 
@@ -314,6 +316,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         #: Each request's next chunk; a request leaves ``active`` when it ends or is cancelled.
         next_chunk = [0] * len(items)
         active = []
+        steps = 0
         for i, plan in enumerate(plans):
             if plan.count:
                 active.append(i)
@@ -327,7 +330,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     i = len(items)
                     items.append(item)
                     ids.append(item.request.id)
-                    plans.append(self._plan(item.request, batch=[ids[k] for k in [*active, i]], joined=True))
+                    plans.append(self._plan(item.request, batch=[ids[k] for k in [*active, i]], joined=steps))
                     next_chunk.append(0)
                     shared.append({*active, i})
                     if plans[i].count:
@@ -363,6 +366,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 if index + 1 == plan.count:
                     active.remove(i)
                     yield i, ItemDone()  # its Done goes out now, not when the batch ends
+            steps += 1
 
     @staticmethod
     def _shared_step(active: list[int], shared: list[set[int]], plans: list[_Plan], ids: list[int]) -> None:
@@ -375,7 +379,10 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     _record_batch(record, [ids[k] for k in sorted(shared[i])])
 
     def _plan(
-        self, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None] = None, joined: bool = False
+        self,
+        request: SynthesisRequest[FakeRequestOptions],
+        batch: Union[list[int], None] = None,
+        joined: Union[int, None] = None,
     ) -> _Plan:
         """What a request produces, after its side effects (lines, stderr, record, facts)."""
         opts = request.options
@@ -455,7 +462,7 @@ class _Plan:
 
 
 def _record(
-    path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None], joined: bool
+    path: str, request: SynthesisRequest[FakeRequestOptions], batch: Union[list[int], None], joined: Union[int, None]
 ) -> None:
     received: dict[str, Any] = {
         "text": request.text,
@@ -466,8 +473,8 @@ def _record(
     }
     if batch is not None:
         received["batch"] = batch
-    if joined:
-        received["joined"] = True
+    if joined is not None:
+        received["joined"] = joined
     with open(path, "wb") as file:
         file.write(msgspec.json.encode(received))
 

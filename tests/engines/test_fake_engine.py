@@ -222,4 +222,6 @@ def test_join_batches_takes_joiners_once_per_step_each_with_its_audio_alone(
         assert (_timeline(got[request_id]), progress[request_id]) == alone[request_id]
     # Who shared a step with whom: 2 (six chunks) was still in the batch when 3 joined.
     assert msgspec.json.decode((tmp_path / "1.json").read_bytes())["batch"] == [1, 2, 3]
-    assert msgspec.json.decode((tmp_path / "2.json").read_bytes())["batch"] == [1, 2, 3]
+    second = msgspec.json.decode((tmp_path / "2.json").read_bytes())
+    assert second["batch"] == [1, 2, 3] and second["joined"] == 1  # after the batch's first step
+    assert "joined" not in msgspec.json.decode((tmp_path / "1.json").read_bytes())

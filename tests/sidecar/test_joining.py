@@ -24,6 +24,7 @@ import anyio
 import pytest
 from harness import Peer, pcm_of, sidecar
 
+from indextts_client import Client, RequestTimeoutError
 from indextts_sidecar import protocol
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -57,10 +58,10 @@ def _batch_of(record: Path) -> list[int] | None:
     return received.get("batch")
 
 
-def _joined(record: Path) -> bool:
-    """Whether the request came in by joining a running batch."""
+def _joined(record: Path) -> int | None:
+    """How many steps the batch had run when the request joined it; None: it did not join."""
     received: dict[str, Any] = json.loads(record.read_bytes())
-    return bool(received.get("joined"))
+    return received.get("joined")
 
 
 class _Log:
@@ -127,7 +128,9 @@ async def test_a_request_sent_while_another_runs_joins_it_and_both_keep_their_by
             assert log.first_audio(2) < log.terminal(2) < log.terminal(1)
             assert _batch_of(tmp_path / "1.json") == [1, 2]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
-            assert _joined(tmp_path / "2.json") and not _joined(tmp_path / "1.json")
+            # It joined after the first's first step (at least), while 34 were left.
+            joined = _joined(tmp_path / "2.json")
+            assert joined is not None and 1 <= joined < 36 and _joined(tmp_path / "1.json") is None
             # Once the batch has ended, a lone request runs as a batch of one.
             alone = await peer.request(_synth(3, "alone", tmp_path / "3.json"))
             assert pcm_of(alone) == _expected("alone") and isinstance(alone[-1], protocol.Done)
@@ -156,7 +159,35 @@ async def test_a_full_batch_takes_a_joiner_only_once_one_of_its_requests_ended(t
             assert _batch_of(tmp_path / "1.json") == [1, 2, 3]
             assert _batch_of(tmp_path / "2.json") == [1, 2]
             assert _batch_of(tmp_path / "3.json") == [1, 3]
-            assert _joined(tmp_path / "2.json") and _joined(tmp_path / "3.json")
+            # 3 joined once 2 (six steps) had ended.
+            joined = {request_id: _joined(tmp_path / f"{request_id}.json") for request_id in (2, 3)}
+            assert joined[2] is not None and joined[3] is not None and joined[3] >= joined[2] + 6, joined
+
+
+async def test_a_joiner_keeps_its_own_sample_rate_and_progress_choice(tmp_path: Path) -> None:
+    def joiner(request_id: int) -> protocol.Synthesize:
+        message = _synth(request_id, "resampled joiner", tmp_path / f"{request_id}.json")
+        message.sample_rate = 16000
+        message.progress = False
+        return message
+
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
+            await _loaded(peer)
+            alone = await peer.request(joiner(1))
+            assert _batch_of(tmp_path / "1.json") == [1]
+            log = _Log(peer)
+            await peer.send(_synth(2, LONG))
+            await log.until_audio(2)
+            await peer.send(joiner(3))
+            await log.until_ended(2, 3)
+            assert _joined(tmp_path / "3.json") is not None and _batch_of(tmp_path / "3.json") == [2, 3]
+            assert pcm_of(log.frames[3]) == pcm_of(alone)
+            assert len(pcm_of(alone)) == 2 * len(_expected("resampled joiner"))
+            assert {f.sample_rate for f in log.frames[3] if isinstance(f, protocol.Audio)} == {16000}
+            assert not [f for f in log.frames[3] if isinstance(f, protocol.Progress)]
+            assert [f.stage for f in log.frames[2] if isinstance(f, protocol.Progress)].count("started") == 1
+            assert pcm_of(log.frames[2]) == _expected(LONG)
 
 
 @pytest.fixture
@@ -304,6 +335,35 @@ async def test_a_failing_joiner_fails_alone_and_a_raising_one_fails_the_whole_ba
             # The sidecar serves on.
             done = await peer.request(_synth(20, "after"))
             assert pcm_of(done) == _expected("after")
+
+
+async def test_a_joiner_keeps_its_own_deadline_and_the_first_its_bytes(tmp_path: Path) -> None:
+    options = {"sample_rate": RATE, "seconds_per_char": PER_CHAR, "max_batch": 4, "join_batches": True}
+    async with Client("fake", engine_options=options, restart_backoff=0.0) as client:
+        with anyio.fail_after(TIMEOUT):
+            await client.load()
+            first = bytearray()
+            outcome: dict[str, Any] = {}
+
+            async def joiner() -> None:
+                try:
+                    await client.synthesize("hangs past its deadline", timeout=1.0, hang_at=1, chunk_seconds=0.02)
+                except RequestTimeoutError as exc:
+                    outcome["joiner"] = exc
+
+            async with anyio.create_task_group() as tg:
+                record = str(tmp_path / "1.json")
+                async with client.stream(LONG, chunk_seconds=0.02, delay=STEP, record=record) as chunks:
+                    async for chunk in chunks:
+                        if not first:
+                            tg.start_soon(joiner)  # after the first's first audio
+                        first += chunk.samples.tobytes()
+            assert isinstance(outcome["joiner"], RequestTimeoutError)
+            assert bytes(first) == _expected(LONG)
+            batch = _batch_of(tmp_path / "1.json")
+            assert batch is not None and len(batch) == 2, batch  # the joiner shared its steps
+            health = await client.ping()
+            assert health.active is None and health.queue_depth == 0
 
 
 async def test_shutdown_while_a_batch_with_a_joiner_runs_ends_each_request_once(tmp_path: Path) -> None:
