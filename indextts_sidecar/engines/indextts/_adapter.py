@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import Any, ClassVar, Union
 
 from ...protocol import EmotionAudio, EmotionText, EmotionVector
 from ...protocol.segments import segment_text_message
@@ -33,7 +33,7 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batch_run import BatchRun
+from ._batch_run import BatchRun, one_after_another
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
@@ -65,9 +65,6 @@ from ._upstream import (
     takes_var_keyword,
 )
 from ._voice_cache import VoiceCache
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE", "IndexTTSEngine"]
 
@@ -110,6 +107,12 @@ class IndexTTSEngine(Engine[Any, Any]):
     @property
     def max_batch(self) -> int:
         return int(self.options.max_batch)
+
+    @property
+    def joins_batches(self) -> bool:
+        """``join_batches`` with ``max_batch`` 2 or more, unless ``use_accel`` (docs/indextts.md, "Batching")."""
+        opts = self.options
+        return bool(opts.join_batches) and self.max_batch >= 2 and not opts.use_accel
 
     @property
     def loaded(self) -> bool:
@@ -274,7 +277,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts.install(model)
         self._intercept_problem = interceptable(model)
         if self._intercept_problem is not None and opts.max_batch > 1:
-            log.warning("batches run one request after another: %s", self._intercept_problem)
+            log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
         self._model = model
         self.flavour = flavour
         self._voices.clear()
@@ -478,15 +481,16 @@ class IndexTTSEngine(Engine[Any, Any]):
     ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
         """Several requests at once: upstream's generators in lockstep, their model calls batched.
 
-        See _batched.py and _lockstep.py.  Where upstream's calls cannot be intercepted, the
-        requests run one after another through :meth:`synthesize`.
+        See _batched.py and _lockstep.py; ``join`` hands the running batch the requests that
+        join it (_batch_run.py).  Where upstream's calls cannot be intercepted, the requests
+        run one after another through :meth:`synthesize`, and none joins.
         """
         model = self._model
         flavour = self.flavour
         if model is None or flavour is None:
             raise EngineError("synthesize called before load", code="internal")
         if self._intercept_problem is not None:
-            yield from self._one_after_another(items)
+            yield from one_after_another(self.synthesize, items)
             return
         hooks = install(model)
         batch = BatchRun(
@@ -497,9 +501,15 @@ class IndexTTSEngine(Engine[Any, Any]):
             voices=self._voices,
             segment_texts=self._segment_texts,
             batch_vocoder=bool(self.options.batch_vocoder),
+            max_batch=self.max_batch,
+            join=join,
         )
         try:
-            yield from batch.run(hooks)
+            for index, value in batch.run(hooks):
+                if isinstance(value, ItemDone) and value.error is None:
+                    # Its done's facts, for a request_facts() right after it (as after synthesize).
+                    self._request_facts = batch.facts(index)
+                yield index, value
         finally:
             batch.close()
 
@@ -507,21 +517,6 @@ class IndexTTSEngine(Engine[Any, Any]):
         """What a request of a batch passes to ``infer``; a RequestError fails it alone."""
         self._check_flavour(request)
         return self._infer_kwargs(request)
-
-    def _one_after_another(self, items: Sequence[BatchItem[Any]]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
-        for index, item in enumerate(items):
-            try:
-                for chunk in self.synthesize(item.request, item.progress, item.cancelled):
-                    yield index, chunk
-            except Cancelled:
-                yield index, ItemDone(None)
-            except EngineError as exc:
-                yield index, ItemDone(exc)
-            except Exception as exc:
-                log.error("engine failed on a request of a batch", exc_info=True)
-                yield index, ItemDone(EngineError(f"{type(exc).__name__}: {exc}"))
-            else:
-                yield index, ItemDone(None)
 
     def _check_rate(self, rate: Any) -> None:
         if int(rate) != NATIVE_SAMPLE_RATE:

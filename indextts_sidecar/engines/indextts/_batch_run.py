@@ -2,39 +2,51 @@
 calls run together (``_lockstep.py`` steps the workers, ``_batched.py`` batches the calls).
 
 :class:`BatchRun` is the coordinator, on the engine thread; each request's own worker thread
-runs upstream's ``infer`` to its end, one thread at a time.
+runs upstream's ``infer`` to its end, one thread at a time.  Requests may join a running
+batch (continuous batching): at the top of each round, when every request is parked on a
+model call, the sidecar's ``join`` hands over those that arrived meanwhile; each is prepared
+as the first ones were, runs until it parks, and its call runs in that round with the others.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union, cast
 
-from .. import BatchItem, EngineError, ItemDone, ProgressFn, SynthesisRequest, heartbeat
+from .. import BatchItem, Cancelled, EngineError, ItemDone, Join, ProgressFn, SynthesisRequest, heartbeat
 from ._batched import Decoding, Hooks, run_calls, set_decoding
 from ._install import Flavour
 from ._lockstep import Blocked, Chunk, End, Failed, Lockstep, Report
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
 from ._segments import SegmentTexts
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, Tally, failed_reference
+from ._upstream import StageTimes
 from ._voice_cache import VoiceCache
 
-__all__ = ["BatchMember", "BatchRun"]
+__all__ = ["BatchMember", "BatchRun", "one_after_another"]
+
+log = logging.getLogger("indextts_sidecar.engines.indextts")
 
 
 class BatchMember:
     """One request of a batch: its upstream stream as the coordinator sees it."""
 
-    def __init__(self, item: BatchItem[Any], flavour: Flavour, kwargs: dict[str, Any]) -> None:
+    def __init__(self, item: BatchItem[Any], flavour: Flavour, kwargs: dict[str, Any], worker: int) -> None:
         self.item = item
         self.kwargs = kwargs
+        #: Its worker in the batch's lockstep.
+        self.worker = worker
         self.texts = SegmentTexts()
         self.tally = Tally(flavour, self.texts)
         self.silence_after_each = flavour.silence_after_each
         self.chunks = 0
         self.restored = False
-        self.prepared = False
+        #: Whether its worker ran (it was not cancelled before its first step).
+        self.started = False
+        #: The stage times upstream printed while its worker ran (its done's facts).
+        self.times = StageTimes()
         self.voice = str(item.request.voice)
         self.emotion_path: Union[str, None] = kwargs.get("emo_audio_prompt")
 
@@ -66,7 +78,11 @@ class BatchMember:
 
 
 class BatchRun:
-    """The coordinator of one batch: steps each request's worker, runs their parked calls together."""
+    """The coordinator of one batch: steps each request's worker, runs their parked calls together.
+
+    With ``join``, requests join the batch while it runs, up to ``max_batch`` at once; their
+    indices go on from the items given so far.
+    """
 
     def __init__(
         self,
@@ -78,38 +94,48 @@ class BatchRun:
         voices: VoiceCache,
         segment_texts: SegmentTexts,
         batch_vocoder: bool,
+        max_batch: int,
+        join: Union[Join, None] = None,
     ) -> None:
         self.model = model
         self.flavour = flavour
-        self.items = items
+        self.prepare = prepare
         self.voices = voices
         self.segment_texts = segment_texts
+        self.batch_vocoder = batch_vocoder
+        self.max_batch = max_batch
+        self.join = join
         self.members: dict[int, BatchMember] = {}
         self.early: list[tuple[int, ItemDone]] = []
-        self.worker_of: dict[int, int] = {}
-        starts: list[Callable[[], Iterator[Any]]] = []
-        contexts: list[Decoding] = []
-        memo: dict[Any, Any] = {}  # per-voice results the batch's requests share (_batched.py)
-        for index, item in enumerate(items):
-            try:
-                kwargs = prepare(item.request)
-            except EngineError as exc:
-                self.early.append((index, ItemDone(exc)))
-                continue
-            context = Decoding(
-                greedy=getattr(item.request.options, "do_sample", None) is False,
-                num_beams=getattr(item.request.options, "num_beams", None),
-                seed=getattr(item.request.options, "seed", None),
-                batch_vocoder=batch_vocoder,
-                memo=memo,
-            )
-            self.worker_of[index] = len(starts)
-            starts.append(self._starter(kwargs, context))
-            contexts.append(context)
-            self.members[index] = BatchMember(item, flavour, kwargs)
-        self.lockstep = Lockstep(starts)
-        for context in contexts:
-            context.batch = self.lockstep
+        self.given = 0  # items given so far, joiners included: the next one's index
+        #: Per-voice results the batch's requests share (_batched.py): keyed by the very
+        #: conditioning tensors a result came from, so a joiner finds only what is its own.
+        self.memo: dict[Any, Any] = {}
+        self.lockstep = Lockstep()
+        for item in items:
+            self._admit(item)
+
+    def _admit(self, item: BatchItem[Any]) -> Union[int, None]:
+        """Number ``item`` and give it a worker; None when its request fails at once (in ``early``)."""
+        index = self.given
+        self.given += 1
+        try:
+            kwargs = self.prepare(item.request)
+        except EngineError as exc:
+            self.early.append((index, ItemDone(exc)))
+            return None
+        options = item.request.options
+        context = Decoding(
+            greedy=getattr(options, "do_sample", None) is False,
+            num_beams=getattr(options, "num_beams", None),
+            seed=getattr(options, "seed", None),
+            batch=self.lockstep,
+            batch_vocoder=self.batch_vocoder,
+            memo=self.memo,
+        )
+        worker = self.lockstep.add(self._starter(kwargs, context))
+        self.members[index] = BatchMember(item, self.flavour, kwargs, worker)
+        return index
 
     def _starter(self, kwargs: dict[str, Any], context: Decoding) -> Callable[[], Iterator[Any]]:
         model, flavour = self.model, self.flavour
@@ -127,64 +153,105 @@ class BatchRun:
 
         return start
 
+    def facts(self, index: int) -> dict[str, Any]:
+        """What a lone request's ``done`` says (``request_facts``), for item ``index`` once it ended."""
+        member = self.members.get(index)
+        if member is None or not member.started:
+            return {}
+        return {"voice_cache": "hit" if member.restored else "miss", "stages": dict(member.times.stages)}
+
     def close(self) -> None:
         self.lockstep.close()
 
     def _step(self, index: int) -> Report:
         member = self.members[index]
-        worker = self.worker_of[index]
         if member.chunks == 0:
             stage, message = "prepare", "preparing the references and the first segment"
         else:
             stage, message = "synthesize", f"generating segment {member.tally.segments + 1}"
         progress = member.item.progress
-        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL):
-            return self.lockstep.step(worker)
+        with heartbeat(progress, stage, None, message, HEARTBEAT_INTERVAL), member.times.capturing():
+            return self.lockstep.step(member.worker)
 
-    def run(self, hooks: Hooks) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
-        yield from self.early
-        live = list(self.members)
-        reports: dict[int, Report] = {}
-        voices = self.voices
-        segment_texts = self.segment_texts
+    def _take_early(self) -> list[tuple[int, ItemDone]]:
+        early, self.early = self.early, []
+        return early
+
+    def _enter(
+        self, index: int, live: list[int], reports: dict[int, Report], note: Union[str, None]
+    ) -> Iterator[tuple[int, ItemDone]]:
+        """Start item ``index``'s worker: its voice, its segment texts, its first step (until it parks)."""
+        member = self.members[index]
+        if member.item.cancelled():
+            self.lockstep.abort(member.worker)
+            yield index, ItemDone(None)
+            return
+        live.append(index)
+        member.started = True
+        member.restored = self.voices.restore(self.model, member.voice)
+        self.segment_texts.start()
+        if note is not None:
+            member.item.progress("prepare", None, note)
+        member.item.progress("prepare", None, "preparing the references and the first segment")
+        reports[index] = self._step(index)
+        member.texts.texts = list(self.segment_texts.texts)
+        if isinstance(reports[index], Blocked) and not member.restored:
+            self.voices.remember(self.model, member.voice, member.emotion_path)
+
+    def _joining(self, live: list[int], reports: dict[int, Report]) -> Iterator[tuple[int, ItemDone]]:
+        """At the top of a round (every live worker parked): the requests that join now, entered."""
+        assert self.join is not None
+        room = self.max_batch - len(live)
+        if room <= 0:
+            return
+        joiners = self.join(room)
+        if len(joiners) > room:
+            raise EngineError(f"{len(joiners)} requests joined a batch with room for {room}", code="internal")
+        admitted = [index for index in map(self._admit, joiners) if index is not None]
+        yield from self._take_early()
+        if len(self.memo) > self.max_batch:
+            # Each request adds its voice's entries: bounded while requests come and go.  The
+            # live ones compute theirs again (the same result, from the same tensors).
+            self.memo.clear()
+        size = len(live) + len(admitted)
+        for index in admitted:
+            yield from self._enter(index, live, reports, f"joined a batch of {size}")
+
+    def _drain(self, live: list[int], reports: dict[int, Report]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        """Every worker that is not parked on a model call moves on until it is (or ends)."""
         for index in list(live):
             member = self.members[index]
-            if member.item.cancelled():
-                self.lockstep.abort(self.worker_of[index])
+            report = reports[index]
+            while isinstance(report, Chunk):
+                yield from ((index, pcm) for pcm in member.audio(report.value))
+                if member.item.cancelled():
+                    self.lockstep.abort(member.worker)
+                    report = End()
+                    break
+                report = self._step(index)
+            if isinstance(report, Failed):
                 live.remove(index)
+                yield index, ItemDone(member.failure(report.error))
+            elif isinstance(report, End):
+                live.remove(index)
+                tally = member.tally
+                member.item.progress("synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio")
                 yield index, ItemDone(None)
-                continue
-            member.restored = voices.restore(self.model, member.voice)
-            segment_texts.start()
-            member.item.progress("prepare", None, f"in a batch of {len(self.members)}")
-            member.item.progress("prepare", None, "preparing the references and the first segment")
-            reports[index] = self._step(index)
-            member.texts.texts = list(segment_texts.texts)
-            if isinstance(reports[index], Blocked) and not member.restored:
-                voices.remember(self.model, member.voice, member.emotion_path)
+            reports[index] = report
+
+    def run(self, hooks: Hooks) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        yield from self._take_early()
+        live: list[int] = []
+        reports: dict[int, Report] = {}
+        first = list(self.members)
+        note = f"in a batch of {len(first)}" if len(first) > 1 else None  # a lone request: as synthesize
+        for index in first:
+            yield from self._enter(index, live, reports, note)
         while live:
-            # Drain: every worker that is not parked on a model call moves on until it is (or ends).
-            for index in list(live):
-                member = self.members[index]
-                report = reports[index]
-                while isinstance(report, Chunk):
-                    yield from ((index, pcm) for pcm in member.audio(report.value))
-                    if member.item.cancelled():
-                        self.lockstep.abort(self.worker_of[index])
-                        report = End()
-                        break
-                    report = self._step(index)
-                if isinstance(report, Failed):
-                    live.remove(index)
-                    yield index, ItemDone(member.failure(report.error))
-                elif isinstance(report, End):
-                    live.remove(index)
-                    tally = member.tally
-                    member.item.progress(
-                        "synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio"
-                    )
-                    yield index, ItemDone(None)
-                reports[index] = report
+            yield from self._drain(live, reports)
+            if live and self.join is not None:
+                yield from self._joining(live, reports)
+                yield from self._drain(live, reports)  # a joiner that did not park at once
             if not live:
                 break
             calls = [cast_blocked(reports[index]).call for index in live]
@@ -201,7 +268,7 @@ class BatchRun:
             for index in list(live):
                 member = self.members[index]
                 if member.item.cancelled():
-                    self.lockstep.abort(self.worker_of[index])
+                    self.lockstep.abort(member.worker)
                     live.remove(index)
                     yield index, ItemDone(None)
                     continue
@@ -211,3 +278,23 @@ class BatchRun:
 def cast_blocked(report: Report) -> Blocked:
     assert isinstance(report, Blocked), report
     return report
+
+
+def one_after_another(
+    synthesize: Callable[[SynthesisRequest[Any], ProgressFn, Callable[[], bool]], Iterator[Any]],
+    items: Sequence[BatchItem[Any]],
+) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+    """A batch where upstream's calls cannot be intercepted: each request alone, in turn (none joins)."""
+    for index, item in enumerate(items):
+        try:
+            for chunk in synthesize(item.request, item.progress, item.cancelled):
+                yield index, chunk
+        except Cancelled:
+            yield index, ItemDone(None)
+        except EngineError as exc:
+            yield index, ItemDone(exc)
+        except Exception as exc:
+            log.error("engine failed on a request of a batch", exc_info=True)
+            yield index, ItemDone(EngineError(f"{type(exc).__name__}: {exc}"))
+        else:
+            yield index, ItemDone(None)

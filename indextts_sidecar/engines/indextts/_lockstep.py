@@ -10,14 +10,16 @@ its own row.
 
 Exactly one thread runs at any time, the coordinator or one worker, so upstream's instance
 (which is not thread-safe) is never used by two threads at once; each hand-over goes through
-one lock, which orders every write before the next thread's reads.  This module knows
+one lock, which orders every write before the next thread's reads.  Workers may be added while
+the others run (:meth:`Lockstep.add`, a request joining a running batch): only the coordinator
+adds, between steps, so that rule holds for them too.  This module knows
 nothing of torch or of upstream: it runs generators, parks calls and delivers results.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -87,18 +89,32 @@ class Lockstep:
 
     :meth:`step` lets one worker run until its next report: a chunk its generator yielded,
     a call it parked on (:meth:`park`, from an interceptor on that worker's thread), its end
-    or its error.  :meth:`close` aborts every worker still alive and joins them all.
+    or its error.  :meth:`add` appends a worker, :meth:`close` aborts every worker still alive
+    and joins them all; each is called by the coordinator, as :meth:`step` is.
     """
 
-    def __init__(self, starts: list[Callable[[], Iterator[Any]]], name: str = "indextts-batch") -> None:
+    def __init__(self, starts: Sequence[Callable[[], Iterator[Any]]] = (), name: str = "indextts-batch") -> None:
         self._workers = [_Worker(i, start) for i, start in enumerate(starts)]
         self._lock = threading.Condition()
         self._running: Union[int, None] = None  # the worker allowed to run; None: the coordinator
         self._name = name
         self._local = threading.local()
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._workers)
+
+    def add(self, start: Callable[[], Iterator[Any]]) -> int:
+        """A new worker (its thread starts at its first :meth:`step`); returns its index.
+
+        Called by the coordinator, which is the one thread running: no worker reads the list
+        meanwhile.  Refused once :meth:`close` began (nothing would abort the new worker).
+        """
+        if self._closed:
+            raise RuntimeError("the lockstep is closed: no worker can join it")
+        index = len(self._workers)
+        self._workers.append(_Worker(index, start))
+        return index
 
     def alive(self, index: int) -> bool:
         return not self._workers[index].done
@@ -147,6 +163,7 @@ class Lockstep:
 
     def close(self) -> None:
         """Abort every live worker and join them (idempotent)."""
+        self._closed = True
         for worker in self._workers:
             while not worker.done:
                 self.abort(worker.index)

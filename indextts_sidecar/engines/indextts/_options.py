@@ -69,6 +69,11 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: In a batch, run the vocoder (BigVGAN) on the rows of equal length together, rather
     #: than one request at a time.
     batch_vocoder: bool = True
+    #: Continuous batching: requests that arrive while a batch runs join it at its next step
+    #: instead of waiting for its end, and a lone request runs as a batch of one.  Effective
+    #: only with ``max_batch`` 2 or more and upstream's model calls reachable (not with
+    #: ``use_accel``, nor an upstream whose calls cannot be intercepted: the warning at load).
+    join_batches: bool = True
 
 
 class IndexTTS2Options(_Options):

@@ -139,6 +139,55 @@ def test_a_parked_worker_without_a_result_is_a_coordinator_bug() -> None:
     assert log == ["a closed"]
 
 
+def test_a_worker_added_while_the_others_run_joins_their_next_round_and_numbers_on() -> None:
+    log: list[str] = []
+    holder: list[Lockstep] = []
+    lockstep = Lockstep([_request_like("a", 3, log, holder)])
+    holder.append(lockstep)
+    threads_before = threading.active_count()
+    reports: dict[int, Any] = {0: lockstep.step(0)}
+    chunks: dict[int, list[Any]] = {0: []}
+    rounds = 0
+    while any(lockstep.alive(i) for i in range(len(lockstep))):
+        if rounds == 1:  # the top of the 2nd round: every live worker parked
+            assert lockstep.add(_request_like("b", 2, log, holder)) == 1
+            assert len(lockstep) == 2 and lockstep.alive(1)
+            chunks[1] = []
+            reports[1] = lockstep.step(1)  # its first step: until it parks
+        live = [i for i in range(len(lockstep)) if lockstep.alive(i)]
+        assert all(isinstance(reports[i], Blocked) for i in live), reports
+        _run_batches([reports[i].call for i in live])
+        for i in live:
+            report = lockstep.step(i)
+            while isinstance(report, Chunk):
+                chunks[i].append(report.value)
+                report = lockstep.step(i)
+            reports[i] = report
+        rounds += 1
+    # b's first call ran in one batch with a's second: two rows, then each its own.
+    assert chunks == {0: ["a:a0x1", "a:a1x2", "a:a2x2"], 1: ["b:b0x2", "b:b1x2"]}
+    assert log.count("a closed") == log.count("b closed") == 1
+    lockstep.close()
+    assert threading.active_count() <= threads_before
+
+
+def test_closing_aborts_added_workers_and_a_closed_lockstep_takes_no_more() -> None:
+    log: list[str] = []
+    holder: list[Lockstep] = []
+    lockstep = Lockstep()  # a batch may start empty: every request joins
+    holder.append(lockstep)
+    assert len(lockstep) == 0
+    assert lockstep.add(_request_like("a", 3, log, holder)) == 0
+    assert lockstep.add(_request_like("b", 3, log, holder)) == 1
+    assert isinstance(lockstep.step(1), Blocked)
+    lockstep.close()
+    assert log == ["b closed"]  # a never started; b unwound where it was parked
+    assert not lockstep.alive(0) and not lockstep.alive(1)
+    with pytest.raises(RuntimeError, match="closed"):
+        lockstep.add(_request_like("c", 1, log, holder))
+    assert len(lockstep) == 2
+
+
 # ----------------------------------------------------------------- the interceptors
 
 
@@ -208,6 +257,17 @@ def test_max_batch_is_an_engine_option_from_1_to_64() -> None:
             make_engine(IndexTTS2Engine, max_batch=bad)
 
 
+def test_joining_is_on_with_max_batch_2_or_more_and_off_with_use_accel() -> None:
+    assert not make_engine(IndexTTS2Engine).joins_batches  # max_batch 1: upstream's infer alone
+    assert make_engine(IndexTTS2Engine, max_batch=2).joins_batches
+    assert make_engine(IndexTTS25Engine, max_batch=8).joins_batches
+    assert not make_engine(IndexTTS2Engine, max_batch=4, join_batches=False).joins_batches
+    assert not make_engine(IndexTTS2Engine, max_batch=4, use_accel=True).joins_batches
+    assert make_engine(IndexTTS2Engine, max_batch=4, use_accel=False).joins_batches
+    with pytest.raises(msgspec.ValidationError, match="join_batches"):
+        make_engine(IndexTTS2Engine, join_batches="yes")
+
+
 def test_greedy_decoding_and_a_seed_are_request_options(voice: str) -> None:
     engine = make_engine(IndexTTS2Engine)
     for options in ({"do_sample": False}, {"do_sample": True}, {"seed": 7}, {"do_sample": False, "seed": 0}):
@@ -239,7 +299,14 @@ def test_an_upstream_without_the_model_calls_refuses_greedy_and_seed_and_runs_ba
     items = [BatchItem(request, _recorder(events[i]), never) for i, request in enumerate(requests)]
     audio: dict[int, bytes] = {i: b"" for i in range(4)}
     ends: dict[int, ItemDone] = {}
-    for index, chunk in engine.synthesize_batch(items):
+    rooms: list[int] = []
+
+    def join(room: int) -> list[BatchItem[Any]]:
+        rooms.append(room)
+        return []
+
+    assert engine.joins_batches  # as the options say: the upstream is not known before load
+    for index, chunk in engine.synthesize_batch(items, join):
         assert index not in ends, "a chunk after the item ended"
         if isinstance(chunk, ItemDone):
             ends[index] = chunk
@@ -249,6 +316,7 @@ def test_an_upstream_without_the_model_calls_refuses_greedy_and_seed_and_runs_ba
     assert ends[0].error is None and ends[1].error is None and ends[3].error is None
     assert isinstance(ends[2].error, EngineError) and ends[2].error.field == "$.options.seed"
     assert any("segment 1 ready" in e[2] for e in events[3])
+    assert rooms == []  # one after another: nobody joins
 
 
 def _recorder(events: list[tuple[Any, ...]]) -> Any:
