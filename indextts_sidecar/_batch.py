@@ -106,8 +106,8 @@ class _BatchEntry:
             return cancelled_error(job)
         return None
 
-    def done(self) -> protocol.Reply:
-        """This job's terminal message once the engine has no more audio for it."""
+    def done(self, facts: Union[dict[str, Any], None] = None) -> protocol.Reply:
+        """This job's terminal message once the engine has no more audio for it, with the engine's ``facts``."""
         job = self.job
         if job.cancel.is_set():
             return cancelled_error(job)
@@ -121,7 +121,13 @@ class _BatchEntry:
         self.timings["synthesis"] = now - self.began
         self.timings["total"] = now - job.enqueued
         return Done(
-            id=job.id, samples=self.samples, chunks=self.seq, sample_rate=self.rate, timings=self.timings, words=words
+            id=job.id,
+            samples=self.samples,
+            chunks=self.seq,
+            sample_rate=self.rate,
+            timings=self.timings,
+            facts=facts or {},
+            words=words,
         )
 
 
@@ -209,7 +215,8 @@ def execute_batch(
             if isinstance(value, ItemDone):
                 error = value.error
                 if error is None:
-                    close(index, entry.done())
+                    # request_facts() right after an item's ItemDone(None) is about that item.
+                    close(index, entry.done(engine.request_facts()))
                 elif isinstance(error, EngineError):
                     close(index, error_for(entry.job.id, error))
                 else:
@@ -220,9 +227,11 @@ def execute_batch(
                     close(index, terminal)
             if not left:
                 break  # every job ended: the engine need not finish the batch
-        for index, entry in enumerate(entries):
-            if not entry.ended:
-                close(index, entry.done())
+        unended = [index for index, entry in enumerate(entries) if not entry.ended]
+        # Facts at the generator's end are the last request's: only a lone one's are certain.
+        facts = engine.request_facts() if len(unended) == 1 else None
+        for index in unended:
+            close(index, entries[index].done(facts))
     except Exception as exc:
         if not isinstance(exc, (Cancelled, EngineError)):
             ids = [entry.job.id for entry in entries]

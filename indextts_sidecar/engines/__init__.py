@@ -277,7 +277,9 @@ class Engine(Generic[OptionsT, RequestOptionsT]):
     def request_facts(self) -> dict[str, Any]:
         """Facts about the request :meth:`synthesize` just finished, for its ``done.facts``
         (``voice_cache``: ``hit`` when the voice's conditioning was reused, ``miss`` when it
-        was computed); called on the engine thread after the last chunk; msgpack-able."""
+        was computed); called on the engine thread after the last chunk; msgpack-able.  In a
+        batch, called right after an item's ``ItemDone(None)`` for that item's facts (and once
+        when a batch of one ends without one)."""
         return {}
 
     def info(self) -> dict[str, Any]:

@@ -321,6 +321,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             if plan.count:
                 active.append(i)
             else:
+                self._request_facts = plan.facts
                 yield i, ItemDone()  # no audio at all: done before any step
         while active:
             active = [i for i in active if not items[i].cancelled()]
@@ -336,6 +337,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                     if plans[i].count:
                         active.append(i)
                     else:
+                        self._request_facts = plans[i].facts
                         yield i, ItemDone()
                 if joined:
                     self._shared_step(active, shared, plans, ids)
@@ -365,6 +367,7 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 yield i, plan.chunk(index, items[i].progress)
                 if index + 1 == plan.count:
                     active.remove(i)
+                    self._request_facts = plan.facts  # for request_facts() right after it
                     yield i, ItemDone()  # its Done goes out now, not when the batch ends
             steps += 1
 
@@ -417,18 +420,35 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self._request_facts["stages"] = {"render": time.perf_counter() - began}
         chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
         char_samples = max(1, round(per_char * self.options.sample_rate))  # as render() lays them out
-        return _Plan(request, audio, chunk, char_samples)
+        return _Plan(request, audio, chunk, char_samples, dict(self._request_facts))
 
 
 class _Plan:
     """One request's audio cut into chunks, and the progress that names each chunk's characters."""
 
-    __slots__ = ("audio", "char_samples", "chunk_samples", "count", "options", "spans", "word_starts", "words")
+    __slots__ = (
+        "audio",
+        "char_samples",
+        "chunk_samples",
+        "count",
+        "facts",
+        "options",
+        "spans",
+        "word_starts",
+        "words",
+    )
 
     def __init__(
-        self, request: SynthesisRequest[FakeRequestOptions], audio: Any, chunk: int, char_samples: int
+        self,
+        request: SynthesisRequest[FakeRequestOptions],
+        audio: Any,
+        chunk: int,
+        char_samples: int,
+        facts: dict[str, Any],
     ) -> None:
         self.options = request.options
+        #: Its ``done.facts`` (``request_facts()``), in a batch too.
+        self.facts = facts
         self.audio = audio
         self.chunk_samples = chunk
         self.char_samples = char_samples

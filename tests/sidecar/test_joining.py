@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from harness import Peer, pcm_of, sidecar
 
@@ -51,6 +52,10 @@ def _synth(request_id: int, text: str, record: Path | None = None, **options: An
     if record is not None:
         options["record"] = str(record)
     return protocol.Synthesize(id=request_id, text=text, options=options)
+
+
+def _voiced(request: protocol.Synthesize, voice: str) -> protocol.Synthesize:
+    return msgspec.structs.replace(request, voice=voice)
 
 
 def _batch_of(record: Path) -> list[int] | None:
@@ -385,3 +390,27 @@ async def test_shutdown_while_a_batch_with_a_joiner_runs_ends_each_request_once(
             assert _batch_of(tmp_path / "1.json") == [1, 2]
             assert await peer.recv() is None
             assert await peer.process.wait() == 0
+
+
+async def test_each_request_of_a_joined_batch_gets_its_own_facts_in_done(tmp_path: Path) -> None:
+    """done.facts (the engine's request_facts()) reach a batch of one and each request of a batch."""
+    alice, bob = tmp_path / "alice.wav", tmp_path / "bob.wav"
+    alice.write_bytes(b"a voice the fake engine never reads")
+    bob.write_bytes(b"another")
+    with anyio.fail_after(TIMEOUT):
+        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
+            await _loaded(peer)
+            log = _Log(peer)
+            await peer.send(_voiced(_synth(1, "alone"), str(alice)))
+            await log.until_ended(1)
+            lone = log.last(1)
+            assert isinstance(lone, protocol.Done), lone
+            assert lone.facts["voice_cache"] == "miss" and "render" in lone.facts["stages"]
+            await peer.send(_voiced(_synth(2, LONG, tmp_path / "2.json"), str(alice)))
+            await log.until_audio(2)
+            await peer.send(_voiced(_synth(3, "joins", tmp_path / "3.json"), str(bob)))
+            await log.until_ended(2, 3)
+            assert _joined(tmp_path / "3.json") is not None  # it did join the running batch
+            first, joiner = log.last(2), log.last(3)
+            assert isinstance(first, protocol.Done) and isinstance(joiner, protocol.Done), (first, joiner)
+            assert first.facts["voice_cache"] == "hit" and joiner.facts["voice_cache"] == "miss"

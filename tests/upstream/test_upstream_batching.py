@@ -128,7 +128,7 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(
         for text, options in jobs:
             events: list[ProgressEvent] = []
             alone.append(await c.synthesize(text, on_progress=events.append, **DETERMINISTIC, **options))
-            assert batch_sizes(events) == []  # a lone request runs upstream's generator by itself
+            assert batch_sizes(events) == []  # a lone request runs as a batch of one, which says nothing of batches
 
         batched, events_of = await gather(c, jobs)
         for i, result in enumerate(batched):
