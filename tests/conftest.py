@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,13 @@ def voice(tmp_path: Path) -> str:
     path = tmp_path / "speaker.wav"
     path.write_bytes(b"RIFF stand-in speaker")
     return str(path)
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short private directory: a Unix socket path must fit in about 100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="itts-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -205,3 +206,44 @@ async def two_pids(stream: ByteReceiveStream) -> tuple[int, int]:
         line += await stream.receive()
     first, second = map(int, line.split())
     return first, second
+
+
+@asynccontextmanager
+async def listening_unix(directory: Path, engine: str = "fake", *args: str) -> AsyncIterator[Path]:
+    """A sidecar listening on a Unix socket in ``directory`` (no token); yields the socket's path.
+
+    Its stderr goes to ``directory / "sidecar.log"``; it is terminated (killed after 10 s) and
+    reaped on the way out."""
+    path = directory / "s.sock"
+    log = open(directory / "sidecar.log", "ab")  # noqa: SIM115 - closed below, after the process
+    process = await anyio.open_process(
+        [*sidecar_command(engine, *args), "--listen", f"unix://{path}"], stdin=subprocess.DEVNULL, stderr=log
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await process.stdout.receive(1)
+        assert line.startswith(b"listening on "), line
+        yield path
+    finally:
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.terminate()
+                with anyio.move_on_after(10):
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.aclose()
+            log.close()
+
+
+@asynccontextmanager
+async def unix_peer(path: Path, directory: Path) -> AsyncIterator[tuple[Peer, protocol.Ready]]:
+    """A connection to the sidecar of :func:`listening_unix`, and its ``ready`` frame."""
+    stream = await anyio.connect_unix(str(path))
+    async with stream:
+        peer = Peer(types.SimpleNamespace(stdin=stream, stdout=stream), str(directory / "sidecar.log"))  # type: ignore[arg-type]
+        ready = await peer.expect(protocol.Ready)
+        yield peer, ready

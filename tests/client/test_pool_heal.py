@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,16 +23,6 @@ pytestmark = pytest.mark.anyio
 TIMEOUT = 60
 TOKEN = "heal-token-0123456789abcdef"
 QUIET = ["--log-level", "ERROR"]
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    """A short private directory: a Unix socket path must fit in about 100 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="itts-heal-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @asynccontextmanager

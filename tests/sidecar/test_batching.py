@@ -12,20 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import types
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from harness import Peer, pcm_of, sidecar, spawn
+from harness import Peer, listening_unix, pcm_of, sidecar, spawn, unix_peer
 
 from indextts_client import Client, RequestTimeoutError
 from indextts_sidecar import protocol
@@ -89,63 +82,15 @@ async def _release(peer: Peer, held: int) -> None:
     assert isinstance(answer, protocol.Ok) and answer.info == {"found": True}, answer
 
 
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    """A short private directory: a Unix socket path must fit in about 100 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="itts-b-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@asynccontextmanager
-async def _listening(directory: Path, *args: str) -> AsyncIterator[Path]:
-    """A sidecar listening on a Unix socket (no token); yields the socket's path."""
-    path = directory / "s.sock"
-    command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
-    log = open(directory / "sidecar.log", "ab")  # noqa: SIM115 - closed below, after the process
-    process = await anyio.open_process(
-        [*command, *args, "--listen", f"unix://{path}"], stdin=subprocess.DEVNULL, stderr=log
-    )
-    try:
-        assert process.stdout is not None
-        line = b""
-        while not line.endswith(b"\n"):
-            line += await process.stdout.receive(1)
-        assert line.startswith(b"listening on "), line
-        yield path
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with anyio.move_on_after(10):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
-            log.close()
-
-
-@asynccontextmanager
-async def _connection(path: Path, directory: Path) -> AsyncIterator[tuple[Peer, protocol.Ready]]:
-    stream = await anyio.connect_unix(str(path))
-    async with stream:
-        peer = Peer(types.SimpleNamespace(stdin=stream, stdout=stream), str(directory / "sidecar.log"))  # type: ignore[arg-type]
-        ready = await peer.expect(protocol.Ready)
-        yield peer, ready
-
-
 async def test_requests_of_several_connections_run_as_one_batch_each_with_its_own_audio(sockdir: Path) -> None:
     texts = {"a": "from the first", "b": "second connection", "c": "third", "d": "and the fourth one"}
     with anyio.fail_after(TIMEOUT):
         async with (
-            _listening(sockdir, *ENGINE, "-o", "max_batch=4") as path,
-            _connection(path, sockdir) as (a, ready),
-            _connection(path, sockdir) as (b, _),
-            _connection(path, sockdir) as (c, _),
-            _connection(path, sockdir) as (d, _),
+            listening_unix(sockdir, "fake", *ENGINE, "-o", "max_batch=4") as path,
+            unix_peer(path, sockdir) as (a, ready),
+            unix_peer(path, sockdir) as (b, _),
+            unix_peer(path, sockdir) as (c, _),
+            unix_peer(path, sockdir) as (d, _),
         ):
             assert ready.max_batch == 4
             peers = {"a": a, "b": b, "c": c, "d": d}

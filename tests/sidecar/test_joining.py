@@ -10,20 +10,13 @@ each request, every request it shared a step with (``batch``), so the tests see 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import tempfile
-import types
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
-from harness import Peer, pcm_of, sidecar
+from harness import Peer, listening_unix, pcm_of, sidecar, unix_peer
 
 from indextts_client import Client, RequestTimeoutError
 from indextts_sidecar import protocol
@@ -195,60 +188,12 @@ async def test_a_joiner_keeps_its_own_sample_rate_and_progress_choice(tmp_path: 
             assert pcm_of(log.frames[2]) == _expected(LONG)
 
 
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    """A short private directory: a Unix socket path must fit in about 100 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="itts-j-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@asynccontextmanager
-async def _listening(directory: Path, *args: str) -> AsyncIterator[Path]:
-    """A sidecar listening on a Unix socket (no token); yields the socket's path."""
-    path = directory / "s.sock"
-    command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", "--log-level", "WARNING"]
-    log = open(directory / "sidecar.log", "ab")  # noqa: SIM115 - closed below, after the process
-    process = await anyio.open_process(
-        [*command, *args, "--listen", f"unix://{path}"], stdin=subprocess.DEVNULL, stderr=log
-    )
-    try:
-        assert process.stdout is not None
-        line = b""
-        while not line.endswith(b"\n"):
-            line += await process.stdout.receive(1)
-        assert line.startswith(b"listening on "), line
-        yield path
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with anyio.move_on_after(10):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
-            log.close()
-
-
-@asynccontextmanager
-async def _connection(path: Path, directory: Path) -> AsyncIterator[Peer]:
-    stream = await anyio.connect_unix(str(path))
-    async with stream:
-        peer = Peer(types.SimpleNamespace(stdin=stream, stdout=stream), str(directory / "sidecar.log"))  # type: ignore[arg-type]
-        await peer.expect(protocol.Ready)
-        yield peer
-
-
 async def test_a_job_of_another_kind_waiting_stops_the_joining_until_it_has_run(sockdir: Path) -> None:
     with anyio.fail_after(TIMEOUT):
         async with (
-            _listening(sockdir, *JOINING, "-o", "max_batch=4") as path,
-            _connection(path, sockdir) as a,
-            _connection(path, sockdir) as b,
+            listening_unix(sockdir, "fake", *JOINING, "-o", "max_batch=4") as path,
+            unix_peer(path, sockdir) as (a, _),
+            unix_peer(path, sockdir) as (b, _),
         ):
             await _loaded(a)
             log = _Log(a)

@@ -10,8 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Union
@@ -38,16 +37,6 @@ from indextts_sidecar.engines.fake import render_bytes
 
 TIMEOUT = 60
 TOKEN = "s3cret-token-0123456789abcdef"
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    """A short private directory: a Unix socket path must fit in about 100 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="itts-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _command(
