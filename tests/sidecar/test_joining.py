@@ -10,6 +10,8 @@ each request, every request it shared a step with (``batch``), so the tests see 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +110,17 @@ async def _loaded(peer: Peer) -> None:
     assert isinstance(ok, protocol.Ok), ok
 
 
+@asynccontextmanager
+async def _joining(max_batch: int) -> AsyncIterator[tuple[Peer, _Log]]:
+    """A sidecar whose fake engine joins batches of up to ``max_batch``, loaded, and a log of its frames."""
+    async with sidecar("fake", *JOINING, "-o", f"max_batch={max_batch}") as peer:
+        await _loaded(peer)
+        yield peer, _Log(peer)
+
+
 async def test_a_request_sent_while_another_runs_joins_it_and_both_keep_their_bytes(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=4) as (peer, log):
             await peer.send(_synth(1, LONG, tmp_path / "1.json"))
             await log.until_audio(1)
             assert _batch_of(tmp_path / "1.json") == [1]  # a batch of one so far
@@ -139,9 +147,7 @@ async def test_a_request_sent_while_another_runs_joins_it_and_both_keep_their_by
 
 async def test_a_full_batch_takes_a_joiner_only_once_one_of_its_requests_ended(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=2") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=2) as (peer, log):
             await peer.send(_synth(1, LONG, tmp_path / "1.json"))
             await log.until_audio(1)
             # Both at once: the batch has room for one.
@@ -170,11 +176,9 @@ async def test_a_joiner_keeps_its_own_sample_rate_and_progress_choice(tmp_path: 
         return message
 
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
+        async with _joining(max_batch=4) as (peer, log):
             alone = await peer.request(joiner(1))
             assert _batch_of(tmp_path / "1.json") == [1]
-            log = _Log(peer)
             await peer.send(_synth(2, LONG))
             await log.until_audio(2)
             await peer.send(joiner(3))
@@ -216,9 +220,7 @@ async def test_a_job_of_another_kind_waiting_stops_the_joining_until_it_has_run(
 
 async def test_a_cancelled_joiner_and_a_cancelled_first_request_end_alone(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=4) as (peer, log):
             # The joiner is cancelled: answered at once, the first goes on.
             await peer.send(_synth(1, LONG, tmp_path / "1.json"))
             await log.until_audio(1)
@@ -254,9 +256,7 @@ async def test_a_cancelled_joiner_and_a_cancelled_first_request_end_alone(tmp_pa
 
 async def test_a_failing_joiner_fails_alone_and_a_raising_one_fails_the_whole_batch(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=4) as (peer, log):
             await peer.send(_synth(1, LONG, tmp_path / "1.json"))
             await log.until_audio(1)
             await peer.send(_synth(2, "fails at its second chunk", fail_at=1, fail_message="joiner broke"))
@@ -318,9 +318,7 @@ async def test_a_joiner_keeps_its_own_deadline_and_the_first_its_bytes(tmp_path:
 
 async def test_shutdown_while_a_batch_with_a_joiner_runs_ends_each_request_once(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=4) as (peer, log):
             await peer.send(_synth(1, "hangs at its third chunk", tmp_path / "1.json", hang_at=2))
             await log.until_audio(1)
             await peer.send(_synth(2, "joins, then hangs", hang_at=1))
@@ -343,9 +341,7 @@ async def test_each_request_of_a_joined_batch_gets_its_own_facts_in_done(tmp_pat
     alice.write_bytes(b"a voice the fake engine never reads")
     bob.write_bytes(b"another")
     with anyio.fail_after(TIMEOUT):
-        async with sidecar("fake", *JOINING, "-o", "max_batch=4") as peer:
-            await _loaded(peer)
-            log = _Log(peer)
+        async with _joining(max_batch=4) as (peer, log):
             await peer.send(_voiced(_synth(1, "alone"), str(alice)))
             await log.until_ended(1)
             lone = log.last(1)
