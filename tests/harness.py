@@ -209,23 +209,25 @@ async def two_pids(stream: ByteReceiveStream) -> tuple[int, int]:
 
 
 @asynccontextmanager
-async def listening_unix(directory: Path, engine: str = "fake", *args: str) -> AsyncIterator[Path]:
-    """A sidecar listening on a Unix socket in ``directory`` (no token); yields the socket's path.
+async def listening_process(
+    command: Sequence[str], *, stderr: Any, env: Union[dict[str, str], None] = None
+) -> AsyncIterator[tuple[Process, str]]:
+    """A sidecar started with ``--listen``: yields it and the address of its ``listening on`` line.
 
-    Its stderr goes to ``directory / "sidecar.log"``; it is terminated (killed after 10 s) and
-    reaped on the way out."""
-    path = directory / "s.sock"
-    log = open(directory / "sidecar.log", "ab")  # noqa: SIM115 - closed below, after the process
+    The line must come within 60 s. On the way out the process is terminated (killed after 10 s)
+    and reaped, shielded from cancellation."""
     process = await anyio.open_process(
-        [*sidecar_command(engine, *args), "--listen", f"unix://{path}"], stdin=subprocess.DEVNULL, stderr=log
+        list(command), stdin=subprocess.DEVNULL, stderr=stderr, env={**os.environ, **env} if env else None
     )
     try:
         assert process.stdout is not None
         line = b""
-        while not line.endswith(b"\n"):
-            line += await process.stdout.receive(1)
-        assert line.startswith(b"listening on "), line
-        yield path
+        with anyio.fail_after(60):
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive(1)
+        text = line.decode().strip()
+        assert text.startswith("listening on "), text
+        yield process, text.removeprefix("listening on ")
     finally:
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
@@ -236,7 +238,17 @@ async def listening_unix(directory: Path, engine: str = "fake", *args: str) -> A
                 process.kill()
                 await process.wait()
             await process.aclose()
-            log.close()
+
+
+@asynccontextmanager
+async def listening_unix(directory: Path, engine: str = "fake", *args: str) -> AsyncIterator[Path]:
+    """A sidecar listening on a Unix socket in ``directory`` (no token); yields the socket's path.
+
+    Its stderr goes to ``directory / "sidecar.log"``; see :func:`listening_process`."""
+    path = directory / "s.sock"
+    with open(directory / "sidecar.log", "ab") as log:
+        async with listening_process([*sidecar_command(engine, *args), "--listen", f"unix://{path}"], stderr=log):
+            yield path
 
 
 @asynccontextmanager

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import Process
+from harness import listening_process
 
 from indextts_client import ClosedError, MemberHealth, Pool, RestartLimitError
 from indextts_sidecar.engines.fake import render_bytes
@@ -33,21 +34,8 @@ async def listening(directory: Path) -> AsyncIterator[Process]:
     command = [sys.executable, "-m", "indextts_sidecar", "--engine", "fake", *QUIET]
     command += ["--listen", f"unix://{directory}/s.sock", "--token-file", str(directory / "token")]
     command += ["--voice-dir", str(directory / "voices")]
-    process = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert process.stdout is not None
-        line = b""
-        with anyio.fail_after(TIMEOUT):
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive(1)
-        assert line.startswith(b"listening on "), line
+    async with listening_process(command, stderr=subprocess.DEVNULL) as (process, _):
         yield process
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-            await process.aclose()
 
 
 async def wait_for_state(p: Pool, index: int, state: str) -> MemberHealth:

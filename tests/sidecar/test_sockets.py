@@ -19,6 +19,7 @@ import anyio
 import msgspec
 import pytest
 from anyio.abc import Process
+from harness import listening_process
 from voiceclips import clip as audio_clip
 
 from indextts_client import (
@@ -73,33 +74,10 @@ async def listening(
 ) -> AsyncIterator[Listening]:
     """A listening sidecar; yields once its 'listening on URL' line arrived; reaps it after."""
     listen = f"unix://{directory / name}.sock" if transport == "unix" else "tcp://127.0.0.1:0"
-    log = open(directory / f"{name}.log", "ab")  # noqa: SIM115 - closed below, after the process
-    process = await anyio.open_process(
-        _command(directory, listen, *extra, token=token, voice_dir=voice_dir),
-        stdin=subprocess.DEVNULL,
-        stderr=log,
-        env={**os.environ, **env} if env else None,
-    )
-    try:
-        assert process.stdout is not None
-        line = b""
-        with anyio.fail_after(TIMEOUT):
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive(1)
-        text = line.decode().strip()
-        assert text.startswith("listening on "), text
-        yield Listening(process, text.removeprefix("listening on "))
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with anyio.move_on_after(10):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
-            log.close()
+    with open(directory / f"{name}.log", "ab") as log:
+        command = _command(directory, listen, *extra, token=token, voice_dir=voice_dir)
+        async with listening_process(command, stderr=log, env=env) as (process, url):
+            yield Listening(process, url)
 
 
 def _client(url: str, **kwargs: Any) -> Client:
