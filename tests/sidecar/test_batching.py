@@ -338,20 +338,27 @@ async def test_a_lone_request_waiting_for_company_is_cancelled_at_once() -> None
             assert frames[3] == [protocol.Ok(id=3, info={"found": True})]
 
 
-class _EngineThreadFirst(Scheduler):
-    """The race at ``--batch-wait-ms 0``, made certain: the loop thread queues a burst's first
-    request and waits until the engine thread has taken it, then queues the rest."""
+class _Taken(Scheduler):
+    """A scheduler that sets ``taken`` once the engine thread has picked a synthesize job."""
 
     def __init__(self, engine: FakeEngine) -> None:
         super().__init__(engine)
         self.taken = threading.Event()
-        self.first = True
 
     def _pick(self) -> Any:
         picked = super()._pick()
         if picked is not None and picked[1].kind == "synthesize":
             self.taken.set()
         return picked
+
+
+class _EngineThreadFirst(_Taken):
+    """The race at ``--batch-wait-ms 0``, made certain: the loop thread queues a burst's first
+    request and waits until the engine thread has taken it, then queues the rest."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        super().__init__(engine)
+        self.first = True
 
     def enqueue(self, lane: Lane, job: Job, limit: int) -> int | None:
         depth = super().enqueue(lane, job, limit)
@@ -361,13 +368,12 @@ class _EngineThreadFirst(Scheduler):
         return depth
 
 
-class _EngineThreadAfterTwo(Scheduler):
+class _EngineThreadAfterTwo(_Taken):
     """The same race one request later: the engine thread takes a burst's first two requests
     (a batch already, but not a full one) before the loop thread has queued the rest."""
 
     def __init__(self, engine: FakeEngine) -> None:
         super().__init__(engine)
-        self.taken = threading.Event()
         self.two = threading.Event()
         self.queued = 0
 
@@ -375,12 +381,6 @@ class _EngineThreadAfterTwo(Scheduler):
         if self.queued:
             assert self.two.wait(TIMEOUT)  # the burst's first two are queued before it takes any
         return super()._take()
-
-    def _pick(self) -> Any:
-        picked = super()._pick()
-        if picked is not None and picked[1].kind == "synthesize":
-            self.taken.set()
-        return picked
 
     def enqueue(self, lane: Lane, job: Job, limit: int) -> int | None:
         if job.kind == "synthesize":
