@@ -41,6 +41,12 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
 * ``overhead``: the same request through the public client and through upstream's
   ``IndexTTS2.infer`` called directly in one process (``bench/_upstream_direct.py``) on the same
   device, interleaved: our wall time over upstream's, median and spread.
+* ``mps``: c sidecars (each count of 2 or more in ``--sidecars``) of one model on one GPU
+  under a pool's private NVIDIA MPS daemon (``Pool(devices=[device], per_device=c, mps=True)``)
+  against c sidecars that time-slice it, the batch cell's requests, interleaved round by round:
+  whether each member attached to the daemon (``attached``), aggregate audio seconds per second
+  of each, their ratio per round (``mps_over_time_slicing``) and ``nvidia-smi``'s memory per
+  member.  Skipped, with the pool's reason, where MPS cannot run (no NVIDIA driver).
 
 Writes the JSON file after every cell (a run stopped half-way keeps what it measured) and
 prints a table at the end.  ``--budget`` seconds after the start, cells not yet begun are
@@ -72,7 +78,7 @@ from typing import Any, Union
 import anyio
 import numpy as np
 
-from indextts_client import Client, ProgressEvent, SidecarError
+from indextts_client import Client, MpsUnavailableError, Pool, ProgressEvent, SidecarError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -258,26 +264,30 @@ class Sidecar:
         return {key: int(value) for key, value in health.memory.items()}
 
 
-async def start(
-    stack: AsyncExitStack, setup: Setup, model: str, sidecar_args: tuple[str, ...] = (), **engine_options: Any
-) -> Sidecar:
-    options: dict[str, Any] = {"model_dir": str(setup.ckpts[model]), "device": setup.device, "use_qwen_emo": False}
+def client_options(setup: Setup, model: str, device: str, **engine_options: Any) -> dict[str, Any]:
+    """The keyword arguments of a ``Client`` (or each member of a ``Pool``) of ``model``."""
+    options: dict[str, Any] = {"model_dir": str(setup.ckpts[model]), "device": device, "use_qwen_emo": False}
     options.update(engine_options)
-    client = Client(
-        ENGINES[model],
-        python=setup.python,
-        engine_options=options,
-        env={
+    return {
+        "python": setup.python,
+        "engine_options": options,
+        "env": {
             "PYTHONPATH": os.pathsep.join([str(ROOT), setup.src, *filter(None, [os.environ.get("PYTHONPATH")])]),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",  # upstream's timing lines arrive as they are printed
         },
-        ready_timeout=120,
-        idle_timeout=LOAD_TIMEOUT,
-        max_restarts=0,
-        sidecar_args=sidecar_args,
-    )
+        "ready_timeout": 120,
+        "idle_timeout": LOAD_TIMEOUT,
+        "max_restarts": 0,
+    }
+
+
+async def start(
+    stack: AsyncExitStack, setup: Setup, model: str, sidecar_args: tuple[str, ...] = (), **engine_options: Any
+) -> Sidecar:
+    options = client_options(setup, model, setup.device, **engine_options)
+    client = Client(ENGINES[model], sidecar_args=sidecar_args, **options)
     sidecar = Sidecar(await stack.enter_async_context(client), model, setup.stages)
     started = time.perf_counter()
     with anyio.fail_after(LOAD_TIMEOUT):
@@ -401,6 +411,7 @@ class Run:
                 ("sidecars", self.sidecars),
                 ("batch", self.batch),
                 ("overhead", self.overhead),
+                ("mps", self.mps),
             ):
                 if kind not in self.args.cells:
                     continue
@@ -417,11 +428,11 @@ class Run:
         if "throughput" in cells:
             keys += [(0, engine_options(p, a)) for p, a, reason in self.variants(model) if reason is None]
         default = self.default_variant(model)
-        if {"stream", "voice_cache", "sidecars", "batch", "overhead"} & set(cells):
+        if {"stream", "voice_cache", "sidecars", "batch", "overhead", "mps"} & set(cells):
             keys.append((0, default))
         if "voice_cache" in cells:
             keys.append((0, {**default, "voice_cache": 0}))
-        if "sidecars" in cells:
+        if {"sidecars", "mps"} & set(cells):
             keys += [(index, default) for index in range(1, max(self.args.sidecars))]
         unique: list[tuple[int, dict[str, Any]]] = []
         for key in keys:
@@ -695,6 +706,73 @@ class Run:
             }
         )
         self.batch_section(model, equal, figures, memory)
+
+    async def mps(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
+        """c sidecars on one GPU under a pool's private MPS daemon (``Pool(per_device=c, mps=True)``)
+        against c sidecars that time-slice it, the same requests as the batch cell's, interleaved."""
+        counts = sorted(c for c in self.args.sidecars if c >= 2)
+        cell: dict[str, Any] = {"kind": "mps", "model": model, "text": "medium", **self.variant_label(model)}
+        cell["sidecars"] = max(counts, default=0)
+        if not counts:
+            return self.skip(cell, "MPS shares a GPU between sidecars: --sidecars names no count of 2 or more")
+        if self.over_budget():
+            return self.skip(cell, "time budget spent")
+        default = self.default_variant(model)
+        device = self.args.device
+        options = client_options(self.setup, model, "cpu" if device == "cpu" else "cuda:0", **default)
+        tokens = budget(model, natural_seconds(TEXTS["medium"]))
+        text = TEXTS["medium"]
+        pool = Pool(ENGINES[model], devices=[device], per_device=max(counts), mps=True, **options)
+        try:
+            await pool.start()
+        except MpsUnavailableError as exc:  # no NVIDIA driver, or its daemon did not start
+            return self.skip(cell, f"no MPS daemon: {first_line(exc)}")
+        try:
+            with anyio.fail_after(LOAD_TIMEOUT):
+                await pool.load()  # CUDA attaches each sidecar to the daemon at its first use
+            attached = await pool.mps_attached()
+            shared = [Sidecar(client, model, self.setup.stages) for client in pool.members]
+            slicing = [await self.sidecar(model, warm, i, **default) for i in range(max(counts))]
+            # One untimed round of the measured request each: a sidecar's first greedy request of
+            # this length ran several times slower than the next on the CPU here.
+            await concurrently(shared, text, warm, tokens)
+            await concurrently(slicing, text, warm, tokens)
+            runs: dict[str, dict[int, list[dict[str, float]]]] = {"mps": {}, "time_slicing": {}}
+            for c in counts:
+                ways = [("mps", shared[:c]), ("time_slicing", slicing[:c])]
+                for number in range(self.args.rounds):
+                    for name, sidecars in ways if number % 2 == 0 else ways[::-1]:
+                        started = time.perf_counter()
+                        done = await concurrently(sidecars, text, warm, tokens)
+                        wall = time.perf_counter() - started
+                        runs[name].setdefault(c, []).append({"wall": wall, "audio": sum(r["audio"] for r in done)})
+            pids = [client.pid for client in pool.members if client.pid is not None]
+            smi = nvidia_smi_memory(pids) if device.startswith("cuda") else None
+        finally:
+            await pool.aclose()
+        speeds = {
+            name: {c: [r["audio"] / r["wall"] for r in rounds] for c, rounds in by_c.items()}
+            for name, by_c in runs.items()
+        }
+        self.add(
+            {
+                **cell,
+                "status": "ok",
+                "max_mel_tokens": tokens,
+                "attached": attached,
+                "all_attached": all(attached),
+                "configurations": {
+                    name: {str(c): {"aggregate_audio_per_second": summary(v)} for c, v in by_c.items()}
+                    for name, by_c in speeds.items()
+                },
+                # Per round: MPS's aggregate audio seconds per second over time-slicing's in the same round.
+                "mps_over_time_slicing": {
+                    str(c): summary([m / t for m, t in zip(speeds["mps"][c], speeds["time_slicing"][c], strict=True)])
+                    for c in counts
+                },
+                "nvidia_smi_mib": smi,
+            }
+        )
 
     def live_sidecars(self, model: str, default: dict[str, Any]) -> list[Sidecar]:
         plain = tuple(sorted(default.items()))
@@ -1004,6 +1082,9 @@ def table(result: dict[str, Any]) -> str:
                 speeds = ", ".join(f"c={c}: {v['aggregate_audio_per_second']['median']:.2f}" for c, v in by_c.items())
                 parts.append(f"{name} {speeds}")
             lines.append(f"{label}: equal audio {cell['equal_to_unbatched']}; audio s/s: " + "; ".join(parts))
+        elif cell["kind"] == "mps":
+            ratios = ", ".join(f"c={c}: {fmt(v)}" for c, v in cell["mps_over_time_slicing"].items())
+            lines.append(f"{label}: attached {cell['attached']}; MPS over time-slicing, audio s/s: {ratios}")
         elif cell["kind"] == "overhead":
             lines.append(f"{label}: ours over upstream in process {fmt(cell['ratio'], digits=3)}")
         elif cell["kind"] == "sidecars":
@@ -1028,7 +1109,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     parser.add_argument(
         "--cells",
         type=parse_list,
-        default=["throughput", "stream", "voice_cache", "sidecars", "batch", "overhead"],
+        default=["throughput", "stream", "voice_cache", "sidecars", "batch", "overhead", "mps"],
     )
     parser.add_argument(
         "--concurrency", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4, 8], help="batch cell's c"

@@ -9,6 +9,9 @@
 #   run(command="bash bench/gpu_run.sh device", carry=[".device"], timeout_s=600)
 # It writes $OUT/bench_gpu.json (every cell, measured or skipped with the reason, saved after
 # each cell), $OUT/bench_gpu.log (the run's output with the table) and $OUT/nvidia-smi.txt.
+# Options after `device` go to bench_gpu.py: issue 33's cells alone (batching, the sidecar's
+# price, MPS), so that the budget is not spent on the others first:
+#   run(command="bash bench/gpu_run.sh device --cells batch,overhead,mps", carry=[".device"], timeout_s=600)
 #
 # What travels (.device/, built by `pack`):
 #   wheels/    the packages upstream imports that the machine's image lacks (cp312 wheels at

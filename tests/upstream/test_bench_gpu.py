@@ -126,6 +126,10 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert batch["memory"][model]["batched"]["rss"] > 0
         overhead = result["overhead"][model]
         assert overhead["n"] == 2 and overhead["median"] > 0
+        # mps: this machine has no NVIDIA driver, so the pool refuses the daemon and the cell says why.
+        (mps,) = [c for c in by_kind["mps"] if c["model"] == model]
+        assert mps["status"] == "skipped" and mps["sidecars"] == 2, mps
+        assert mps["reason"].startswith("no MPS daemon: ") and "nvidia" in mps["reason"].lower(), mps
 
 
 def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> None:
@@ -133,7 +137,7 @@ def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> No
     result = run_bench(tmp_path, ["2"], ckpt_root, "--budget", "0", "--texts", "short", "--sidecars", "1,4")
     cells = result["cells"]
     kinds = sorted({c["kind"] for c in cells})
-    assert kinds == ["batch", "overhead", "sidecars", "stream", "throughput", "voice_cache"]
+    assert kinds == ["batch", "mps", "overhead", "sidecars", "stream", "throughput", "voice_cache"]
     spent = [c for c in cells if c.get("reason") == "time budget spent"]
     assert {c["kind"] for c in spent} == set(kinds)
     assert {c["sidecars"] for c in cells if c["kind"] == "sidecars"} == {1, 4}
