@@ -760,7 +760,6 @@ class Run:
                 "status": "ok",
                 "max_mel_tokens": tokens,
                 "attached": attached,
-                "all_attached": all(attached),
                 "configurations": {
                     name: {str(c): {"aggregate_audio_per_second": summary(v)} for c, v in by_c.items()}
                     for name, by_c in speeds.items()

@@ -319,9 +319,7 @@ class Scheduler:
                     return []
             before = len(batch)
             self._companions(batch, before + room)
-            joined = batch[before:]
-            for _, job in joined:
-                job.batched = True
+            joined = self._as_batch(batch[before:])
             return [(job, lane.output) for lane, job in joined]
 
     def _main(self) -> None:
