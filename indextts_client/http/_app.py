@@ -126,10 +126,11 @@ class Service:
         try:
             await self.backend.start()
         except Exception as exc:
-            log.error("the sidecars could not start: %s: %s", type(exc).__name__, exc)
             self.status = Status.UNAVAILABLE
             if on_failure is not None:
-                on_failure(exc)
+                on_failure(exc)  # serve says it, in one line, as it exits
+            else:
+                log.error("the sidecars could not start: %s: %s", type(exc).__name__, exc)
             return
         self.status = Status.OK
         log.info("serving: engine %s is ready", self.backend.facts.name)

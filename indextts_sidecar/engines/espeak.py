@@ -66,6 +66,12 @@ _EVENT_END = 5
 #: Audio per callback: also how quickly a cancel interrupts a sentence.
 _BUFFER_MS = 100
 
+#: Why the engine cannot load without the ``espeakng-loader`` wheel: names the extra that brings it.
+_NOT_INSTALLED = (
+    "espeak-ng is not installed: install the [espeak] extra in the engine's interpreter "
+    '(from the clone: pip install -e ".[espeak]"; it brings espeakng-loader)'
+)
+
 RATE_RANGE = (80, 450)
 PITCH_RANGE = (0, 100)
 
@@ -355,7 +361,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         import importlib.util
 
         if importlib.util.find_spec("espeakng_loader") is None:
-            return "espeakng-loader is not installed: pip install espeakng-loader (the [espeak] extra)"
+            return _NOT_INSTALLED
         data_path = _data_path()
         if data_path is None or not os.path.isfile(os.path.join(data_path, "phontab")):
             return f"espeak-ng data is missing or incomplete at {data_path}"
@@ -374,7 +380,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
             lib_path = espeakng_loader.get_library_path()
             data_path = espeakng_loader.get_data_path()
         except (ImportError, RuntimeError) as exc:
-            raise LoadError(f"espeak-ng is not installed (pip install espeakng-loader): {exc}") from exc
+            raise LoadError(f"{_NOT_INSTALLED} ({type(exc).__name__}: {exc})") from exc
         # espeak falls back to a compiled-in path when ours lacks data, then fails with
         # only a stderr message: check first so the error says what is wrong.
         if not os.path.isfile(os.path.join(data_path, "phontab")):
