@@ -1,7 +1,10 @@
 """Pipecat with IndexTTS's own service: word-timed speech over serve's WebSocket route, with a barge-in.
 
-    pip install "indextts-sidecar[pipecat,server]"
+    pip install -e ".[pipecat,server]"          # from your clone: not on the package index yet
     python examples/pipecat_agent.py [ENGINE]   (default: fake)
+
+An engine that cannot load (espeak without the [espeak] extra) ends it at once with one line
+saying why, exit 1.
 
 In a voice agent the service sits between the LLM and the transport, and the assistant's
 context aggregator after the transport:
@@ -62,15 +65,18 @@ class Sink(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-async def until_ready(base: str) -> None:
-    """Until the server's sidecars are up (its WebSocket route answers 503 while they start)."""
+async def until_ready(base: str, failed: list[BaseException]) -> None:
+    """Until the server's sidecars are up and have loaded the engine (``/health`` answers 503
+    while they start); an engine that cannot start ends the example with its reason."""
     for _ in range(600):
+        if failed:
+            raise SystemExit(f"pipecat_agent: the engine could not start: {failed[0]}")
         try:
             await asyncio.to_thread(urllib.request.urlopen, f"{base}/health", timeout=5)
             return
         except (urllib.error.URLError, ConnectionError):
             await asyncio.sleep(0.1)
-    raise TimeoutError("the server did not get ready within a minute")
+    raise SystemExit("pipecat_agent: the server did not get ready within a minute")
 
 
 async def main(engine: str) -> None:
@@ -78,16 +84,19 @@ async def main(engine: str) -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, size=1), log_level="warning"))
+    failed: list[BaseException] = []  # the app's start-up failure, if any
+    app = create_app(engine, size=1, on_start_failure=failed.append)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.create_task(server.serve([listener]))
-    await until_ready(f"http://127.0.0.1:{port}")
-    tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
-    sink = Sink()
-    worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
+    running: asyncio.Task[None] | None = None
     try:
+        await until_ready(f"http://127.0.0.1:{port}", failed)
+        tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
+        sink = Sink()
+        worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
         await worker.queue_frame(TTSSpeakFrame("Hello from a sidecar, through Pipecat."))
         await asyncio.wait_for(sink.spoken.wait(), 60)
         print(f"spoke {sink.samples[0]} samples at 24000 Hz")
@@ -99,6 +108,9 @@ async def main(engine: str) -> None:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(running, 60)
     finally:
+        if running is not None and not running.done():  # a failure on the way: stop the pipeline too
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
         server.should_exit = True
         await serving
 
