@@ -214,3 +214,13 @@ async def test_espeak_words_are_its_own_word_events() -> None:
         assert [(word.word, word.span) for word in words] == [(word.word, word.span) for word in audio.words]
         check_words(words, ESPEAK_TEXT, samples, rate)
     check_chunks(chunks, stream.words)
+
+
+def test_every_engine_that_declares_word_timings_is_checked_here() -> None:
+    # The invariant (tests/word_cover.py) is checked above on the client, and in
+    # tests/serving/test_word_alignment.py on the WebSocket route and SSE, for these engines:
+    # a new engine with word timings fails this until it is checked there too.
+    from indextts_sidecar.engines import engine_class, engine_names
+
+    timed = {name for name in engine_names() if "word_timings" in engine_class(name).capabilities}
+    assert timed == {"fake", "espeak"}
