@@ -10,7 +10,7 @@ WebSocket route as the LLM writes it and, when the user talks over the agent, cl
 stream, which cancels the context on the sidecar at once.  Here the same TTS object is driven
 directly, without a room: one reply streamed in pieces, its words printed with their times,
 then one interrupted after its first audio frame, as the session does on barge-in.  The server
-runs in this process: the example speaks once it is ready (``/health`` answers 200 once its
+runs in this process: the example speaks once the app says it is ready (``on_ready``: its
 sidecar loaded the engine), and an engine that cannot load ends it with one line, exit 1.
 """
 
@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import urllib.error
-import urllib.request
 
 import uvicorn
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
@@ -29,32 +27,21 @@ from indextts_client.http import create_app
 from indextts_client.integrations.livekit import TTS
 
 
-async def until_ready(base: str, failed: list[BaseException]) -> None:
-    """Until ``/health`` answers 200 (503 while the sidecar starts and loads the engine); an
-    engine that cannot start ends the example with its reason."""
-    for _ in range(600):
-        if failed:
-            raise SystemExit(f"livekit_agent: the engine could not start: {failed[0]}")
-        try:
-            await asyncio.to_thread(urllib.request.urlopen, f"{base}/health", timeout=5)
-            return
-        except (urllib.error.URLError, ConnectionError):
-            await asyncio.sleep(0.1)
-    raise SystemExit("livekit_agent: the server did not get ready within a minute")
-
-
 async def main(engine: str) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    failed: list[BaseException] = []  # the app's start-up failure, if any
-    app = create_app(engine, size=1, on_start_failure=failed.append)
+    ready = asyncio.Event()  # set once the app's engine loaded, or once it could not (in failed)
+    failed: list[BaseException] = []
+    app = create_app(engine, size=1, on_ready=ready.set, on_start_failure=lambda exc: [failed.append(exc), ready.set()])
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.create_task(server.serve([listener]))
     tts = TTS(url=f"http://127.0.0.1:{port}", voice="alloy")  # serve --voice NAME=REF.wav names clips
     try:
-        await until_ready(f"http://127.0.0.1:{port}", failed)  # else the first request is a 503, retried
+        await asyncio.wait_for(ready.wait(), 60)  # else the first request is a 503, retried
+        if failed:
+            raise SystemExit(f"livekit_agent: the engine could not start: {failed[0]}")
         samples, words = 0, []
         async with tts.stream() as stream:
             for piece in ["Hello from a side", "car, through LiveKit. ", "Each word is timed."]:  # as an LLM writes

@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import urllib.error
-import urllib.request
 
 import uvicorn
 from loguru import logger
@@ -65,32 +63,21 @@ class Sink(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-async def until_ready(base: str, failed: list[BaseException]) -> None:
-    """Until the server's sidecars are up and have loaded the engine (``/health`` answers 503
-    while they start); an engine that cannot start ends the example with its reason."""
-    for _ in range(600):
-        if failed:
-            raise SystemExit(f"pipecat_agent: the engine could not start: {failed[0]}")
-        try:
-            await asyncio.to_thread(urllib.request.urlopen, f"{base}/health", timeout=5)
-            return
-        except (urllib.error.URLError, ConnectionError):
-            await asyncio.sleep(0.1)
-    raise SystemExit("pipecat_agent: the server did not get ready within a minute")
-
-
 async def main(engine: str) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    failed: list[BaseException] = []  # the app's start-up failure, if any
-    app = create_app(engine, size=1, on_start_failure=failed.append)
+    ready = asyncio.Event()  # set once the app's engine loaded, or once it could not (in failed)
+    failed: list[BaseException] = []
+    app = create_app(engine, size=1, on_ready=ready.set, on_start_failure=lambda exc: [failed.append(exc), ready.set()])
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.create_task(server.serve([listener]))
     running: asyncio.Task[None] | None = None
     try:
-        await until_ready(f"http://127.0.0.1:{port}", failed)
+        await asyncio.wait_for(ready.wait(), 60)
+        if failed:
+            raise SystemExit(f"pipecat_agent: the engine could not start: {failed[0]}")
         tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
         sink = Sink()
         worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))

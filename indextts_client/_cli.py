@@ -283,6 +283,8 @@ def _add_wyoming_parser(commands: Any) -> None:
 def _missing_extra(command: str, exc: ImportError, extra: Union[str, None] = None) -> str:
     """The one line for a command whose extra is not installed: what is missing and what to install."""
     extra = extra or command
+    if f"[{extra}]" in str(exc):  # the package's own message names it already
+        return f"{PROG} {command}: {exc}"
     return f'{PROG} {command}: {exc}: install the [{extra}] extra (from the clone: pip install -e ".[{extra}]")'
 
 
