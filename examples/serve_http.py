@@ -25,20 +25,18 @@ async def main(engine: str) -> str | None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)  # bound and listening first: requests wait in the backlog until the app is up
     port = listener.getsockname()[1]
-    failed: list[BaseException] = []  # the app's start-up failure, if any
-    config = uvicorn.Config(create_app(engine, size=1, on_start_failure=failed.append), log_level="warning")
-    server = uvicorn.Server(config)
+    ready = anyio.Event()  # set once the app's engine loaded, or once it could not (in failed)
+    failed: list[BaseException] = []
+    app = create_app(engine, size=1, on_ready=ready.set, on_start_failure=lambda exc: [failed.append(exc), ready.set()])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [listener])
+        with anyio.fail_after(60):
+            await ready.wait()  # /health says "starting" (503) until then
+        if failed:
+            server.should_exit = True
+            return f"serve_http: the engine could not start: {failed[0]}"
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            with anyio.fail_after(60):
-                health = await http.get("/health")
-                while health.status_code == 503:  # "starting" until the sidecar is up and loaded
-                    if failed:
-                        server.should_exit = True
-                        return f"serve_http: the engine could not start: {failed[0]}"
-                    await anyio.sleep(0.05)
-                    health = await http.get("/health")
             answer = await http.post(
                 "/v1/audio/speech", json={"model": "indextts", "input": "Hello over HTTP.", "voice": "alloy"}
             )  # mp3, OpenAI's default format
