@@ -1,7 +1,10 @@
 """Pipecat with IndexTTS's own service: word-timed speech over serve's WebSocket route, with a barge-in.
 
-    pip install "indextts-sidecar[pipecat,server]"
+    pip install -e ".[pipecat,server]"          # from your clone: not on the package index yet
     python examples/pipecat_agent.py [ENGINE]   (default: fake)
+
+An engine that cannot load (espeak without the [espeak] extra) ends it at once with one line
+saying why, exit 1.
 
 In a voice agent the service sits between the LLM and the transport, and the assistant's
 context aggregator after the transport:
@@ -20,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import urllib.error
-import urllib.request
 
 import uvicorn
 from loguru import logger
@@ -62,32 +63,27 @@ class Sink(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-async def until_ready(base: str) -> None:
-    """Until the server's sidecars are up (its WebSocket route answers 503 while they start)."""
-    for _ in range(600):
-        try:
-            await asyncio.to_thread(urllib.request.urlopen, f"{base}/health", timeout=5)
-            return
-        except (urllib.error.URLError, ConnectionError):
-            await asyncio.sleep(0.1)
-    raise TimeoutError("the server did not get ready within a minute")
-
-
 async def main(engine: str) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, size=1), log_level="warning"))
+    ready = asyncio.Event()  # set once the app's engine loaded, or once it could not (in failed)
+    failed: list[BaseException] = []
+    app = create_app(engine, size=1, on_ready=ready.set, on_start_failure=lambda exc: [failed.append(exc), ready.set()])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = asyncio.create_task(server.serve([listener]))
-    await until_ready(f"http://127.0.0.1:{port}")
-    tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
-    sink = Sink()
-    worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
+    running: asyncio.Task[None] | None = None
     try:
+        await asyncio.wait_for(ready.wait(), 60)
+        if failed:
+            raise SystemExit(f"pipecat_agent: the engine could not start: {failed[0]}")
+        tts = IndexTTSService(url=f"http://127.0.0.1:{port}", sample_rate=24000)
+        sink = Sink()
+        worker = PipelineWorker(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=24000))
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
         await worker.queue_frame(TTSSpeakFrame("Hello from a sidecar, through Pipecat."))
         await asyncio.wait_for(sink.spoken.wait(), 60)
         print(f"spoke {sink.samples[0]} samples at 24000 Hz")
@@ -99,6 +95,9 @@ async def main(engine: str) -> None:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(running, 60)
     finally:
+        if running is not None and not running.done():  # a failure on the way: stop the pipeline too
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
         server.should_exit = True
         await serving
 

@@ -280,13 +280,21 @@ def _add_wyoming_parser(commands: Any) -> None:
     wyoming.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
+def _missing_extra(command: str, exc: ImportError, extra: Union[str, None] = None) -> str:
+    """The one line for a command whose extra is not installed: what is missing and what to install."""
+    extra = extra or command
+    if f"[{extra}]" in str(exc):  # the package's own message names it already
+        return f"{PROG} {command}: {exc}"
+    return f'{PROG} {command}: {exc}: install the [{extra}] extra (from the clone: pip install -e ".[{extra}]")'
+
+
 def _wyoming(argv: list[str], *, verbose: bool) -> int:
     """``indextts-client wyoming ...``: its own parser, in indextts_client.wyoming (the [wyoming] extra)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         from .wyoming import main as wyoming
     except ImportError as exc:
-        print(f"{PROG} wyoming: {exc}", file=sys.stderr)
+        print(_missing_extra("wyoming", exc), file=sys.stderr)
         return EXIT_USAGE
     return wyoming(argv, prog=f"{PROG} wyoming")
 
@@ -397,7 +405,7 @@ def main(argv: Union[list[str], None] = None) -> int:
         try:
             from .http import main as serve
         except ImportError as exc:
-            print(f"{PROG} serve: {exc}", file=sys.stderr)
+            print(_missing_extra("serve", exc, extra="server"), file=sys.stderr)
             return EXIT_USAGE
         return serve(raw[leading + 1 :], prog=f"{PROG} serve")
     if raw[leading : leading + 1] == ["wyoming"]:

@@ -43,7 +43,7 @@ import anyio
 from ._audio import Audio
 from ._client import Client
 from ._detached import spawn_detached
-from ._exceptions import ClosedError, SidecarError, unwrap
+from ._exceptions import ClosedError, EngineError, SidecarError, StartError, unwrap
 from ._mps import MpsDaemon
 from ._pool_routing import Member, Router, device_env
 from ._pool_stream import RETRYABLE, PoolStream
@@ -114,6 +114,11 @@ class Pool:
 
     ``revive_after`` (seconds; default: the members' ``restart_window``) and
     ``max_revive_after`` (default 600) pace the healing of dead members.
+
+    ``load_on_start`` (default True): :meth:`start` loads the engine on every member, so that
+    a pool that started can speak; an engine that cannot load fails the start
+    (:class:`StartError`, ``code == "load_failed"``, the engine's one-line reason).  False
+    leaves each member's model to load at its first request.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class Pool:
         ssl_context: Any = None,
         revive_after: Union[float, None] = None,
         max_revive_after: float = 600.0,
+        load_on_start: bool = True,
         **client_kwargs: Any,
     ) -> None:
         if isinstance(urls, str):
@@ -184,6 +190,7 @@ class Pool:
             revival_note=self._revival_note,
         )
         self._retries = retries
+        self._load_on_start = load_on_start
         self._revive_after = revive_after
         self._max_revive_after = max_revive_after
         #: The healer: a task outside the caller's scopes, woken when a member may have died.
@@ -210,7 +217,8 @@ class Pool:
         await self.aclose()
 
     async def start(self) -> None:
-        """Start every member concurrently; if one fails to start, stop the others and raise its error.
+        """Start every member concurrently, then (``load_on_start``) load the engine on each; if one
+        fails, stop the others and raise its error (a load's as a :class:`StartError`).
 
         With ``mps=True`` the MPS daemon starts first; where it cannot, nothing else does
         (:class:`~._mps.MpsUnavailableError`).
@@ -221,6 +229,8 @@ class Pool:
             async with anyio.create_task_group() as tg:
                 for member in self._router.members:
                     tg.start_soon(member.client.start)
+            if self._load_on_start:
+                await self._load_all()
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
@@ -228,6 +238,13 @@ class Pool:
         self._router.started = True
         self._healer_done = anyio.Event()
         spawn_detached(self._heal, "indextts_client pool healer")
+
+    async def _load_all(self) -> None:
+        """Load the engine on every member; one that cannot is the pool's :class:`StartError`."""
+        try:
+            await self.load()
+        except EngineError as exc:
+            raise StartError(f"the engine cannot load: {exc.message}", code=exc.code) from exc
 
     async def aclose(self) -> None:
         """Stop every member (concurrently, shielded); waiting requests get :class:`ClosedError`."""

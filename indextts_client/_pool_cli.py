@@ -4,11 +4,30 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from indextts_sidecar.protocol.options import parse_options
 
-__all__ = ["add_pool_arguments", "pool_kwargs"]
+__all__ = ["DefaultsFormatter", "ServerParser", "add_pool_arguments", "pool_kwargs"]
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, once: not where the help says it already, nor for
+    a default that is no value (None, an off flag, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default == [] or default == argparse.SUPPRESS:
+            return text
+        return str(super()._get_help_string(action))
+
+
+class ServerParser(argparse.ArgumentParser):
+    """A server's parser: an argument error is one line and a pointer to ``--help``, not the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:

@@ -139,8 +139,9 @@ class JobOutput:
 
     Every terminal frame goes through :meth:`finish`, which sends it once: a job ended by
     the event loop (cancelled while queued, shutdown) and by the engine thread at the same
-    time gets one.  ``live`` is the connection's map of request ids in flight; the reader
-    checks it without the lock, so an id leaves it only after its terminal frame is queued.
+    time gets one.  ``live`` is the connection's map of request ids in flight: an id leaves it
+    only after its terminal frame is queued, both under the lock, and the reader checks it under
+    the lock, so an id is free the moment its terminal frame can be read, and never earlier.
     """
 
     def __init__(
@@ -184,10 +185,11 @@ class JobOutput:
             if job.finished:
                 return
             job.finished = True
-            # The terminal frame is in the outbox before the id leaves ``live``: the event
-            # loop checks that map without this lock, and once it finds the id free its
-            # answer to a frame reusing the id (a pong, an error, a new request's audio)
-            # must come after this frame on the wire, never before it.
+            # The terminal frame is in the outbox before the id leaves ``live``, and the event
+            # loop reads that map under this lock (Server._live): once it finds the id free, its
+            # answer to a frame reusing the id (a pong, an error, a new request's audio) comes
+            # after this frame on the wire; and as the frame may be written to the stream right
+            # here, a parent that read it finds its id free, never still in flight.
             self.send(message)
             self.live.pop(job.id, None)
 

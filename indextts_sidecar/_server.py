@@ -313,14 +313,15 @@ class Server:
             # One bad message costs that message only, never the connection.
             self._reject(exc.error)
             return None
-        if message.id in self._inflight:
+        if self._live(message.id):
             # Checked first, for every op: a ping, cancel or shutdown reusing a live
-            # id would otherwise give that id a second terminal frame.
+            # id would otherwise give that id a second terminal frame.  The id goes in
+            # ``detail``: an ``id`` would end the live request.
             self.send(
                 Error(
                     code="duplicate_id",
                     message=f"request id {message.id} is already in flight",
-                    detail={"field": "$.id"},
+                    detail={"field": "$.id", "id": message.id},
                 )
             )
             return None
@@ -348,12 +349,24 @@ class Server:
                 self.scheduler.cancel(self._lane, message.id, reason=error)
         return None
 
+    def _live(self, request_id: int) -> bool:
+        """Whether ``request_id`` is in flight, read under the scheduler's lock.
+
+        :meth:`JobOutput.finish` queues a job's terminal frame and frees its id under that
+        lock, in that order: read without it, an id whose terminal frame the parent has read
+        already (the frame is written to the stream as it is queued) could still look live.
+        """
+        with self.scheduler.lock:
+            return request_id in self._inflight
+
     # ----------------------------------------------------------- dispatch
 
     def _reject(self, error: Error) -> None:
         """Answer a message that could not be decoded."""
-        if error.id is not None and error.id in self._inflight:
-            error.id = None  # never a second terminal frame for a live id
+        if error.id is not None and self._live(error.id):
+            # Never a second terminal frame for a live id; ``detail.id`` still names it.
+            error.detail = {**error.detail, "id": error.id}
+            error.id = None
         self.send(error)
 
     def _dispatch(self, message: protocol.Request) -> None:

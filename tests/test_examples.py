@@ -122,6 +122,21 @@ def test_serve_http(tmp_path: Path) -> None:
     assert re.search(r"^got \d+ bytes of audio/mpeg$", out, re.M)
 
 
+def test_serve_http_ends_within_10_s_when_the_engine_cannot_load(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    env = _env()  # espeak as in a venv without the [espeak] extra (tests/without_extras)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "without_extras"), env["PYTHONPATH"]])
+    env["INDEXTTS_TEST_WITHOUT"] = "espeakng_loader"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "serve_http.py"), "espeak"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("serve_http: the engine could not start: "), result.stderr
+    assert "install the [espeak] extra" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+
+
 @pytest.mark.parametrize("name", ["out.wav", "out.flac"])
 def test_blocking(tmp_path: Path, name: str) -> None:
     pytest.importorskip("espeakng_loader")

@@ -28,8 +28,7 @@ try:
     import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        "indextts_client.http needs the [server] extra: "
-        f"pip install starlette uvicorn prometheus-client av python-multipart websockets ({exc})"
+        f'indextts_client.http needs the [server] extra ({exc}): from the clone, pip install -e ".[server]"'
     ) from exc
 
 from .._service import FORMATS, OPENAI_VOICES

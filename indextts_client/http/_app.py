@@ -122,17 +122,24 @@ class Service:
             return await self.voices.delete(request)
         return await self.voices.list(request)
 
-    async def run_backend(self, on_failure: Union[Callable[[BaseException], None], None]) -> None:
+    async def run_backend(
+        self,
+        on_failure: Union[Callable[[BaseException], None], None],
+        on_ready: Union[Callable[[], None], None] = None,
+    ) -> None:
         try:
             await self.backend.start()
         except Exception as exc:
-            log.error("the sidecars could not start: %s: %s", type(exc).__name__, exc)
             self.status = Status.UNAVAILABLE
             if on_failure is not None:
-                on_failure(exc)
+                on_failure(exc)  # serve says it, in one line, as it exits
+            else:
+                log.error("the sidecars could not start: %s: %s", type(exc).__name__, exc)
             return
         self.status = Status.OK
         log.info("serving: engine %s is ready", self.backend.facts.name)
+        if on_ready is not None:
+            on_ready()
 
 
 def _backend(
@@ -164,6 +171,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     allowed_hosts: Union[Sequence[str], None] = None,
     on_start_failure: Union[Callable[[BaseException], None], None] = None,
+    on_ready: Union[Callable[[], None], None] = None,
     playground: bool = True,
     **pool_kwargs: Any,
 ) -> Starlette:
@@ -178,11 +186,13 @@ def create_app(
     - ``cors_origins``: the browser origins allowed besides the server's own (``*``: any);
       ``allowed_hosts``: with it, a keyless app answers only these ``Host`` names, IP addresses
       and localhost (:mod:`._origins`; ``serve`` always checks; None: not checked);
-    - ``on_start_failure(exc)``: hears of a pool that could not start (``serve`` exits non-zero);
+    - ``on_start_failure(exc)``: hears of a pool that could not start or load its engine (``serve``
+      exits non-zero); ``on_ready()``: hears that it started and loaded (``/health`` says ``ok``
+      from then on), both on the app's event loop;
     - ``playground``: serve the page of :mod:`._playground` at ``/``.
 
     The app answers at once: ``/health`` says ``starting`` (503) while its lifespan starts
-    the pool in the background, then ``ok``.
+    the pool (and loads the engine on every member) in the background, then ``ok``.
     """
     limits = limits or Limits()
     service = Service(
@@ -192,7 +202,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(service.run_backend, on_start_failure)
+            tg.start_soon(service.run_backend, on_start_failure, on_ready)
             try:
                 yield
             finally:

@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any, Union
 
-from .._pool_cli import add_pool_arguments
+from .._pool_cli import DefaultsFormatter, ServerParser, add_pool_arguments
 from .._service import ServeSettings, add_voice_arguments, positive
 from ._limits import Limits, header_deadline_protocol
 from ._ws_events import WebSocketLimits, stall_aborting_protocol
@@ -37,10 +37,10 @@ def _port(text: str) -> int:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ServerParser(
         prog=prog,
         description="An OpenAI-compatible speech endpoint (docs/serving.md in the source repository).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     add_pool_arguments(parser)
     parser.add_argument(

@@ -19,7 +19,7 @@ from indextts_sidecar.protocol.options import parse_options
 
 from .._exceptions import StartError
 from .._pool import Pool
-from .._pool_cli import add_pool_arguments
+from .._pool_cli import ServerParser, add_pool_arguments
 from .._service import PoolBackend, Refusal, ServeSettings, add_voice_arguments
 from ._handler import Limits, WyomingService
 
@@ -176,7 +176,7 @@ def _octal_mode(text: str) -> int:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="A Wyoming (Home Assistant) TTS server.")
+    parser = ServerParser(prog=prog, description="A Wyoming (Home Assistant) TTS server.")
     parser.add_argument("--uri", required=True, help="tcp://HOST:PORT or unix://PATH (port 0: any free port)")
     add_pool_arguments(parser)
     add_voice_arguments(parser, parser.add_argument_group("uploaded voices"))

@@ -16,6 +16,7 @@ read by :func:`sentence_words`; each sentence's words are yielded as
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import os
@@ -65,6 +66,12 @@ _EVENT_END = 5
 #: Audio per callback: also how quickly a cancel interrupts a sentence.
 _BUFFER_MS = 100
 
+#: Why the engine cannot load without the ``espeakng-loader`` wheel: names the extra that brings it.
+_NOT_INSTALLED = (
+    "espeak-ng is not installed: install the [espeak] extra in the engine's interpreter "
+    '(from the clone: pip install -e ".[espeak]"; it brings espeakng-loader)'
+)
+
 RATE_RANGE = (80, 450)
 PITCH_RANGE = (0, 100)
 
@@ -106,27 +113,42 @@ Event = tuple[int, int, int, int]
 def sentence_words(
     text: str, start: int, end: int, events: Sequence[Event], samples: int, offset: int
 ) -> list[WordSpan]:
-    """The words espeak-ng reported for the sentence ``text[start:end]``, as spans of ``text``.
+    """The words of the sentence ``text[start:end]``, timed by espeak-ng's word events, as spans of ``text``.
 
     ``events`` are espeak's own for that one ``espeak_Synth`` call (the sentence alone):
     ``espeakEVENT_WORD`` gives a word's 1-based position in the sentence and its length, both
     in characters (code points: "Grüße" is 5, as in Python), and ``sample``, its first sample
     in the call's audio, ``samples`` long; ``offset`` is where that audio begins in the request.
 
-    espeak's words are cleaned up: a span loses the spaces and punctuation at its edges; a
-    word of length 0 (espeak gives one for a word in quotes) takes the word that starts at
-    its position; a span of spaces alone is dropped (a symbol spoken as several words gives
-    one); a word overlapping the one before it, or starting at no later sample, is merged
-    into it ("3.14" is reported as four words, "日本" twice).  So spans never overlap and
-    starts strictly increase.
+    Every whitespace-separated word of the sentence is in exactly one span, whole, in order,
+    whatever espeak made of it: espeak reports part of a word ("Don" of "Don't", "5" of
+    "5th"), several words for one ("1,234", "3/4/2021", "日本"), none for a word it runs into
+    its neighbour ("am" in "I am fine", "the" before a number), or a length 0 (a word in
+    quotes).  So each event names the words its characters touch; the events of one word
+    make one span, timed by the first; a word without an event of its own joins the span
+    before it (the first span, for the words before it), never dropped; an event that names
+    no character, only spaces, is not a word (a symbol spoken as several).  A span loses the
+    punctuation at its edges unless it is nothing else ("&"), so a word of punctuation alone
+    ("—") that espeak does not speak is no word; spans never overlap, and starts strictly
+    increase.
 
-    A word ends where the next begins, or at espeak's next clause end (``espeakEVENT_END``)
-    if that comes first, the last at the end of the sentence's audio (espeak's own end of the
-    sentence, its closing pause included): the silence after a word counts as the word's.
+    A span ends where the next begins, or at espeak's next clause end (``espeakEVENT_END``)
+    if that comes first and the span took no word after its own event's, the last at the
+    end of the sentence's audio (espeak's own end of the sentence, its closing pause
+    included): the silence after a word counts as the word's.
     """
     sentence = text[start:end]
     size = len(sentence)
-    found: list[list[int]] = []  # [first char, end char, first sample], in the sentence
+    tokens = [(m.start(), m.end()) for m in re.finditer(r"\S+", sentence)]
+    if not tokens:
+        return []
+    token_ends = [last for _, last in tokens]
+
+    def token_at(char: int) -> int:
+        """The word that holds ``char``, or the first after it (the last word past the end)."""
+        return min(bisect.bisect_right(token_ends, char), len(tokens) - 1)
+
+    groups: list[list[int]] = []  # [first word, last word, first sample], words indexing ``tokens``
     clause_ends: list[int] = []
     for kind, position, length, sample in events:
         sample = min(max(sample, 0), samples)
@@ -137,21 +159,32 @@ def sentence_words(
             continue
         first = min(max(position - 1, 0), size)
         last = min(first + max(length, 0), size)
-        if length <= 0:
+        if length <= 0:  # the word that starts there
             while last < size and not sentence[last].isspace():
                 last += 1
-        first, last = _trim_word(sentence, first, last)
+        while first < last and sentence[first].isspace():
+            first += 1
+        while last > first and sentence[last - 1].isspace():
+            last -= 1
         if first == last:
             continue
-        if found and (first < found[-1][1] or sample <= found[-1][2]):
-            found[-1][0] = min(found[-1][0], first)
-            found[-1][1] = max(found[-1][1], last)
+        first_word, last_word = token_at(first), token_at(last - 1)
+        if groups and (first_word <= groups[-1][1] or sample <= groups[-1][2]):
+            groups[-1][1] = max(groups[-1][1], last_word)
             continue
-        found.append([first, last, sample])
+        groups.append([first_word, last_word, sample])
+    if not groups:  # espeak named no word: the sentence is one span
+        groups.append([0, len(tokens) - 1, 0])
+    groups[0][0] = 0  # the words before the first event join the first span
     words = []
-    for index, (first, last, sample) in enumerate(found):
-        stop = found[index + 1][2] if index + 1 < len(found) else samples
-        stop = min([stop, *(at for at in clause_ends if at > sample)])
+    for index, (first_word, named_last, sample) in enumerate(groups):
+        following = groups[index + 1] if index + 1 < len(groups) else None
+        # The words up to the next span's, without events of their own, join this one.
+        last_word = following[0] - 1 if following is not None else len(tokens) - 1
+        stop = following[2] if following is not None else samples
+        if last_word == named_last:  # no word joined after it: it may end at its clause's end
+            stop = min([stop, *(at for at in clause_ends if at > sample)])
+        first, last = _trim_word(sentence, tokens[first_word][0], tokens[last_word][1])
         words.append(WordSpan(start + first, start + last, offset + sample, offset + max(stop, sample)))
     return words
 
@@ -328,7 +361,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
         import importlib.util
 
         if importlib.util.find_spec("espeakng_loader") is None:
-            return "espeakng-loader is not installed: pip install espeakng-loader (the [espeak] extra)"
+            return _NOT_INSTALLED
         data_path = _data_path()
         if data_path is None or not os.path.isfile(os.path.join(data_path, "phontab")):
             return f"espeak-ng data is missing or incomplete at {data_path}"
@@ -347,7 +380,7 @@ class EspeakEngine(Engine[EspeakOptions, EspeakRequestOptions]):
             lib_path = espeakng_loader.get_library_path()
             data_path = espeakng_loader.get_data_path()
         except (ImportError, RuntimeError) as exc:
-            raise LoadError(f"espeak-ng is not installed (pip install espeakng-loader): {exc}") from exc
+            raise LoadError(f"{_NOT_INSTALLED} ({type(exc).__name__}: {exc})") from exc
         # espeak falls back to a compiled-in path when ours lacks data, then fails with
         # only a stderr message: check first so the error says what is wrong.
         if not os.path.isfile(os.path.join(data_path, "phontab")):

@@ -159,7 +159,8 @@ async def test_a_daemon_that_fails_to_start_is_reported_with_its_output(
 
 async def test_mps_daemon_env_attachment_check_and_stop(fake_driver: Path, caplog: pytest.LogCaptureFixture) -> None:
     with anyio.fail_after(TIMEOUT):
-        pool = Pool("fake", devices=["0"], per_device=2, mps=True, engine_options=FAKE_OPTIONS)
+        # Loaded below, not at start: the attachment is checked after the test set who attached.
+        pool = Pool("fake", devices=["0"], per_device=2, mps=True, engine_options=FAKE_OPTIONS, load_on_start=False)
         async with pool:
             (directory,) = fake_driver.glob("indextts-mps-*")
             assert stat.S_IMODE(directory.stat().st_mode) == 0o700

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from harness import REPO, STANDIN
+from word_cover import check_every_word_once
 
 from indextts_client import Audio, AudioChunk, BlockingClient, Client, Pool, SentenceChunk, SentenceEnd, WordTiming
 from indextts_sidecar.engines.fake import words as fake_words
@@ -28,8 +29,11 @@ INDEXTTS_RATE = 22050
 
 
 def check_words(words: Sequence[WordTiming], text: str, samples: int, rate: int) -> None:
-    """Each word is the text at its span, in order, and lies within the audio."""
+    """Each word is the text at its span, in order, and lies within the audio; every word of
+    ``text`` is in one entry, whole (tests/word_cover.py)."""
     duration = samples / rate
+    entries = [(*word.span, word.start, word.end) for word in words if word.span is not None]
+    check_every_word_once(text, entries, duration, slack=1e-9)
     end_char = 0
     for word in words:
         assert word.span is not None
@@ -179,7 +183,9 @@ async def test_stream_text_gives_each_sentence_its_words() -> None:
 
 # ------------------------------------------------------------------ espeak: espeak-ng's word events
 
-ESPEAK_TEXT = 'Hello there, brave world. It costs 42 dollars, "quoted" too!'
+#: "am" and "the" get no event of their own (joined to the word before), "Don't" and "5th"
+#: only part of one, "1,234" several.
+ESPEAK_TEXT = 'Hello there, brave world. I am fine; Don\'t pay the 5th bill of 1,234 dollars, "quoted" too!'
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the espeak wheel's library is tested on Linux")
@@ -192,7 +198,8 @@ async def test_espeak_words_are_its_own_word_events() -> None:
             async with client.stream(ESPEAK_TEXT) as stream:
                 chunks = [chunk async for chunk in stream]
             resampled = await client.synthesize(ESPEAK_TEXT, sample_rate=16000)
-    spoken = ["Hello", "there", "brave", "world", "It", "costs", "42", "dollars", "quoted", "too"]
+    spoken = ["Hello", "there", "brave", "world", "I am", "fine", "Don't", "pay", "the", "5th", "bill", "of", "1,234"]
+    spoken += ["dollars", "quoted", "too"]
     assert [word.word for word in audio.words] == spoken
     check_words(audio.words, ESPEAK_TEXT, len(audio), audio.sample_rate)
     # The words fill the audio from its start, one after the other.
@@ -207,3 +214,13 @@ async def test_espeak_words_are_its_own_word_events() -> None:
         assert [(word.word, word.span) for word in words] == [(word.word, word.span) for word in audio.words]
         check_words(words, ESPEAK_TEXT, samples, rate)
     check_chunks(chunks, stream.words)
+
+
+def test_every_engine_that_declares_word_timings_is_checked_here() -> None:
+    # The invariant (tests/word_cover.py) is checked above on the client, and in
+    # tests/serving/test_word_alignment.py on the WebSocket route and SSE, for these engines:
+    # a new engine with word timings fails this until it is checked there too.
+    from indextts_sidecar.engines import engine_class, engine_names
+
+    timed = {name for name in engine_names() if "word_timings" in engine_class(name).capabilities}
+    assert timed == {"fake", "espeak"}

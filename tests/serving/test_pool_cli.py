@@ -53,3 +53,28 @@ def test_pool_kwargs_from_the_options() -> None:
         pool_kwargs(parser.parse_args(["-O", "novalue"]), parser)
     with pytest.raises(SystemExit):
         pool_kwargs(parser.parse_args(["--size", "0"]), parser)
+
+
+@pytest.mark.parametrize("command", ["serve", "wyoming"])
+def test_help_gives_each_default_once(command: str) -> None:
+    text = re.sub(r"\s+", " ", _help(command))
+    assert "(default 1)" in text  # --size and --per-device say theirs in their help
+    assert not re.search(r"\(default[: ][^)]*\) \(default", text), text
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+
+
+@pytest.mark.parametrize(
+    ("command", "arguments", "error"),
+    [
+        ("serve", ["--port", "x"], "argument --port: 'x' is not a port number"),
+        ("serve", ["--bogus"], "unrecognized arguments: --bogus"),
+        ("wyoming", ["--uri", "tcp://127.0.0.1:0", "--size", "two"], "argument --size: invalid int value: 'two'"),
+    ],
+)
+def test_an_argument_error_is_one_line_with_a_pointer_to_help(command: str, arguments: list[str], error: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "indextts_client", command, *arguments], capture_output=True, text=True, timeout=60
+    )
+    prog = f"indextts-client {command}"
+    assert done.returncode == 2
+    assert done.stderr == f"{prog}: error: {error} (see {prog} --help)\n"

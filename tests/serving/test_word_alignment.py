@@ -23,6 +23,7 @@ import httpx
 import pytest
 from harness import STANDIN
 from http_support import TIMEOUT, Server, environ, server, speech
+from word_cover import check_every_word_once
 from ws_support import session
 
 from indextts_sidecar.engines.fake import words as fake_words
@@ -58,7 +59,10 @@ def expected(text: str, rate: int = 24000) -> list[dict[str, Any]]:
 
 
 def check_entries(words: list[dict[str, Any]], text: str, seconds: float) -> None:
-    """Each entry is the text at its offsets, in order, and lies within the audio."""
+    """Each entry is the text at its offsets, in order, and lies within the audio; every word of
+    ``text`` is in one entry, whole (tests/word_cover.py)."""
+    entries = [(w["char_start"], w["char_end"], w["start"], w["end"]) for w in words]
+    check_every_word_once(text, entries, seconds)
     for before, after in itertools.pairwise(words):
         assert before["char_end"] <= after["char_start"] and before["start"] <= after["start"]
     for word in words:
@@ -243,7 +247,7 @@ async def test_indextts_segments_stand_in_over_sse_and_the_websocket(ckpt: Path,
 @pytest.mark.skipif(sys.platform != "linux", reason="the espeak wheel's library is tested on Linux")
 async def test_espeak_gives_words_per_sentence_over_the_websocket() -> None:
     pytest.importorskip("espeakng_loader")
-    text = 'Good morning, everyone. It costs 42 dollars, "quoted" too!'
+    text = 'Good morning, everyone. I am fine; Don\'t pay the 5th bill of 1,234 dollars, "quoted" too!'
     with server("--engine", "espeak") as s:
         async with session(s) as ws:
             await ws.send("context.config", context_id="e", voice="en-us")
@@ -252,9 +256,16 @@ async def test_espeak_gives_words_per_sentence_over_the_websocket() -> None:
             messages = await ws.until_done("e")
         events = sse_events(s, input=text, voice="en-us", response_format="pcm")  # pcm: 24 kHz
     spoken = sentences_of(messages)
-    assert [start["text"] for start, *_ in spoken] == ["Good morning, everyone.", 'It costs 42 dollars, "quoted" too!']
+    assert [start["text"] for start, *_ in spoken] == [
+        "Good morning, everyone.",
+        'I am fine; Don\'t pay the 5th bill of 1,234 dollars, "quoted" too!',
+    ]
     words = [[w["word"] for w in alignment["words"]] for _, _, alignment, _ in spoken]
-    assert words == [["Good", "morning", "everyone"], ["It", "costs", "42", "dollars", "quoted", "too"]]
+    # "am" gets no event of its own, "Don't" and "5th" only part of one: whole words.
+    assert words == [
+        ["Good", "morning", "everyone"],
+        ["I am", "fine", "Don't", "pay", "the", "5th", "bill", "of", "1,234", "dollars", "quoted", "too"],
+    ]
     for start, audio, alignment, done in spoken:
         assert alignment["granularity"] == "word"
         assert len(audio) == 2 * done["samples"]

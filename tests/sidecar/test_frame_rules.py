@@ -70,7 +70,8 @@ async def test_every_op_goes_through_the_same_id_rules() -> None:
             for duplicate in (Ping(id=7), Cancel(id=7, target=7), Cancel(id=7, target=99), Shutdown(id=7)):
                 await peer.send(duplicate)
                 error = await peer.expect(Error)
-                assert (error.id, error.code, error.detail) == (None, "duplicate_id", {"field": "$.id"}), duplicate
+                refusal = (error.id, error.code, error.detail)
+                assert refusal == (None, "duplicate_id", {"field": "$.id", "id": 7}), duplicate
             # The shutdown was refused: the sidecar serves on, and request 7 is untouched.
             health = await peer.request(Ping(id=2))
             assert isinstance(health[-1], Pong) and health[-1].active == 7

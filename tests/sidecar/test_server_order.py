@@ -2,10 +2,10 @@
 
 All of a request's frames, its terminal one last, go out before any frame answering a later
 request with the same id.  The engine thread ends a request (its terminal frame, and the id
-leaving the set of live ids) while the event loop, without the engine's lock, reads the next
-frame and checks that set: these tests stop the engine thread at the instant the id leaves
-the set and let the event loop answer a frame reusing it right then, the interleaving a fuzz
-of 100,000 frames hit a few times a run.  Both ways out are covered: the engine thread writing
+leaving the set of live ids, under the scheduler's lock) while the event loop reads the next
+frame and checks that set (under the same lock): these tests hand the event loop a frame
+reusing the id at the instant the id leaves the set, so that it answers it as early as it can,
+the interleaving a fuzz of 100,000 frames hit a few times a run.  Both ways out are covered: the engine thread writing
 its frames itself (a pipe) and the writer task on the loop writing them (a stream without a
 non-blocking write, as a socket is).
 """
@@ -13,6 +13,7 @@ non-blocking write, as a socket is).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -52,13 +53,20 @@ class _Live(dict[int, Any]):
         self._body = body
         self._token = token
         self.fired = False
+        self.handler: Union[threading.Thread, None] = None
 
     def pop(self, key: int, *default: Any) -> Any:
         value = super().pop(key, *default)
         if key == REUSED and not self.fired and value is not None:
             self.fired = True
-            # The engine thread waits here while the event loop reads the next frame.
-            anyio.from_thread.run_sync(self._server._on_frame, memoryview(self._body), token=self._token)
+            # The event loop reads the next frame now, while the engine thread goes on (it
+            # holds the lock the loop's check of the live ids waits for: it cannot wait here).
+            self.handler = threading.Thread(
+                target=anyio.from_thread.run_sync,
+                args=(self._server._on_frame, memoryview(self._body)),
+                kwargs={"token": self._token},
+            )
+            self.handler.start()
         return value
 
 
@@ -79,7 +87,8 @@ async def _serve_and_collect(direct: bool, reuse: protocol.Request) -> list[prot
             assert body is not None, frames
             frames.append(protocol.decode_reply(body))
         os.close(requests_w)  # end of input: the server ends
-    assert live.fired
+    assert live.fired and live.handler is not None
+    live.handler.join()
     return frames
 
 

@@ -17,19 +17,29 @@ REPO = Path(__file__).resolve().parents[3]
 TIMEOUT = 60
 
 
-def test_livekit_example(tmp_path: Path) -> None:
+def _run(
+    tmp_path: Path, engine: str, *, without: str = "", timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    paths = [str(REPO / "tests" / "without_extras")] if without else []  # hides the modules named in without
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "livekit_agent.py"), "fake"],
+    env["INDEXTTS_TEST_WITHOUT"] = without
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / "livekit_agent.py"), engine],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=timeout,
     )
+
+
+def test_livekit_example(tmp_path: Path) -> None:
+    result = _run(tmp_path, "fake")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    # It spoke once the server was ready: no refused handshake, nothing retried.
+    assert "503" not in result.stderr and "retrying" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
     sentences = ["Hello from a sidecar, through LiveKit.", "Each word is timed."]
     # the fake engine: 0.06 s (1440 samples at 24 kHz) a character, each word timed by its characters
@@ -39,3 +49,11 @@ def test_livekit_example(tmp_path: Path) -> None:
     assert [m[3] for m in words if m] == " ".join(sentences).split()
     assert [m.group(1, 2) for m in words if m][:2] == [("0.00", "0.30"), ("0.36", "0.60")]
     assert lines[-1] == "interrupted after 1 frame"
+
+
+def test_an_engine_that_cannot_load_ends_it_within_10_s(tmp_path: Path) -> None:
+    result = _run(tmp_path, "espeak", without="espeakng_loader", timeout=10)  # a venv without the espeak extra
+    assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
+    assert result.stdout == ""
+    assert result.stderr.startswith("livekit_agent: the engine could not start: "), result.stderr
+    assert "install the [espeak] extra" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
