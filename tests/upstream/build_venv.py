@@ -6,6 +6,7 @@ Usage::
     python tests/upstream/build_venv.py pypi
     python tests/upstream/build_venv.py github --check  # prints it only if already built (else exit 1)
     python tests/upstream/build_venv.py agents-pipecat  # a voice-agent framework's venv (.ci/agents)
+    python tests/upstream/build_venv.py extras-server   # what pip install ".[server]" brings
 
 Each flavour's venv holds upstream's pins (``pins-<flavour>.txt`` beside this file, ``pip freeze``
 of venvs that ran upstream) plus this project's core requirements, so pip proves that
@@ -17,9 +18,15 @@ The voice-agent frameworks' venvs (``agents-<framework>``, one per ``tests/agent
 holding a ``requirements.txt``) add the ``server`` and ``espeak`` extras and the framework's own
 extra where pyproject.toml has one: their tests spawn ``indextts-client serve --engine espeak``.
 
+The documented installs' venvs (``extras-server``, ``extras-server-cli``, ``extras-wyoming-cli``:
+what ``pip install ".[server]"``, ``".[server,cli]"`` and ``".[wyoming,cli]"`` bring, and nothing
+else) hold the core requirements and those extras' requirements as pyproject.toml lists them,
+without pins: tests/serving/test_start_checks.py starts ``serve``, ``wyoming`` and a ``Pool``
+with them, the checkout on ``PYTHONPATH`` as above.
+
 Venvs are cached under ``$INDEXTTS_SIDECAR_CACHE`` (default ``$XDG_CACHE_HOME/indextts-sidecar``,
 or ``~/.cache/indextts-sidecar``) in ``venvs/<flavour>-<hash>``, the hash covering everything that
-decides their content (pins, core requirements, interpreter version).  Only the first run pays
+decides their content (pins, core and extras' requirements, interpreter version).  Only the first run pays
 (PyPI's torch brings the CUDA libraries: several GB and minutes); a change of pins builds a new
 venv.  A build that died half-way is redone; concurrent builds of one venv wait on a lock.
 """
@@ -47,10 +54,18 @@ PINS = {
 #: The voice-agent frameworks' venvs: every tests/agents/<framework>/requirements.txt.
 AGENTS = ROOT / "tests" / "agents"
 PINS.update({f"agents-{req.parent.name}": req for req in sorted(AGENTS.glob("*/requirements.txt"))})
-FLAVOURS = tuple(PINS)
+#: The documented installs' venvs: the extras each brings (pyproject.toml resolves the rest).
+EXTRAS = {
+    "extras-server": ["server"],
+    "extras-server-cli": ["server", "cli"],
+    "extras-wyoming-cli": ["wyoming", "cli"],
+}
+FLAVOURS = (*PINS, *EXTRAS)
 #: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml); so does this project's
 #: oldest supported Python.  The agent frameworks need 3.11 (pipecat-ai's Requires-Python).
+#: The extras' venvs take any Python the project supports (requires-python).
 SUPPORTED = ((3, 10), (3, 11))
+PROJECT_SUPPORTED = (3, 10)
 AGENTS_SUPPORTED = ((3, 11), (3, 12), (3, 13))
 MARKER = ".complete"
 
@@ -96,8 +111,11 @@ def extra_requirements(names: list[str]) -> list[str]:
 
 
 def requirements(flavour: str) -> list[str]:
-    """What a flavour's venv gets besides its pins: the core; for agents, the extras too."""
+    """What a flavour's venv gets besides its pins: the core; for agents and the documented
+    installs, the extras too."""
     core = core_requirements()
+    if flavour in EXTRAS:
+        core += extra_requirements(EXTRAS[flavour])
     if flavour.startswith("agents-"):
         core += extra_requirements(["server", "espeak", flavour.removeprefix("agents-")])
     return core
@@ -105,6 +123,10 @@ def requirements(flavour: str) -> list[str]:
 
 def find_interpreter(flavour: str = "github") -> str:
     """An interpreter the flavour supports: this one, else the newest supported one on PATH."""
+    if flavour in EXTRAS:
+        if sys.version_info[:2] >= PROJECT_SUPPORTED:
+            return sys.executable
+        raise SystemExit(f"the {flavour} venv needs Python >= 3.10 (the project's requires-python)")
     supported = AGENTS_SUPPORTED if flavour.startswith("agents-") else SUPPORTED
     if sys.version_info[:2] in supported:
         return sys.executable
@@ -127,7 +149,7 @@ def interpreter_version(python: str) -> str:
 
 
 def venv_dir(flavour: str, python: str) -> tuple[Path, list[str]]:
-    pins = PINS[flavour].read_text()
+    pins = PINS[flavour].read_text() if flavour in PINS else ""
     core = requirements(flavour)
     key = "\n".join([flavour, interpreter_version(python), pins, *core])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -155,7 +177,8 @@ def build(flavour: str, python: str) -> Path:
         pip = [str(venv_python(path)), "-m", "pip", "--disable-pip-version-check", "--no-input"]
         log = path / "build.log"
         _run([*pip, "install", "--upgrade", "pip"], log)
-        _run([*pip, "install", "-r", str(PINS[flavour]), *core], log)
+        pinned = ["-r", str(PINS[flavour])] if flavour in PINS else []
+        _run([*pip, "install", *pinned, *core], log)
         (path / MARKER).write_text("ok\n")
     return venv_python(path)
 

@@ -4,7 +4,9 @@ the packages' top-level modules, comma-separated, in ``INDEXTTS_TEST_WITHOUT``.
 The interpreter's path finder then finds none of them: ``import`` raises ``ModuleNotFoundError``
 ("No module named ...") and ``importlib.util.find_spec`` answers None, as where they were never
 installed.  Children inherit both variables, so a sidecar that ``serve`` spawns lacks them too.
-Used by tests/serving/test_start_checks.py (a venv holding only a documented extra).
+Used where a test needs one module gone from its own venv (espeak, for the examples' failure
+paths: tests/test_examples.py, tests/agents/); tests/serving/test_start_checks.py uses real
+venvs of the documented extras instead (tests/upstream/build_venv.py).
 """
 
 from __future__ import annotations
