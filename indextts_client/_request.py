@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import EllipsisType
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -21,7 +21,7 @@ from ._audio import Audio
 from ._exceptions import InvalidRequestError
 from ._exchange import Channel
 from ._request_run import Call, Synthesis
-from ._types import Health, LoadInfo, ProgressCallback
+from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
 __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
 
@@ -30,6 +30,10 @@ __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
 EmotionLike = Union[EmotionVector, EmotionAudio, EmotionText, Mapping[str, Any], None]
 #: ``...`` means "the client's default"; None means "no limit".
 TimeoutArg = Union[float, None, EllipsisType]
+#: How ``text`` is read: as it is, or as SSML (see docs/client.md#ssml).
+TextFormat = Literal["text", "ssml"]
+#: Seconds of silence an SSML text's breaks may add up to, by default.
+MAX_SILENCE = 60.0
 
 #: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
 #: times the most by which a quiet request's signs of life may trail its engine's progress.
@@ -90,6 +94,11 @@ def _synthesize_builder(
     return build
 
 
+def _check_format(text_format: str) -> None:
+    if text_format not in ("text", "ssml"):
+        raise ValueError(f"text_format must be 'text' or 'ssml', not {text_format!r}")
+
+
 class Requester:
     """The request methods shared by :class:`Client` and :class:`Connection`."""
 
@@ -99,6 +108,11 @@ class Requester:
 
     async def _connection(self) -> Channel:
         raise NotImplementedError
+
+    def _sidecar_info(self) -> SidecarInfo:
+        """The ``ready`` facts an SSML text is rendered by (Client and Connection have ``info``)."""
+        info: SidecarInfo = getattr(self, "info")  # noqa: B009 (the subclasses' property)
+        return info
 
     def _synthesis(
         self,
@@ -179,6 +193,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,  # a request deadline that also cancels it on the sidecar
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Audio:
         """Speak ``text`` and return the whole :class:`Audio`.
@@ -187,8 +204,30 @@ class Requester:
         :class:`ProgressEvent` in this task.  ``timeout`` bounds the whole request,
         ``idle_timeout`` the time without a progress or audio frame (``...``: the
         client's default; None: no limit); either raises :class:`RequestTimeoutError`
-        after cancelling the request.  Other keyword arguments are engine request options.
+        after cancelling the request.  ``text_format="ssml"`` reads ``text`` as SSML
+        (``ssml_strict``: refuse what the engine cannot honour; ``max_silence``: the
+        seconds its breaks may add up to).  Other keyword arguments are engine request options.
         """
+        if text_format != "text":
+            from ._ssml._run import plan_for, synthesize_ssml
+
+            _check_format(text_format)
+            plan = plan_for(
+                self._sidecar_info(),
+                text,
+                strict=ssml_strict,
+                max_silence=max_silence,
+                voice=voice,
+                sample_rate=sample_rate,
+                options=options,
+            )
+            request = {
+                "emotion": emotion,
+                "sample_rate": sample_rate,
+                "on_progress": on_progress,
+                "idle_timeout": idle_timeout,
+            }
+            return await synthesize_ssml(self, plan, _resolve(timeout, self._default_timeout), request)
         synthesis = self._synthesis(
             True,
             text,

@@ -113,6 +113,7 @@ class _Reader(ContentHandler):
         self.run_size = 0
         self.run_context: Union[_Context, None] = None
         self.pending_space = False
+        self.lang: Union[str, None] = None
 
     # -- errors
     def fail(
@@ -199,6 +200,7 @@ class _Reader(ContentHandler):
         if name == "speak":
             if self.stack:
                 raise self.fail("<speak> inside <speak>", tag=name)
+            self.lang = context.lang
             allowed = _SPEAK_ATTRIBUTES
         elif name in ("p", "s"):
             allowed = frozenset({"xml:lang"})
@@ -502,4 +504,4 @@ def parse_ssml(source: str, *, strict: bool = True, limits: SsmlLimits = SsmlLim
         line, column = exc.getLineNumber() or 0, exc.getColumnNumber() or 0
         raise SsmlError(f"not well-formed XML: {exc.getMessage()}", line=line, column=column + 1) from None
     reader.flush()
-    return SsmlPlan(source, tuple(reader.items), reader.silence)
+    return SsmlPlan(source, tuple(reader.items), reader.silence, reader.lang)

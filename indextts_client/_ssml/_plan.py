@@ -134,6 +134,8 @@ class SsmlPlan:
     source: str
     items: tuple[Union[TextRun, Silence], ...]
     silence: Fraction = Fraction(0)
+    #: The ``xml:lang`` of ``<speak>``: the document's language (None: not given).
+    lang: Union[str, None] = None
 
     @property
     def text(self) -> str:
