@@ -94,11 +94,6 @@ def _synthesize_builder(
     return build
 
 
-def _check_format(text_format: str) -> None:
-    if text_format not in ("text", "ssml"):
-        raise ValueError(f"text_format must be 'text' or 'ssml', not {text_format!r}")
-
-
 class Requester:
     """The request methods shared by :class:`Client` and :class:`Connection`."""
 
@@ -144,6 +139,46 @@ class Requester:
             quiet=quiet,
         )
 
+    def _ssml(
+        self,
+        keep_audio: bool,
+        text: str,
+        voice: Union[str, None],
+        emotion: EmotionLike,
+        sample_rate: Union[int, None],
+        on_progress: Union[ProgressCallback, None],
+        timeout: TimeoutArg,
+        idle_timeout: TimeoutArg,
+        options: dict[str, Any],
+        strict: bool,
+        max_silence: float,
+        text_format: str,
+        whole: bool = False,
+    ) -> Synthesis:
+        """An SSML text read and rendered for the engine (refused here if it must be), as a Synthesis
+        over one request per segment; ``whole``: synthesize()'s, each segment's audio assembled in the reader."""
+        from ._ssml._run import SsmlSynthesis, plan_for
+
+        if text_format != "ssml":
+            raise ValueError(f"text_format must be 'text' or 'ssml', not {text_format!r}")
+        plan = plan_for(
+            self._sidecar_info(),
+            text,
+            strict=strict,
+            max_silence=max_silence,
+            voice=voice,
+            sample_rate=sample_rate,
+            options=options,
+        )
+        request = {
+            "emotion": emotion,
+            "sample_rate": sample_rate,
+            "on_progress": on_progress,
+            "idle_timeout": idle_timeout,
+        }
+        limit = _resolve(timeout, self._default_timeout)
+        return SsmlSynthesis(self, plan, keep_audio=keep_audio, limit=limit, request=request, whole=whole)
+
     def request(
         self,
         text: str,
@@ -154,6 +189,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Synthesis:
         """A synthesis whose progress events and audio chunks can be iterated, then its :class:`Audio`.
@@ -162,6 +200,21 @@ class Requester:
         then ``audio = await req.result()``.  Keyword arguments beyond those named are
         engine request options (for ``fake``: ``seconds``, ``delay``...).
         """
+        if text_format != "text":
+            return self._ssml(
+                True,
+                text,
+                voice,
+                emotion,
+                sample_rate,
+                on_progress,
+                timeout,
+                idle_timeout,
+                options,
+                ssml_strict,
+                max_silence,
+                text_format,
+            )
         return self._synthesis(True, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
 
     def stream(
@@ -174,6 +227,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Synthesis:
         """Stream the audio: ``async with client.stream(text) as chunks: async for chunk in chunks: ...``.
@@ -181,6 +237,21 @@ class Requester:
         Chunks are yielded as they arrive and not kept.  Leaving the ``async with``
         block early cancels the request on the sidecar.
         """
+        if text_format != "text":
+            return self._ssml(
+                False,
+                text,
+                voice,
+                emotion,
+                sample_rate,
+                on_progress,
+                timeout,
+                idle_timeout,
+                options,
+                ssml_strict,
+                max_silence,
+                text_format,
+            )
         return self._synthesis(False, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
 
     async def synthesize(
@@ -209,25 +280,22 @@ class Requester:
         seconds its breaks may add up to).  Other keyword arguments are engine request options.
         """
         if text_format != "text":
-            from ._ssml._run import plan_for, synthesize_ssml
-
-            _check_format(text_format)
-            plan = plan_for(
-                self._sidecar_info(),
+            async with self._ssml(
+                True,
                 text,
-                strict=ssml_strict,
-                max_silence=max_silence,
-                voice=voice,
-                sample_rate=sample_rate,
-                options=options,
-            )
-            request = {
-                "emotion": emotion,
-                "sample_rate": sample_rate,
-                "on_progress": on_progress,
-                "idle_timeout": idle_timeout,
-            }
-            return await synthesize_ssml(self, plan, _resolve(timeout, self._default_timeout), request)
+                voice,
+                emotion,
+                sample_rate,
+                on_progress,
+                timeout,
+                idle_timeout,
+                options,
+                ssml_strict,
+                max_silence,
+                text_format,
+                whole=True,
+            ) as synthesis:
+                return await synthesis.result()
         synthesis = self._synthesis(
             True,
             text,

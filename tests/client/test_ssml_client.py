@@ -5,6 +5,7 @@ unchanged, and refusals before anything is sent.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,69 @@ async def test_silence_bound_is_a_parameter() -> None:
                 await client.synthesize(source, text_format="ssml", max_silence=1.0)
             with pytest.raises(ValueError, match="text_format"):
                 await client.synthesize(source, text_format="html")  # type: ignore[arg-type]
+
+
+STREAMED = (
+    '<speak>One two.<break time="125ms"/><prosody rate="50%">Slow <sub alias="and steady">&amp;</sub></prosody>'
+    '<break time="10ms"/>end</speak>'
+)
+
+
+async def test_a_stream_is_the_whole_request_in_chunks() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with fake(chunk_seconds=0.05) as client:
+            whole = await client.synthesize(STREAMED, text_format="ssml")
+            chunks = []
+            async with client.stream(STREAMED, text_format="ssml") as stream:
+                async for chunk in stream:
+                    chunks.append(chunk)
+            async with client.request(STREAMED, text_format="ssml") as request:
+                kept = await request.result()
+    assert [chunk.seq for chunk in chunks] == list(range(len(chunks)))
+    offsets = np.cumsum([0] + [len(chunk) for chunk in chunks])
+    assert [chunk.offset_samples for chunk in chunks] == list(offsets[:-1])
+    joined = np.concatenate([chunk.samples for chunk in chunks])
+    assert joined.tobytes() == whole.samples.tobytes() == kept.samples.tobytes()
+    silences = [chunk for chunk in chunks if chunk.segment is None]
+    assert [len(chunk) for chunk in silences] == [3000, 240]
+    assert not any(chunk.samples.any() for chunk in silences)
+    # words: carried by the chunks, then all of them on the stream, as synthesize() gives them
+    carried = [word for chunk in chunks for word in chunk.words]
+    assert [(w.word, w.span, w.start) for w in carried] == [(w.word, w.span, w.start) for w in whole.words]
+    assert stream.words == whole.words == kept.words
+    spans = [STREAMED[w.span[0] : w.span[1]] for w in whole.words if w.span]
+    assert spans == [
+        "One",
+        "two.",
+        "Slow",
+        '<sub alias="and steady">&amp;</sub>',
+        '<sub alias="and steady">&amp;</sub>',
+        "end",
+    ]
+    # the segments (the fake's: each chunk's characters) are numbered on across requests, and
+    # their spans point into the source: the characters as written, or the whole <sub>
+    segments = [chunk.segment for chunk in chunks if chunk.segment is not None]
+    indices = [segment.index for segment in segments]
+    assert indices[0] == 0 and all(b - a in (0, 1) for a, b in itertools.pairwise(indices)) and indices[-1] > 4
+    for segment in segments:
+        assert segment.span is not None
+        written = STREAMED[segment.span[0] : segment.span[1]]
+        assert written == segment.text or "<sub" in written, (segment, written)
+
+
+async def test_leaving_a_stream_early_cancels_it(tmp_path: Path) -> None:
+    source = "<speak>" + "long text here " * 200 + '<break time="1s"/>never</speak>'
+    record = tmp_path / "r.json"
+    with anyio.fail_after(TIMEOUT):
+        async with fake(chunk_seconds=0.05) as client:
+            async with client.stream(source, text_format="ssml", delay=0.05, record=str(record)) as stream:
+                async for _chunk in stream:
+                    break
+            assert stream.finished
+            # the next request is served at once: the first segment was cancelled at a chunk
+            # boundary (about 600 chunks of 50 ms compute, 30 s, were left), and the second one never sent
+            started = anyio.current_time()
+            again = await client.synthesize('<speak>ok<break time="1ms"/></speak>', text_format="ssml")
+            assert anyio.current_time() - started < 3
+    assert again.samples.tobytes() == np.concatenate([tones("ok"), np.zeros(24, "<i2")]).tobytes()
+    assert json.loads(record.read_text())["text"].startswith("long text here")
