@@ -219,3 +219,30 @@ async def test_leaving_a_stream_early_cancels_it(tmp_path: Path) -> None:
             assert anyio.current_time() - started < 3
     assert again.samples.tobytes() == np.concatenate([tones("ok"), np.zeros(24, "<i2")]).tobytes()
     assert json.loads(record.read_text())["text"].startswith("long text here")
+
+
+def test_blocking_client_speaks_ssml() -> None:
+    from indextts_client import BlockingClient
+
+    source = '<speak>ab<break time="5ms"/>cd</speak>'
+    expected = np.concatenate([tones("ab"), np.zeros(120, "<i2"), tones("cd")]).tobytes()
+    with BlockingClient("fake", engine_options={"seconds_per_char": 0.01}, timeout=TIMEOUT) as client:
+        assert client.synthesize(source, text_format="ssml").samples.tobytes() == expected
+        with client.stream(source, text_format="ssml") as chunks:
+            assert np.concatenate([chunk.samples for chunk in chunks]).tobytes() == expected
+        assert [w.word for w in chunks.words] == ["ab", "cd"]
+
+
+async def test_pool_speaks_ssml() -> None:
+    from indextts_client import Pool
+
+    source = '<speak>ab<break time="5ms"/>cd</speak>'
+    expected = np.concatenate([tones("ab"), np.zeros(120, "<i2"), tones("cd")]).tobytes()
+    with anyio.fail_after(TIMEOUT):
+        async with Pool("fake", size=2, engine_options={"seconds_per_char": 0.01}, timeout=TIMEOUT) as pool:
+            assert (await pool.synthesize(source, text_format="ssml")).samples.tobytes() == expected
+            async with pool.stream(source, text_format="ssml") as chunks:
+                got = [chunk.samples async for chunk in chunks]
+            with pytest.raises(SsmlError):
+                await pool.synthesize("<speak><audio/></speak>", text_format="ssml")
+    assert np.concatenate(got).tobytes() == expected
