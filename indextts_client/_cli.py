@@ -208,7 +208,7 @@ async def _say(args: argparse.Namespace) -> int:
                     sample_rate=args.sample_rate,
                     on_progress=bars.on_progress,
                     timeout=args.timeout,
-                    **({"text_format": "ssml"} if args.ssml else {}),
+                    text_format="ssml" if args.ssml else "text",
                     **request_options,
                 )
         except SidecarError as exc:

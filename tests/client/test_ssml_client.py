@@ -246,3 +246,27 @@ async def test_pool_speaks_ssml() -> None:
             with pytest.raises(SsmlError):
                 await pool.synthesize("<speak><audio/></speak>", text_format="ssml")
     assert np.concatenate(got).tobytes() == expected
+
+
+async def test_stream_text_speaks_ssml_fragments_as_whole_documents() -> None:
+    pytest.importorskip("sentence_stream")
+    document = '<speak>Hi there. Go <prosody rate="50%">slow. ly</prosody> now. <break time="5ms"/>End</speak>'
+    fragments = [document[i : i + 3] for i in range(0, len(document), 3)]
+    with anyio.fail_after(TIMEOUT):
+        async with fake() as client:
+            chunks = []
+            async with client.stream_text(fragments, text_format="ssml") as stream:
+                async for chunk in stream:
+                    chunks.append(chunk)
+            texts = list(dict.fromkeys(chunk.text for chunk in chunks))
+            assert texts == [
+                "<speak>Hi there. </speak>",
+                '<speak>Go <prosody rate="50%">slow. ly</prosody> now. </speak>',
+                '<speak><break time="5ms"/>End</speak>',
+            ]
+            whole = [await client.synthesize(text, text_format="ssml") for text in texts]
+    got = np.concatenate([chunk.samples for chunk in chunks])
+    assert got.tobytes() == np.concatenate([audio.samples for audio in whole]).tobytes()
+    for chunk in chunks:  # words point into the document each sentence was sent as
+        for word in chunk.words:
+            assert word.span is not None and word.word in chunk.text[word.span[0] : word.span[1]]

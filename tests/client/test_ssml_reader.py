@@ -440,3 +440,46 @@ def test_hostile_documents_are_refused_in_bounded_time_and_memory(source: str) -
     # walk of every tag, no copy per tag.
     assert elapsed < 2.0
     assert peak < 8 * len(source.encode()) + (4 << 20)
+
+
+# ---------------------------------------------------------------- stream_text's cutter
+
+DOCUMENT = (
+    '<speak xml:lang="en-US">Hello there. How <prosody rate="150%">are. you?</prosody> fine'
+    '<break time="1s"/> ok. Then<s>A s. B</s>end <sub alias="a. b">x</sub>! Last</speak>'
+)
+PIECES = [
+    '<speak xml:lang="en-US">Hello there. </speak>',
+    '<speak xml:lang="en-US">How <prosody rate="150%">are. you?</prosody> fine<break time="1s"/> ok. </speak>',
+    '<speak xml:lang="en-US">Then<s>A s. B</s></speak>',
+    '<speak xml:lang="en-US">end <sub alias="a. b">x</sub>! </speak>',
+    '<speak xml:lang="en-US">Last</speak>',
+]
+
+
+def _cut(fragments: list[str], max_chars: int = 1000) -> list[str]:
+    from indextts_client._ssml._cut import SsmlSplitter
+
+    splitter = SsmlSplitter(max_chars)
+    out = [piece for fragment in fragments for piece in splitter.add(fragment)]
+    last = splitter.finish()
+    return [*out, last] if last else out
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_cutter_never_splits_a_tag_or_an_element(size: int) -> None:
+    fragments = [DOCUMENT[i : i + size] for i in range(0, len(DOCUMENT), size)]
+    pieces = _cut(fragments)
+    assert pieces == PIECES
+    for piece in pieces:
+        parse_ssml(piece)  # each a whole document
+
+
+def test_cutter_without_a_speak_root_and_its_bounds() -> None:
+    assert _cut(["One. Two <break/>three."]) == ["<speak>One. </speak>", "<speak>Two <break/>three.</speak>"]
+    with pytest.raises(SsmlError, match="without closing"):
+        _cut(["<speak><prosody rate='fast'>" + "word " * 30], max_chars=50)
+    with pytest.raises(SsmlError, match="inside a tag"):
+        _cut(["<speak>a <break time='1s'"])
+    long = _cut(["<speak>" + "word " * 30], max_chars=50)
+    assert all(len(piece) <= 2 * 50 + len("<speak></speak>") + 1 for piece in long) and len(long) > 2
