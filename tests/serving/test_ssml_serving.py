@@ -76,3 +76,35 @@ def test_http_refuses_an_unknown_text_format(client: Any) -> None:
             model="indextts", voice="alloy", input="a", response_format="pcm", extra_body={"text_format": "html"}
         )
     assert caught.value.body["param"] == "text_format"
+
+
+# ------------------------------------------------------------------ the WebSocket route, per context
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # websockets' client and uvicorn are asyncio's
+async def test_websocket_speaks_ssml_per_context(running: Server, anyio_backend: str) -> None:
+    pytest.importorskip("websockets")
+    from ws_support import session
+
+    async with session(running) as ws:
+        await ws.send("context.config", context_id="ssml", text_format="ssml")
+        await ws.send("context.config", context_id="plain")
+        for piece in (SSML[:10], SSML[10:30], SSML[30:]):  # a tag split across messages
+            await ws.send("input.text", context_id="ssml", text=piece)
+        await ws.send("input.text", context_id="plain", text="<b>")
+        await ws.send("input.done", context_id="ssml")
+        await ws.send("input.done", context_id="plain")
+        messages = await ws.until_done("ssml", "plain")
+        await ws.send("context.config", context_id="bad", text_format="ssml")
+        await ws.send("input.text", context_id="bad", text="<speak><audio/></speak>")
+        await ws.send("input.done", context_id="bad")
+        refused = await ws.until_done("bad")
+    audio = {
+        name: b"".join(m[1] for m in messages if isinstance(m, tuple) and m[0] == name) for name in ("ssml", "plain")
+    }
+    assert audio["ssml"] == expected()
+    assert audio["plain"] == render("<b>", 24000).tobytes()
+    error = refused[-1]
+    assert (error["type"], error["code"], error["context_id"]) == ("error", "unsupported", "bad")
+    assert "line 1, column 8" in error["message"]
