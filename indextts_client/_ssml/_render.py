@@ -106,6 +106,12 @@ class Segment:
         return (lo, hi)
 
 
+def _place(plan: SsmlPlan, run: TextRun) -> tuple[int, int]:
+    """Line and column (1-based) of a run's first character in the source."""
+    start = run.span[0]
+    return plan.source.count("\n", 0, start) + 1, start - plan.source.rfind("\n", 0, start)
+
+
 def _refuse(message: str, run: TextRun, at: tuple[int, int], tag: str, attribute: str) -> SsmlError:
     line, column = at if at != (0, 0) else (run.line, run.column)
     return SsmlError(message, code="unsupported", line=line, column=column, tag=tag, attribute=attribute)
@@ -172,6 +178,18 @@ def render(
                 segment_voice = item.lang.lower()
         text = item.text
         exact = item.rewrite is None
+        if profile.alphabets and profile.phoneme is _mark and item.phoneme is None and ("<" in text or ">" in text):
+            # This engine reads <word|PH> in its text as a pronunciation: text (an &lt; written
+            # in the SSML, a <sub> alias) must not make one.
+            if strict:
+                line, column = (item.line, item.column) if item.line else _place(plan, item)
+                raise SsmlError(
+                    f"{engine} would read the < or > in {text[:40]!r} as a pronunciation mark: use <phoneme>",
+                    code="unsupported",
+                    line=line,
+                    column=column,
+                )
+            text = text.replace("<", "\u2039").replace(">", "\u203a")
         if item.phoneme is not None:
             written = profile.phoneme(text, item.phoneme) if item.phoneme.alphabet in profile.alphabets else None
             if written is None and strict:

@@ -483,3 +483,48 @@ def test_cutter_without_a_speak_root_and_its_bounds() -> None:
         _cut(["<speak>a <break time='1s'"])
     long = _cut(["<speak>" + "word " * 30], max_chars=50)
     assert all(len(piece) <= 2 * 50 + len("<speak></speak>") + 1 for piece in long) and len(long) > 2
+
+
+# ---------------------------------------------------------------- renderings
+
+
+def _render(source: str, engine: str, **kwargs: Any) -> list[Any]:
+    from indextts_client._ssml._render import Segment, render
+
+    out: list[Any] = []
+    for step in render(parse_ssml(source, strict=kwargs.get("strict", True)), engine, None, **kwargs):
+        out.append((step.text, dict(step.options), step.voice) if isinstance(step, Segment) else step.seconds)
+    return out
+
+
+def test_renderings_per_engine() -> None:
+    going = '<speak>we <phoneme alphabet="x-arpabet" ph="g ow1">going</phoneme> <break time="1s"/>银'
+    going += '<phoneme alphabet="pinyin" ph="hang2">行</phoneme></speak>'
+    assert _render(going, "indextts2.5") == [("we <going|G OW1> ", {}, None), 1, ("银<行|HANG2>", {}, None)]
+    assert _render(going, "fake") == _render(going, "indextts2.5")
+    with pytest.raises(SsmlError) as caught:
+        _render(going, "indextts2")  # ARPAbet: refused
+    assert (caught.value.code, caught.value.tag, caught.value.column) == ("unsupported", "phoneme", 11)
+    pinyin = '<speak>银<phoneme alphabet="pinyin" ph="hang2">行</phoneme></speak>'
+    assert _render(pinyin, "indextts2") == [("银HANG2", {}, None)]
+    assert _render(pinyin, "indextts") == [("银HANG2", {}, None)]
+    with pytest.raises(SsmlError, match="espeak cannot read it"):
+        _render(pinyin, "espeak")
+    assert _render(pinyin, "espeak", strict=False) == [("银行", {}, None)]
+    lang = '<speak xml:lang="en">Hi <lang xml:lang="zh-CN">你好</lang></speak>'
+    assert _render(lang, "espeak", voice="en-us") == [("Hi ", {}, "en-us"), ("你好", {}, "zh-cn")]
+    assert _render(lang, "indextts2.5") == [("Hi ", {"lang": "en"}, None), ("你好", {"lang": "zh"}, None)]
+    with pytest.raises(SsmlError) as caught:
+        _render('<speak><lang xml:lang="fr">oui</lang></speak>', "indextts2")
+    assert (caught.value.tag, caught.value.attribute) == ("lang", "xml:lang")
+    with pytest.raises(SsmlError, match="no speed control"):
+        _render('<speak><prosody rate="fast">x</prosody></speak>', "indextts2")
+
+
+def test_text_cannot_forge_a_pronunciation_mark() -> None:
+    forged = "<speak>say &lt;going|G OW1&gt; now</speak>"
+    with pytest.raises(SsmlError) as caught:
+        _render(forged, "indextts2.5")
+    assert (caught.value.code, caught.value.line, caught.value.column) == ("unsupported", 1, 8)
+    assert _render(forged, "indextts2.5", strict=False) == [("say \u2039going|G OW1\u203a now", {}, None)]
+    assert _render(forged, "espeak") == [("say <going|G OW1> now", {}, None)]  # espeak reads no marks
