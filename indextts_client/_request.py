@@ -121,7 +121,27 @@ class Requester:
         idle_timeout: TimeoutArg,
         options: dict[str, Any],
         assemble_in_reader: bool = False,
+        *,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
     ) -> Synthesis:
+        if text_format != "text":
+            return self._ssml(
+                keep_audio,
+                text,
+                voice,
+                emotion,
+                sample_rate,
+                on_progress,
+                timeout,
+                idle_timeout,
+                options,
+                ssml_strict,
+                max_silence,
+                text_format,
+                whole=assemble_in_reader,
+            )
         idle = _resolve(idle_timeout, self._default_idle_timeout)
         # Nobody looks at this request's progress: ask the sidecar for none, except the signs of
         # life it sends after a quiet spell, which an idle deadline this long still sees in time.
@@ -200,22 +220,20 @@ class Requester:
         then ``audio = await req.result()``.  Keyword arguments beyond those named are
         engine request options (for ``fake``: ``seconds``, ``delay``...).
         """
-        if text_format != "text":
-            return self._ssml(
-                True,
-                text,
-                voice,
-                emotion,
-                sample_rate,
-                on_progress,
-                timeout,
-                idle_timeout,
-                options,
-                ssml_strict,
-                max_silence,
-                text_format,
-            )
-        return self._synthesis(True, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
+        return self._synthesis(
+            True,
+            text,
+            voice,
+            emotion,
+            sample_rate,
+            on_progress,
+            timeout,
+            idle_timeout,
+            options,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
+        )
 
     def stream(
         self,
@@ -237,22 +255,20 @@ class Requester:
         Chunks are yielded as they arrive and not kept.  Leaving the ``async with``
         block early cancels the request on the sidecar.
         """
-        if text_format != "text":
-            return self._ssml(
-                False,
-                text,
-                voice,
-                emotion,
-                sample_rate,
-                on_progress,
-                timeout,
-                idle_timeout,
-                options,
-                ssml_strict,
-                max_silence,
-                text_format,
-            )
-        return self._synthesis(False, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
+        return self._synthesis(
+            False,
+            text,
+            voice,
+            emotion,
+            sample_rate,
+            on_progress,
+            timeout,
+            idle_timeout,
+            options,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
+        )
 
     async def synthesize(
         self,
@@ -279,23 +295,6 @@ class Requester:
         (``ssml_strict``: refuse what the engine cannot honour; ``max_silence``: the
         seconds its breaks may add up to).  Other keyword arguments are engine request options.
         """
-        if text_format != "text":
-            async with self._ssml(
-                True,
-                text,
-                voice,
-                emotion,
-                sample_rate,
-                on_progress,
-                timeout,
-                idle_timeout,
-                options,
-                ssml_strict,
-                max_silence,
-                text_format,
-                whole=True,
-            ) as synthesis:
-                return await synthesis.result()
         synthesis = self._synthesis(
             True,
             text,
@@ -307,6 +306,9 @@ class Requester:
             idle_timeout,
             options,
             assemble_in_reader=True,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
         )
         async with synthesis:
             return await synthesis.result()
