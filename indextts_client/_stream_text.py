@@ -305,7 +305,8 @@ class TextStream:
             splitter = self._splitter
             while (piece := await fragments.next()) is not None:
                 if isinstance(piece, Flush):
-                    await self._submit(splitter.finish(), flushed=True)
+                    # (SSML's cutter holds a flush back while a tag or an element is open)
+                    await self._submit(getattr(splitter, "flush", splitter.finish)(), flushed=True)
                     continue
                 if not isinstance(piece, str):
                     raise TypeError(f"stream_text fragments are str or FLUSH, not {type(piece).__name__}")

@@ -2,11 +2,12 @@
 
 The cutter reads the markup as it comes, character by character and once (linear), and cuts
 only where no element is open and no tag is being read: after a sentence end (``.``, ``!``,
-``?`` and their full-width forms, then a space), after a ``</s>`` or ``</p>``, or where the caller
-flushes.  So a tag is never split across sentences, and neither is an element: a ``<prosody>``
-that spans three sentences is spoken as one piece.  A ``<speak ...>`` around the whole is taken
-off and put around each piece (its ``xml:lang`` with it); each piece is then read as any SSML
-text is.  An open element longer than ``max_chars`` is refused (``invalid_ssml``).
+``?`` and their full-width forms, then a space), after a ``</s>`` or ``</p>``, or where the
+caller flushes (a flush inside a tag or an element waits for its end).  So a tag is never split
+across sentences, and neither is an element: a ``<prosody>`` that spans three sentences is
+spoken as one piece.  A ``<speak ...>`` around the whole is taken off and put around each piece
+(its ``xml:lang`` with it); each piece is then read as any SSML text is.  An open element longer
+than ``max_chars`` is refused (``invalid_ssml``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ class SsmlSplitter:
             self._read(char)
         done, self._done = self._done, []
         return done
+
+    def flush(self) -> str:
+        """What is held, as a document, if no tag or element is open; else "" (it waits for the
+        next place it can be cut: a flush never splits a tag or an element)."""
+        if not self._root_seen or self._tag or self._depth > 0:
+            return ""
+        return self._take()
 
     def finish(self) -> str:
         if not self._root_seen:

@@ -528,3 +528,17 @@ def test_text_cannot_forge_a_pronunciation_mark() -> None:
     assert (caught.value.code, caught.value.line, caught.value.column) == ("unsupported", 1, 8)
     assert _render(forged, "indextts2.5", strict=False) == [("say \u2039going|G OW1\u203a now", {}, None)]
     assert _render(forged, "espeak") == [("say <going|G OW1> now", {}, None)]  # espeak reads no marks
+
+
+def test_a_flush_never_splits_a_tag_or_an_element() -> None:
+    from indextts_client._ssml._cut import SsmlSplitter
+
+    splitter = SsmlSplitter(1000)
+    assert splitter.add('<speak>a <prosody rate="fast">b <break time="1') == []
+    assert splitter.flush() == ""  # inside a tag: held
+    assert splitter.add('s"/>c') == []
+    assert splitter.flush() == ""  # inside <prosody>: held
+    assert splitter.add("</prosody> d") == []
+    assert splitter.flush() == '<speak>a <prosody rate="fast">b <break time="1s"/>c</prosody> d</speak>'
+    assert splitter.add("e</speak>") == []
+    assert splitter.finish() == "<speak>e</speak>"
