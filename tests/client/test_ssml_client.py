@@ -221,12 +221,14 @@ async def test_leaving_a_stream_early_cancels_it(tmp_path: Path) -> None:
     assert json.loads(record.read_text())["text"].startswith("long text here")
 
 
-def test_blocking_client_speaks_ssml() -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_blocking_client_speaks_ssml(backend: str) -> None:
     from indextts_client import BlockingClient
 
     source = '<speak>ab<break time="5ms"/>cd</speak>'
     expected = np.concatenate([tones("ab"), np.zeros(120, "<i2"), tones("cd")]).tobytes()
-    with BlockingClient("fake", engine_options={"seconds_per_char": 0.01}, timeout=TIMEOUT) as client:
+    options = {"seconds_per_char": 0.01}
+    with BlockingClient("fake", engine_options=options, timeout=TIMEOUT, backend=backend) as client:
         assert client.synthesize(source, text_format="ssml").samples.tobytes() == expected
         with client.stream(source, text_format="ssml") as chunks:
             assert np.concatenate([chunk.samples for chunk in chunks]).tobytes() == expected
