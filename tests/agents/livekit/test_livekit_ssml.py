@@ -4,13 +4,12 @@ an exact silence between the fake engine's tones."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("livekit.agents")
 pytest.importorskip("defusedxml", reason="the ssml extra (defusedxml) is not installed")
 
-from http_support import KEY, Server
+from http_support import KEY, Server, silence_runs
 from livekit.agents import APIConnectOptions, tts
 from livekit_support import WAIT
 
@@ -24,15 +23,7 @@ NO_RETRY = APIConnectOptions(max_retry=0, timeout=WAIT)
 
 
 def _runs(frames: list[tts.SynthesizedAudio]) -> list[tuple[bool, int]]:
-    """The audio as runs of (silent, samples)."""
-    samples = np.frombuffer(b"".join(ev.frame.data.tobytes() for ev in frames), "<i2")
-    runs: list[tuple[bool, int]] = []
-    for silent in samples == 0:
-        if runs and runs[-1][0] == bool(silent):
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((bool(silent), 1))
-    return runs
+    return silence_runs(b"".join(ev.frame.data.tobytes() for ev in frames))
 
 
 EXPECTED = [(False, len(render("Hi there."))), (True, 12000), (False, len(render("Go now.")))]

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
-from http_support import KEY, Server, server
+from http_support import KEY, Server, server, silence_runs
 
 pytest.importorskip("pipecat.frames.frames", reason="pipecat-ai is not installed: `bash .ci/agents` runs it")
 pytest.importorskip("defusedxml", reason="the ssml extra (defusedxml) is not installed")
@@ -50,18 +49,6 @@ async def _speak(tts: object) -> tuple[bytes, list[ErrorFrame]]:
     return b"".join(f.audio for f in down.of(TTSAudioRawFrame)), up.of(ErrorFrame)
 
 
-def _heard(audio: bytes) -> list[tuple[bool, int]]:
-    """The audio as runs of (silent, samples): what was spoken and how long each pause was."""
-    samples = np.frombuffer(audio, "<i2")
-    runs: list[tuple[bool, int]] = []
-    for silent in samples == 0:
-        if runs and runs[-1][0] == bool(silent):
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((bool(silent), 1))
-    return runs
-
-
 def _expected_runs() -> list[tuple[bool, int]]:
     # the fake engine's tones are never zero: the only silence is the break's, 0.5 s exactly
     spoken = len(render("Hi there.", RATE))
@@ -71,14 +58,14 @@ def _expected_runs() -> list[tuple[bool, int]]:
 async def test_the_websocket_service_speaks_ssml(fake: Server) -> None:
     audio, errors = await _speak(IndexTTSService(url=fake.base, api_key=KEY, sample_rate=RATE, text_format="ssml"))
     assert errors == []
-    assert _heard(audio) == _expected_runs()
+    assert silence_runs(audio) == _expected_runs()
 
 
 async def test_the_in_process_service_speaks_ssml() -> None:
     async with Client("fake") as client:
         audio, errors = await _speak(IndexTTSInProcessService(client, sample_rate=RATE, text_format="ssml"))
     assert errors == []
-    assert _heard(audio) == _expected_runs()
+    assert silence_runs(audio) == _expected_runs()
 
 
 def test_an_unknown_text_format_is_refused() -> None:
