@@ -48,6 +48,7 @@ from ._handshake import LossInfo
 from ._mps import MpsUnavailableError
 from ._pool import MemberHealth, Pool, PoolStream
 from ._request import EmotionLike, Synthesis
+from ._ssml import SsmlError
 from ._stream_text import FLUSH, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
 
@@ -91,6 +92,7 @@ __all__ = [
     "SentenceChunk",
     "SentenceEnd",
     "SidecarInfo",
+    "SsmlError",
     "StartError",
     "Synthesis",
     "TextFeed",

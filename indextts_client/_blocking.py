@@ -44,7 +44,7 @@ from anyio.from_thread import BlockingPortal
 from ._audio import Audio, AudioChunk, WordTiming
 from ._client import Client
 from ._exceptions import ClosedError
-from ._request import EmotionLike, Synthesis, TimeoutArg
+from ._request import EmotionLike, Synthesis, TextFormat, TimeoutArg
 from ._signature import REQUESTER, same_parameters
 from ._stream_text import (
     DEFAULT_LOOKAHEAD,
@@ -347,6 +347,7 @@ class BlockingClient:
         idle_timeout: TimeoutArg = ...,
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        text_format: TextFormat = "text",
         **options: Any,
     ) -> BlockingTextStream:
         """``for chunk in client.stream_text(fragments): ...`` (see :meth:`Client.stream_text`).
@@ -370,6 +371,7 @@ class BlockingClient:
                 idle_timeout=idle_timeout,
                 lookahead=lookahead,
                 max_sentence_chars=max_sentence_chars,
+                text_format=text_format,
                 **options,
             )
         )

@@ -1,6 +1,6 @@
 """``indextts-client``: speak text through a spawned sidecar, list engines, or check an engine venv.
 
-    indextts-client say "Hello there." -o hello.wav [--engine espeak] [--python PATH] [--voice REF.wav]
+    indextts-client say "Hello there." -o hello.wav [--engine espeak] [--python PATH] [--voice REF.wav] [--ssml]
     indextts-client engines [--python PATH]
     indextts-client doctor [--python PATH] [--engine NAME] [--model-dir DIR]
     indextts-client setup indextts2 [--source github|pypi|PATH] [--torch auto|cpu|cuda|pypi] [--model-dir DIR]
@@ -208,6 +208,7 @@ async def _say(args: argparse.Namespace) -> int:
                     sample_rate=args.sample_rate,
                     on_progress=bars.on_progress,
                     timeout=args.timeout,
+                    text_format="ssml" if args.ssml else "text",
                     **request_options,
                 )
         except SidecarError as exc:
@@ -339,6 +340,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="longest text in characters the sidecar accepts (its --max-text; default 100000)",
+    )
+    say.add_argument(
+        "--ssml", action="store_true", help="TEXT is SSML: <speak>, break, phoneme, prosody rate, say-as, sub, lang"
     )
     say.add_argument("-q", "--quiet", action="store_true", help="no progress bars (drawn only when rich is installed)")
 

@@ -50,7 +50,7 @@ from ._transports import (
 from ._types import RestartCallback, SidecarInfo
 
 if TYPE_CHECKING:
-    from ._request import EmotionLike, TimeoutArg
+    from ._request import EmotionLike, TextFormat, TimeoutArg
     from ._stream_text import TextInput, TextStream
 
 __all__ = ["Client"]
@@ -382,6 +382,7 @@ class Client(Requester):
         idle_timeout: TimeoutArg = ...,
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        text_format: TextFormat = "text",
         **options: Any,
     ) -> TextStream:
         """Speak text as it is written (an LLM's tokens), sentence by sentence, in one audio stream.
@@ -392,7 +393,9 @@ class Client(Requester):
         (a plain iterable is read on the event loop: it must not block).  Each sentence is one
         streamed request, sent as soon as it is cut, up to ``lookahead`` sentences ahead of the one
         delivered; ``timeout``/``idle_timeout`` bound each.  Leaving the block cancels them all.
-        Needs the ``[realtime]`` extra.  See :mod:`indextts_client._stream_text`.
+        Needs the ``[realtime]`` extra.  ``text_format="ssml"``: the fragments are one SSML text,
+        cut only where no tag or element is open, each piece a ``<speak>`` document of its own.
+        See :mod:`indextts_client._stream_text`.
         """
         from ._stream_text import TextStream, client_session
 
@@ -404,9 +407,14 @@ class Client(Requester):
                 sample_rate=sample_rate,
                 timeout=timeout,
                 idle_timeout=idle_timeout,
+                text_format=text_format,
                 **options,
             )
 
         return TextStream(
-            client_session(open_sentence), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+            client_session(open_sentence),
+            texts,
+            lookahead=lookahead,
+            max_sentence_chars=max_sentence_chars,
+            text_format=text_format,
         )

@@ -507,6 +507,7 @@ class Pool:
             texts,
             lookahead=lookahead,
             max_sentence_chars=max_sentence_chars,
+            text_format=kwargs.get("text_format", "text"),
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import EllipsisType
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -21,7 +21,7 @@ from ._audio import Audio
 from ._exceptions import InvalidRequestError
 from ._exchange import Channel
 from ._request_run import Call, Synthesis
-from ._types import Health, LoadInfo, ProgressCallback
+from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
 __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
 
@@ -30,6 +30,10 @@ __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
 EmotionLike = Union[EmotionVector, EmotionAudio, EmotionText, Mapping[str, Any], None]
 #: ``...`` means "the client's default"; None means "no limit".
 TimeoutArg = Union[float, None, EllipsisType]
+#: How ``text`` is read: as it is, or as SSML (see docs/client.md#ssml).
+TextFormat = Literal["text", "ssml"]
+#: Seconds of silence an SSML text's breaks may add up to, by default.
+MAX_SILENCE = 60.0
 
 #: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
 #: times the most by which a quiet request's signs of life may trail its engine's progress.
@@ -100,6 +104,11 @@ class Requester:
     async def _connection(self) -> Channel:
         raise NotImplementedError
 
+    def _sidecar_info(self) -> SidecarInfo:
+        """The ``ready`` facts an SSML text is rendered by (Client and Connection have ``info``)."""
+        info: SidecarInfo = getattr(self, "info")  # noqa: B009 (the subclasses' property)
+        return info
+
     def _synthesis(
         self,
         keep_audio: bool,
@@ -112,7 +121,27 @@ class Requester:
         idle_timeout: TimeoutArg,
         options: dict[str, Any],
         assemble_in_reader: bool = False,
+        *,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
     ) -> Synthesis:
+        if text_format != "text":
+            return self._ssml(
+                keep_audio,
+                text,
+                voice,
+                emotion,
+                sample_rate,
+                on_progress,
+                timeout,
+                idle_timeout,
+                options,
+                ssml_strict,
+                max_silence,
+                text_format,
+                whole=assemble_in_reader,
+            )
         idle = _resolve(idle_timeout, self._default_idle_timeout)
         # Nobody looks at this request's progress: ask the sidecar for none, except the signs of
         # life it sends after a quiet spell, which an idle deadline this long still sees in time.
@@ -130,6 +159,46 @@ class Requester:
             quiet=quiet,
         )
 
+    def _ssml(
+        self,
+        keep_audio: bool,
+        text: str,
+        voice: Union[str, None],
+        emotion: EmotionLike,
+        sample_rate: Union[int, None],
+        on_progress: Union[ProgressCallback, None],
+        timeout: TimeoutArg,
+        idle_timeout: TimeoutArg,
+        options: dict[str, Any],
+        strict: bool,
+        max_silence: float,
+        text_format: str,
+        whole: bool = False,
+    ) -> Synthesis:
+        """An SSML text read and rendered for the engine (refused here if it must be), as a Synthesis
+        over one request per segment; ``whole``: synthesize()'s, each segment's audio assembled in the reader."""
+        from ._ssml._run import SsmlSynthesis, plan_for
+
+        if text_format != "ssml":
+            raise ValueError(f"text_format must be 'text' or 'ssml', not {text_format!r}")
+        plan = plan_for(
+            self._sidecar_info(),
+            text,
+            strict=strict,
+            max_silence=max_silence,
+            voice=voice,
+            sample_rate=sample_rate,
+            options=options,
+        )
+        request = {
+            "emotion": emotion,
+            "sample_rate": sample_rate,
+            "on_progress": on_progress,
+            "idle_timeout": idle_timeout,
+        }
+        limit = _resolve(timeout, self._default_timeout)
+        return SsmlSynthesis(self, plan, keep_audio=keep_audio, limit=limit, request=request, whole=whole)
+
     def request(
         self,
         text: str,
@@ -140,6 +209,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Synthesis:
         """A synthesis whose progress events and audio chunks can be iterated, then its :class:`Audio`.
@@ -148,7 +220,20 @@ class Requester:
         then ``audio = await req.result()``.  Keyword arguments beyond those named are
         engine request options (for ``fake``: ``seconds``, ``delay``...).
         """
-        return self._synthesis(True, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
+        return self._synthesis(
+            True,
+            text,
+            voice,
+            emotion,
+            sample_rate,
+            on_progress,
+            timeout,
+            idle_timeout,
+            options,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
+        )
 
     def stream(
         self,
@@ -160,6 +245,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Synthesis:
         """Stream the audio: ``async with client.stream(text) as chunks: async for chunk in chunks: ...``.
@@ -167,7 +255,20 @@ class Requester:
         Chunks are yielded as they arrive and not kept.  Leaving the ``async with``
         block early cancels the request on the sidecar.
         """
-        return self._synthesis(False, text, voice, emotion, sample_rate, on_progress, timeout, idle_timeout, options)
+        return self._synthesis(
+            False,
+            text,
+            voice,
+            emotion,
+            sample_rate,
+            on_progress,
+            timeout,
+            idle_timeout,
+            options,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
+        )
 
     async def synthesize(
         self,
@@ -179,6 +280,9 @@ class Requester:
         on_progress: Union[ProgressCallback, None] = None,
         timeout: TimeoutArg = ...,  # a request deadline that also cancels it on the sidecar
         idle_timeout: TimeoutArg = ...,
+        text_format: TextFormat = "text",
+        ssml_strict: bool = True,
+        max_silence: float = MAX_SILENCE,
         **options: Any,
     ) -> Audio:
         """Speak ``text`` and return the whole :class:`Audio`.
@@ -187,7 +291,9 @@ class Requester:
         :class:`ProgressEvent` in this task.  ``timeout`` bounds the whole request,
         ``idle_timeout`` the time without a progress or audio frame (``...``: the
         client's default; None: no limit); either raises :class:`RequestTimeoutError`
-        after cancelling the request.  Other keyword arguments are engine request options.
+        after cancelling the request.  ``text_format="ssml"`` reads ``text`` as SSML
+        (``ssml_strict``: refuse what the engine cannot honour; ``max_silence``: the
+        seconds its breaks may add up to).  Other keyword arguments are engine request options.
         """
         synthesis = self._synthesis(
             True,
@@ -200,6 +306,9 @@ class Requester:
             idle_timeout,
             options,
             assemble_in_reader=True,
+            text_format=text_format,
+            ssml_strict=ssml_strict,
+            max_silence=max_silence,
         )
         async with synthesis:
             return await synthesis.result()

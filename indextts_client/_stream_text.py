@@ -41,6 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ._audio import AudioChunk, HasSamples, Samples, WordTiming
 from ._sentences import PIECE, SentenceSplitter
+from ._ssml._cut import SsmlSplitter
 
 __all__ = [
     "FLUSH",
@@ -205,6 +206,7 @@ class TextStream:
         *,
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        text_format: str = "text",
     ) -> None:
         if isinstance(texts, str):
             raise TypeError("stream_text takes an iterable of text fragments, not one str (wrap it: [text])")
@@ -212,7 +214,9 @@ class TextStream:
             raise ValueError("lookahead must be >= 0")
         if max_sentence_chars < 1:
             raise ValueError("max_sentence_chars must be >= 1")
-        self._splitter = SentenceSplitter(max_sentence_chars)
+        self._splitter: Union[SentenceSplitter, SsmlSplitter] = SentenceSplitter(max_sentence_chars)
+        if text_format == "ssml":  # whole SSML documents, never cut inside a tag or an element
+            self._splitter = SsmlSplitter(max_sentence_chars)
         self._session = session
         self._texts = texts
         self._lookahead = lookahead
@@ -301,7 +305,8 @@ class TextStream:
             splitter = self._splitter
             while (piece := await fragments.next()) is not None:
                 if isinstance(piece, Flush):
-                    await self._submit(splitter.finish(), flushed=True)
+                    # (SSML's cutter holds a flush back while a tag or an element is open)
+                    await self._submit(getattr(splitter, "flush", splitter.finish)(), flushed=True)
                     continue
                 if not isinstance(piece, str):
                     raise TypeError(f"stream_text fragments are str or FLUSH, not {type(piece).__name__}")

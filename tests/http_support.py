@@ -128,3 +128,15 @@ def speech(**body: Any) -> dict[str, Any]:
 
 def environ(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
+
+
+def silence_runs(pcm: bytes) -> list[tuple[bool, int]]:
+    """16-bit PCM as runs of ``(silent, samples)``: the fake engine's tones are never zero, so a
+    run of zeros is a pause (an SSML break), and its length is exact."""
+    runs: list[tuple[bool, int]] = []
+    for silent in (sample == 0 for sample in memoryview(pcm).cast("h")):
+        if runs and runs[-1][0] == silent:
+            runs[-1] = (silent, runs[-1][1] + 1)
+        else:
+            runs.append((silent, 1))
+    return runs

@@ -41,6 +41,7 @@ Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
 #: How strongly an emotion applies (its ``alpha``).
 Strength = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+TextFormat = Literal["text", "ssml"]
 
 
 class VoiceRef(msgspec.Struct, frozen=True):
@@ -70,6 +71,8 @@ class SpeechFields(msgspec.Struct, kw_only=True, frozen=True):
     #: A voice whose clip gives the emotion (an uploaded voice's id or name...).
     emotion_reference: Union[str, _Unset, None] = UNSET
     emotion_strength: Union[Strength, _Unset, None] = UNSET
+    #: How the text is read: as it is, or as SSML (the client's ``text_format``; docs/client.md#ssml).
+    text_format: Union[TextFormat, _Unset] = UNSET
 
 
 SHARED_FIELDS = tuple(SpeechFields.__struct_fields__)
@@ -88,6 +91,7 @@ class SpeechSettings:
     emotion: Union[Mapping[str, float], None] = None
     emotion_reference: Union[str, None] = None
     emotion_strength: Union[float, None] = None
+    text_format: str = "text"
 
     def merged(self, given: SpeechFields) -> SpeechSettings:
         """These settings with what ``given`` sets in their place."""

@@ -40,6 +40,8 @@ class Prepared:
     response_format: str = "pcm"
     #: Where the voice was found.
     voice_source: str = "openai"
+    #: ``text`` or ``ssml``: how the client reads the text.
+    text_format: str = "text"
 
 
 def _client_parameters() -> frozenset[str]:
@@ -177,4 +179,5 @@ async def prepare(settings: SpeechSettings, facts: EngineFacts, voices: VoiceSou
         options=options,
         response_format=settings.response_format,
         voice_source=voice.source,
+        text_format=settings.text_format,
     )

@@ -301,11 +301,14 @@ class _Options:
     sample_rate: int
     speed: Union[float, None]
     options: dict[str, Any] = field(default_factory=dict)
+    text_format: str = "text"
 
     def settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"voice": self.voice, "response_format": "pcm", "sample_rate": self.sample_rate}
         if self.speed is not None:
             settings["speed"] = self.speed
+        if self.text_format != "text":
+            settings["text_format"] = self.text_format
         if self.options:
             settings["options"] = self.options
         return settings
@@ -320,6 +323,7 @@ class TTS(tts.TTS[Any]):
     engine's own).  ``sample_rate``: of the PCM LiveKit receives.  ``speed`` and ``options`` (the
     engine's request options) as on the route's ``context.config``.  ``http_session``: an
     ``aiohttp.ClientSession`` to use (one of its own, closed by :meth:`aclose`, otherwise).
+    ``text_format``: ``"ssml"`` when the LLM writes SSML (cut only where no tag or element is open).
     """
 
     def __init__(
@@ -332,7 +336,10 @@ class TTS(tts.TTS[Any]):
         speed: Union[float, None] = None,
         options: Union[Mapping[str, Any], None] = None,
         http_session: Union[aiohttp.ClientSession, None] = None,
+        text_format: str = "text",
     ) -> None:
+        if text_format not in ("text", "ssml"):
+            raise ValueError(f"text_format is 'text' or 'ssml', not {text_format!r}")
         super().__init__(
             capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
             sample_rate=sample_rate,
@@ -340,7 +347,9 @@ class TTS(tts.TTS[Any]):
         )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._link = _Link(stream_url(url), headers, http_session)
-        self._opts = _Options(voice=voice, sample_rate=sample_rate, speed=speed, options=dict(options or {}))
+        self._opts = _Options(
+            voice=voice, sample_rate=sample_rate, speed=speed, options=dict(options or {}), text_format=text_format
+        )
         self._prewarm: Union[asyncio.Task[Any], None] = None
 
     @property

@@ -72,6 +72,12 @@ DEFAULT_STOP_FRAME_TIMEOUT = 30.0
 _FAILED_KEPT = 64
 
 
+def _text_format(text_format: str) -> str:
+    if text_format not in ("text", "ssml"):
+        raise ValueError(f"text_format is 'text' or 'ssml', not {text_format!r}")
+    return text_format
+
+
 def _settings(voice: Union[str, None]) -> TTSSettings:
     return TTSSettings(model=None, voice=voice, language=None)
 
@@ -84,6 +90,8 @@ class IndexTTSService(WebsocketTTSService):
     ``voice``: a voice the server knows (``serve --voice NAME=clip.wav``); None: its default.
     ``options``: the engine's request options, as on the route's ``session.config``.
     ``sample_rate``: the audio's rate (the route resamples); None: the pipeline's output rate.
+    ``text_format``: ``"ssml"`` when the LLM writes SSML (the route cuts it only where no tag or
+    element is open: docs/client.md#ssml).
     Other keyword arguments go to Pipecat's ``TTSService`` (``text_aggregation_mode``...).
 
     Besides Pipecat's own events, ``on_context_cancelled(service, context_id)``: the server has
@@ -101,6 +109,7 @@ class IndexTTSService(WebsocketTTSService):
         options: Union[dict[str, Any], None] = None,
         sample_rate: Union[int, None] = None,
         keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
+        text_format: str = "text",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", _settings(voice))
@@ -115,6 +124,7 @@ class IndexTTSService(WebsocketTTSService):
         self._url = stream_url(url)
         self._api_key = api_key
         self._options = dict(options) if options else None
+        self._text_format = _text_format(text_format)
         self._keepalive_interval = keepalive_interval
         self._receive_task: Any = None
         #: Contexts opened on this connection and not yet ended there, with their audio so far.
@@ -202,6 +212,7 @@ class IndexTTSService(WebsocketTTSService):
                 response_format="pcm",
                 sample_rate=self.sample_rate or None,
                 options=self._options,
+                text_format=None if self._text_format == "text" else self._text_format,
             )
         )
 
@@ -341,8 +352,9 @@ class IndexTTSInProcessService(TTSService):
     """Pipecat's TTS service over a :class:`~indextts_client.Client` or
     :class:`~indextts_client.Pool` that the application started (and stops).
 
-    One ``stream_text`` per turn; ``voice``, ``sample_rate`` (None: the pipeline's output rate)
-    and ``options`` (the engine's, and ``stream_text``'s ``lookahead``...) go to it.
+    One ``stream_text`` per turn; ``voice``, ``sample_rate`` (None: the pipeline's output rate),
+    ``text_format`` (``"ssml"`` when the LLM writes SSML) and ``options`` (the engine's, and
+    ``stream_text``'s ``lookahead``...) go to it.
     """
 
     def __init__(
@@ -352,13 +364,14 @@ class IndexTTSInProcessService(TTSService):
         voice: Union[str, None] = None,
         sample_rate: Union[int, None] = None,
         options: Union[dict[str, Any], None] = None,
+        text_format: str = "text",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", _settings(voice))
         kwargs.setdefault("stop_frame_timeout_s", DEFAULT_STOP_FRAME_TIMEOUT)
         super().__init__(push_text_frames=False, push_start_frame=True, sample_rate=sample_rate, **kwargs)
         self._client = client
-        self._options = dict(options or {})
+        self._options = {**(options or {}), "text_format": _text_format(text_format)}
         self._turns: dict[str, _Turn] = {}
 
     def can_generate_metrics(self) -> bool:

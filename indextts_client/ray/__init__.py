@@ -490,7 +490,11 @@ class RayClient:
             return self.stream(text, **kwargs)
 
         return TextStream(
-            client_session(open_sentence), texts, lookahead=lookahead, max_sentence_chars=max_sentence_chars
+            client_session(open_sentence),
+            texts,
+            lookahead=lookahead,
+            max_sentence_chars=max_sentence_chars,
+            text_format=kwargs.get("text_format", "text"),
         )
 
 

@@ -83,6 +83,17 @@ def text_of(event: Event) -> str:
     return text
 
 
+def text_format_of(event: Event) -> str:
+    """How a ``synthesize``/``synthesize-start`` asks its text to be read: ``text`` (also when
+    it says nothing) or ``ssml``."""
+    text_format = event.data.get("text_format")
+    if text_format is None:
+        return "text"
+    if text_format not in ("text", "ssml"):
+        raise invalid(f"text_format is 'text' or 'ssml', not {str(text_format)[:40]!r}")
+    return str(text_format)
+
+
 def voice_of(event: Event) -> Union[str, None]:
     """The voice a ``synthesize``/``synthesize-start`` names: its name, else its language."""
     voice = event.data.get("voice")

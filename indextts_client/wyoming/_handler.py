@@ -17,7 +17,7 @@ from .._exceptions import SidecarError
 from .._pool import Pool
 from .._service import Backend, PoolBackend, Prepared, Refusal, SpeechSettings, VoiceSources, prepare, refusal_of
 from .._stream_text import SentenceChunk, TextFeed
-from ._framing import BadEvent, invalid, read_event, text_of, voice_of
+from ._framing import BadEvent, invalid, read_event, text_format_of, text_of, voice_of
 
 try:
     from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -157,7 +157,7 @@ class WyomingService:
             name="indextts-sidecar",
             attribution=_ATTRIBUTION,
             installed=True,
-            description=f"{self.backend.facts.name or 'a TTS engine'} in sidecar processes",
+            description=f"{self.backend.facts.name or 'a TTS engine'} in sidecar processes; text_format: text, ssml",
             version=__version__,
             voices=voices,
             supports_synthesize_streaming=True,
@@ -308,7 +308,7 @@ class Handler:
         limit = self.service.limits.max_text_chars
         if len(text) > limit:
             raise invalid(f"the text is {len(text)} characters; this server takes at most {limit}", "too_long")
-        prepared = await self.service.prepare(voice_of(event))
+        prepared = replace(await self.service.prepare(voice_of(event)), text_format=text_format_of(event))
         await self._run_speaker(lambda: self._speak_whole(text, prepared))
 
     async def _speak_whole(self, text: str, prepared: Prepared) -> None:
@@ -346,7 +346,7 @@ class Handler:
     async def _start(self, event: Event) -> None:
         if self._feed is not None:
             raise invalid("a streamed synthesis is already open")
-        prepared = await self.service.prepare(voice_of(event))
+        prepared = replace(await self.service.prepare(voice_of(event)), text_format=text_format_of(event))
         feed = self._feed = TextFeed()
         self._streamed_chars = 0
         await self._run_speaker(lambda: self._speak(feed, prepared))

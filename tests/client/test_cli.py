@@ -253,3 +253,17 @@ def test_flac_without_soundfile_is_one_line_before_any_work(tmp_path: Path) -> N
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     _one_line_error(result, 2, "FLAC and Ogg need soundfile", "pip install soundfile")
     assert not (tmp_path / "x.flac").exists()
+
+
+def test_say_ssml_speaks_breaks_and_refuses_what_the_engine_cannot(tmp_path: Path) -> None:
+    out = tmp_path / "ssml.wav"
+    ssml = '<speak>hi<break time="125ms"/><sub alias="there">x</sub></speak>'
+    result = _cli("say", ssml, "-o", str(out), "--engine", "fake", "--ssml", "-q")
+    assert result.returncode == 0, result.stderr
+    expected = render_bytes("hi", 24000) + bytes(2 * 3000) + render_bytes("there", 24000)
+    assert _samples(out)[1].tobytes() == expected
+    refused = _cli(
+        "say", '<speak><phoneme alphabet="pinyin" ph="a1">a</phoneme></speak>', "-o", str(out), "--ssml", "-q"
+    )
+    assert refused.returncode != 0
+    assert "unsupported" in refused.stderr and "line 1, column 8" in refused.stderr

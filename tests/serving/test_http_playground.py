@@ -307,3 +307,25 @@ def test_a_page_on_another_origin_reaches_the_api_only_when_allowed(browser: Any
         assert _visit(browser, f"{foreign_site}/?server={s.base}") == {"fetch": "blocked", "socket": "refused"}
     with server("--engine", "fake", "--cors-origin", foreign_site) as s:
         assert _visit(browser, f"{foreign_site}/?server={s.base}") == {"fetch": 200, "socket": "session.ready"}
+
+
+def test_the_pages_ssml_box_sends_text_format(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ssml = '<speak>ab<break time="125ms"/>cd</speak>'
+    expected = len(render("ab")) + 3000 + len(render("cd"))  # samples at 24 kHz, the break exact
+    with server("--engine", "fake", "--api-key", KEY) as s:
+        browser.get(s.base + "/")
+        browser.find_element("id", "key").send_keys(KEY)
+        text = browser.find_element("id", "text")
+        text.clear()
+        text.send_keys(ssml)
+        browser.find_element("id", "ssml").click()
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "done", browser.find_element("id", "status").text
+        assert browser.execute_script("return window.playground.samples") == expected
+        text.clear()
+        text.send_keys("<speak><audio/></speak>")
+        browser.find_element("id", "play").click()
+        assert _finished(browser) == "error"
+        _screenshot(browser, _artefact(tmp_path, "playground-ssml.png"), capsys)
+        assert "line 1, column 8" in browser.find_element("id", "status").text
+        assert _console_errors(browser) == []
