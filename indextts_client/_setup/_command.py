@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
@@ -35,21 +36,28 @@ from ._build import (
     SetupError,
     create_venv,
     detect_gpu,
+    find_base_python,
     find_uv,
     install,
     lock_constraints,
     python_version,
     self_requirement,
     upstream_requirement,
+    venv_python,
 )
 from ._registry import (
     INDEXTTS_ENGINES,
     SETUP_ENGINES,
     EnvRecord,
+    home_problem,
     indextts_home,
     list_records,
+    marker_problem,
     read_record,
+    record_path,
+    record_problem,
     remove_record,
+    write_marker,
     write_record,
 )
 
@@ -309,26 +317,118 @@ async def _verify(
     return device, versions
 
 
-def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
-    engine: str = args.engine
+#: Free space a new venv needs under its folder: torch with the CUDA libraries (cuda, pypi on
+#: Linux) is several GB, the CPU build under one; the rest of upstream's pins about 1 GB.
+VENV_BYTES = {"cpu": 3 * 10**9, "cuda": 10 * 10**9, "pypi": 10 * 10**9, "none": 10**8}
+
+_PROBE = (
+    "import importlib.util, json, os, sys, sysconfig\n"
+    "stdlib = sysconfig.get_path('stdlib') or ''\n"
+    "print(json.dumps({'venv': sys.prefix != sys.base_prefix,"
+    " 'conda': os.path.isdir(os.path.join(sys.prefix, 'conda-meta')),"
+    " 'managed': os.path.isfile(os.path.join(stdlib, 'EXTERNALLY-MANAGED')),"
+    " 'pip': importlib.util.find_spec('pip') is not None}))\n"
+)
+
+
+class _Interpreter(msgspec.Struct):
+    venv: bool
+    conda: bool
+    managed: bool
+    pip: bool
+
+
+def _probe(python: str, given: str) -> _Interpreter:
+    try:
+        out = subprocess.run(
+            [python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+        return msgspec.json.decode(out.stdout.strip().splitlines()[-1], type=_Interpreter)
+    except (OSError, subprocess.TimeoutExpired, IndexError, msgspec.MsgspecError):
+        raise SetupError(f"--python {given} does not run: give the interpreter of the venv to adopt") from None
+
+
+@dataclass
+class _Plan:
+    """What the run will do, settled by the cheap checks before anything is installed or deleted."""
+
+    #: The interpreter to adopt (--python), or None to build ``venv``.
+    adopt: Union[str, None] = None
+    venv: Union[Path, None] = None
+    #: Whether ``venv`` is replaced (--force, or a marked folder that is no working venv).
+    replace: bool = False
+    torch: str = "none"
+    upstream: str = ""
+    checkout: Union[Path, None] = None
+    #: The checkpoints: a directory on disk, or a hub repository to fetch into ``model_dir``.
+    model_dir: Path = Path()
+    repo_id: Union[str, None] = None
+    #: What the run asked for, in words (said when it fails and an older ready record stays).
+    wanted: list[str] = field(default_factory=list)
+
+
+def _home() -> Path:
     home = indextts_home()
-    previous = read_record(engine)
-    record = EnvRecord(engine=engine, python="", model_dir="", source=args.source)
-    if previous is not None:
-        record = msgspec.structs.replace(previous, status="incomplete", error=None, verified=False)
-        write_record(record)
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"setup-{engine}.log"
+    problem = home_problem(home)
+    if problem is not None:
+        raise SetupError(
+            f"INDEXTTS_HOME {home} cannot hold the environments: {problem}; point INDEXTTS_HOME at a directory"
+        )
+    return home
 
-    uv = None if args.installer == "pip" else find_uv()
-    if args.installer == "uv" and uv is None:
-        raise SetupError("--installer uv: no uv binary found: pip install uv (the cli extra has it), or use pip")
 
-    # 1. The venv.
+def _free(where: Path) -> int:
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def _works(python: Path) -> bool:
+    return python.exists() and python_version(str(python)) in SUPPORTED_PYTHONS
+
+
+def _check_target(venv: Path, home: Path, force: bool) -> bool:
+    """Whether the venv folder is replaced; refuses a folder setup did not build (nothing deleted yet)."""
+    if venv.is_symlink():
+        raise SetupError(f"--venv {venv} is a symlink: give the folder itself")
+    if venv.exists() and not venv.is_dir():
+        raise SetupError(f"--venv {venv} is a file: give a new or empty folder")
+    if not venv.exists() or not any(venv.iterdir()):
+        return False
+    works = (venv / "pyvenv.cfg").is_file() and _works(venv_python(venv))
+    if works and not force:
+        return False  # kept, repaired in place
+    problem = marker_problem(venv, home)
+    if problem is not None:
+        why = "--force replaces only a venv setup built" if works else "it is not empty and not a working venv"
+        raise SetupError(f"refusing to delete {venv}: {problem}, and {why}: remove it yourself or give another --venv")
+    return True
+
+
+def _check_checkpoints(model_dir: Path, engine: str) -> None:
+    _check_model_dir(model_dir, engine)
+    missing = _missing(model_dir, engine, aux=False)
+    if missing:
+        raise SetupError(
+            f"{model_dir} lacks {', '.join(missing)}: give a complete IndexTTS-{_VERSION_OF[engine]} directory "
+            "with --model-dir, or leave it out to download the checkpoints"
+        )
+
+
+def _preflight(args: argparse.Namespace, home: Path, uv: Union[str, None], wanted: list[str]) -> _Plan:
+    """The cheap checks: the interpreter, the venv target, the disk, the checkpoints (or the hub id).
+
+    ``wanted`` gathers what the run asks for as each is settled (said if it fails)."""
+    engine: str = args.engine
+    plan = _Plan(wanted=wanted)
+    for constraint in args.constraint:
+        if not Path(constraint).is_file():
+            raise SetupError(f"--constraint {constraint}: no such file")
     if args.python is not None:
         # Absolute, not resolved: a venv's python is a symlink to its base interpreter.
         python = os.path.abspath(shutil.which(args.python) or args.python)
+        plan.wanted.append(f"to adopt {python}")
         version = python_version(python)
         if version is None:
             raise SetupError(f"--python {args.python} does not run: give the interpreter of the venv to adopt")
@@ -337,65 +437,166 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
                 f"--python {args.python} is Python {version[0]}.{version[1]} and IndexTTS needs 3.10 or 3.11: "
                 "adopt another venv, or leave --python out to build one"
             )
+        found = _probe(python, args.python)
+        if not (found.venv or found.conda):
+            kind = "an externally managed system Python" if found.managed else "not a venv's interpreter"
+            raise SetupError(
+                f"--python {args.python} is {kind}; setup installs into the venv it adopts: make one "
+                f"(`{python} -m venv DIR`) and give DIR/bin/python, or leave --python out to build one"
+            )
+        if uv is None and not found.pip:
+            raise SetupError(
+                f"--python {args.python}: that venv has no pip and no uv was found: pip install uv, or add pip there"
+            )
+        plan.adopt = python
+    else:
+        plan.venv = Path(args.venv).expanduser().absolute() if args.venv else home / "venvs" / engine
+        plan.torch = args.torch if args.torch != "auto" else "cuda" if detect_gpu() else "cpu"
+        plan.wanted.append(f"a venv in {plan.venv} from --source {args.source} with torch {plan.torch}")
+        plan.replace = _check_target(plan.venv, home, args.force)
+        plan.upstream, plan.checkout = upstream_requirement(engine, args.source)
+        if uv is None or args.base_python is not None:
+            find_base_python(args.base_python)
+        if plan.replace or not _works(venv_python(plan.venv)):
+            needed, free = VENV_BYTES[plan.torch], _free(plan.venv)
+            if needed > free:
+                raise SetupError(
+                    f"the disk under {plan.venv} has {free / 1e9:.1f} GB free and the venv needs about "
+                    f"{needed / 1e9:.0f} GB (torch {plan.torch}): free space there, or build it elsewhere (--venv DIR)"
+                )
+    if args.model_dir is not None:
+        plan.model_dir = Path(args.model_dir).expanduser().absolute()
+        plan.wanted.append(f"the checkpoints in {plan.model_dir}")
+        _check_checkpoints(plan.model_dir, engine)
+    elif plan.adopt is not None and args.model is None and _adopted_checkpoints(plan.adopt) is not None:
+        plan.model_dir = _adopted_checkpoints(plan.adopt)  # type: ignore[assignment]
+        plan.wanted.append(f"the checkpoints beside the venv, {plan.model_dir}")
+        _check_checkpoints(plan.model_dir, engine)
+    else:
+        from ._hub import DEFAULT_MODELS, check_model
+
+        plan.repo_id = args.model or DEFAULT_MODELS[engine]
+        plan.model_dir = home / "models" / plan.repo_id.replace("/", "--")
+        plan.wanted.append(f"the checkpoints of {plan.repo_id} from the hub (no --model-dir)")
+        if _missing(plan.model_dir, engine, aux=False) or not _offline():
+            _need_hub()
+            check_model(plan.repo_id, plan.model_dir)
+    if _missing(plan.model_dir, engine, aux=True) and _offline():
+        raise SetupError(
+            f"HF_HUB_OFFLINE is set and the auxiliary models are not in {plan.model_dir / 'hf_cache'}: "
+            "unset HF_HUB_OFFLINE, or copy a filled hf_cache/ there"
+        )
+    return plan
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Run:
+    """What a failure or a Ctrl-C must leave: ``kept`` is the ready record the run may not demote."""
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self.kept: Union[EnvRecord, None] = None
+        self.wanted: list[str] = []
+
+    def save(self, record: EnvRecord) -> None:
+        """Write a step's record, unless an older ready one stays until this run is ready too."""
+        if self.kept is None:
+            write_record(record)
+
+    def failed(self, error: str) -> str:
+        """Record the failure; returns the one line to print."""
+        if self.kept is not None:
+            kept = self.kept
+            wanted = "; ".join(self.wanted) or "a repair"
+            return (
+                f"{error}; {self.engine} stays ready as it was ({kept.python} with {kept.model_dir}), "
+                f"and this run, which wanted {wanted}, changed nothing registered"
+            )
+        try:
+            record = read_record(self.engine)
+        except OSError:
+            record = None
+        if record is not None:
+            write_record(msgspec.structs.replace(record, status="incomplete", error=error))
+        return error
+
+
+def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord:
+    engine: str = args.engine
+    home = _home()
+    previous = read_record(engine)
+    run.kept = previous if previous is not None and previous.ready else None
+    uv = None if args.installer == "pip" else find_uv()
+    if args.installer == "uv" and uv is None:
+        raise SetupError("--installer uv: no uv binary found: pip install uv (the cli extra has it), or use pip")
+
+    if previous is not None:
+        record = msgspec.structs.replace(previous, status="incomplete", error=None, verified=False)
+    else:
+        record = EnvRecord(engine=engine, python="", model_dir="", source=args.source)
+    run.save(record)  # incomplete from the first step (a failure then records its error)
+
+    # 0. The cheap checks, before anything is installed or deleted.
+    plan = _preflight(args, home, uv, run.wanted)
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"setup-{engine}.log"
+
+    # 1. The venv.
+    if plan.adopt is not None:
+        python = plan.adopt
         record.source, record.venv = "adopted", None
         if args.force or _installed_version(python, "indextts-sidecar") != __version__:
             with reporter.step(f"installing indextts-sidecar {__version__} into {python}"):
-                plan = InstallPlan(Path(python), [self_requirement()], "none", uv, log=log)
-                if uv is None and subprocess.run([python, "-m", "pip", "--version"], capture_output=True).returncode:
-                    raise SetupError(f"{python} has no pip and no uv was found: pip install uv, or add pip there")
-                install(plan)
+                install(InstallPlan(Path(python), [self_requirement()], "none", uv, log=log))
     else:
-        venv = Path(args.venv).expanduser().absolute() if args.venv else home / "venvs" / engine
-        if args.force and venv.exists():
-            with reporter.step(f"removing {venv} (--force)"):
+        venv = plan.venv
+        assert venv is not None
+        if plan.replace:
+            if run.kept is not None and run.kept.venv and Path(run.kept.venv) == venv:
+                run.kept = None  # the ready environment goes with its venv
+                run.save(record)
+            with reporter.step(f"removing {venv} (--force)" if args.force else f"removing {venv} (no working venv)"):
                 shutil.rmtree(venv)
-        torch = args.torch
-        if torch == "auto":
-            torch = "cuda" if detect_gpu() else "cpu"
-        upstream, checkout = upstream_requirement(engine, args.source)
+        fresh = not _works(venv_python(venv))
         with reporter.step(f"preparing the venv {venv} ({'uv' if uv else 'venv + pip'})"):
             python = str(create_venv(venv, args.base_python, uv, log))
+        if fresh:
+            write_marker(venv, engine, home)
         constraints = [Path(c).absolute() for c in args.constraint]
-        if checkout is not None:
-            lock = lock_constraints(checkout, uv, logs, log)
+        if plan.checkout is not None:
+            lock = lock_constraints(plan.checkout, uv, logs, log)
             if lock is not None:
                 constraints.append(lock)
-        with reporter.step(f"installing upstream ({args.source}), torch ({torch}) and indextts-sidecar {__version__}"):
-            install(InstallPlan(Path(python), [upstream, self_requirement()], torch, uv, constraints, log=log))
+        what = f"upstream ({args.source}), torch ({plan.torch}) and indextts-sidecar {__version__}"
+        with reporter.step(f"installing {what}"):
+            install(
+                InstallPlan(Path(python), [plan.upstream, self_requirement()], plan.torch, uv, constraints, log=log)
+            )
+        upstream = plan.upstream
         record.source = f"github@{upstream.rpartition('@')[2][:7]}" if args.source == "github" else args.source
-        if checkout is not None:
-            record.source = str(checkout)
+        if plan.checkout is not None:
+            record.source = str(plan.checkout)
         record.venv = str(venv)
-        record.device = "cuda" if torch in ("cuda", "pypi") and detect_gpu() else "cpu"
+        record.device = "cuda" if plan.torch in ("cuda", "pypi") and detect_gpu() else "cpu"
     record.python = python
-    write_record(record)
+    run.save(record)
 
     # 2. The checkpoints.
-    from ._hub import DEFAULT_MODELS, download_aux, download_model
+    from ._hub import download_aux, download_model
 
-    if args.model_dir is not None:
-        model_dir = Path(args.model_dir).expanduser().absolute()
-        _check_model_dir(model_dir, engine)
-        record.model = None
-    elif args.python is not None and args.model is None and _adopted_checkpoints(python) is not None:
-        model_dir = _adopted_checkpoints(python)  # type: ignore[assignment]
-        reporter.say(f"• found the checkpoints beside the venv: {model_dir}")
-        _check_model_dir(model_dir, engine)
-        record.model = None
-    else:
-        repo_id = args.model or DEFAULT_MODELS[engine]
-        model_dir = home / "models" / repo_id.replace("/", "--")
-        _need_hub()
-        with reporter.step(f"downloading {repo_id} into {model_dir}"), reporter.downloads() as bar:
-            download_model(repo_id, model_dir, bar)
-        _check_model_dir(model_dir, engine)
-        record.model = repo_id
-    missing = _missing(model_dir, engine, aux=False)
-    if missing:
-        raise SetupError(
-            f"{model_dir} lacks {', '.join(missing)}: give a complete IndexTTS-{_VERSION_OF[engine]} directory "
-            "with --model-dir, or leave it out to download the checkpoints"
-        )
+    model_dir = plan.model_dir
+    record.model = plan.repo_id
+    if plan.repo_id is None:
+        if args.model_dir is None:
+            reporter.say(f"• found the checkpoints beside the venv: {model_dir}")
+    elif not (_offline() and not _missing(model_dir, engine, aux=False)):
+        with reporter.step(f"downloading {plan.repo_id} into {model_dir}"), reporter.downloads() as bar:
+            download_model(plan.repo_id, model_dir, bar)
+        _check_checkpoints(model_dir, engine)
     if _missing(model_dir, engine, aux=True):
         _need_hub()
         with reporter.step("downloading the auxiliary models into hf_cache/"), reporter.downloads() as bar:
@@ -407,9 +608,14 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         # from text is refused and everything else works.
         record.engine_options["use_qwen_emo"] = False
         reporter.say(f"  no {QWEN_EMO_DIR}/ there: use_qwen_emo is off (no emotion from text)")
-    write_record(record)
+    run.save(record)
 
-    # 3. Verify, then register as ready.
+    # 3. Verify, then register as ready.  Verifying the very environment registered as ready
+    # (its interpreter and checkpoints) judges it: a failure there demotes it, honestly.
+    kept = run.kept
+    if kept is not None and (kept.python, kept.model_dir) == (python, str(model_dir)) and not args.no_verify:
+        run.kept = None
+        run.save(record)
     if args.no_verify:
         record.versions = {"indextts-sidecar": _installed_version(python, "indextts-sidecar")}
     else:
@@ -420,18 +626,24 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         record.verified = True
     record.status, record.error = "ready", None
     write_record(record)
+    run.kept = None
     return record
 
 
 def setup_command_main(args: argparse.Namespace) -> int:
-    """Run ``setup``; a failure is one line on stderr (exit 1) and leaves the record incomplete."""
+    """Run ``setup``; a failure is one line on stderr (exit 1), leaving the record incomplete, or an
+    older ready one as it was."""
     reporter = Reporter(args.quiet)
+    run = _Run(args.engine)
 
     def interrupted(signum: int, frame: object) -> None:
         # Not KeyboardInterrupt: huggingface_hub's download threads are not daemons, and its
         # thread pool's exit would wait for a stalled one.  What is on disk stays: the next run
         # resumes the partial files.
-        _mark_failed(args.engine, "interrupted")
+        try:
+            run.failed("interrupted")
+        except (OSError, ValueError):
+            pass
         if sys.stderr.isatty():
             sys.stderr.write("\x1b[?25h")  # the cursor rich's live display hid
         print(
@@ -445,10 +657,16 @@ def setup_command_main(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        record = _setup(args, reporter)
+        record = _setup(args, reporter, run)
     except SetupError as exc:
-        _mark_failed(args.engine, str(exc))
-        print(f"indextts-client setup: {exc}", file=sys.stderr)
+        try:
+            line = run.failed(str(exc))
+        except OSError:
+            line = str(exc)
+        print(f"indextts-client setup: {line}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"indextts-client setup: {run.failed(_os_error(exc))}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -462,33 +680,73 @@ def setup_command_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mark_failed(engine: str, error: str) -> None:
-    record = read_record(engine)
-    if record is not None:
-        write_record(msgspec.structs.replace(record, status="incomplete", error=error))
+def _os_error(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"cannot use{where}: {exc.strerror or exc}"
 
 
 def envs_command(args: argparse.Namespace) -> int:
+    home = indextts_home()
+    problem = home_problem(home)
+    if problem is not None:
+        print(f"indextts-client envs: INDEXTTS_HOME {home} cannot be used: {problem}", file=sys.stderr)
+        return 1
     if getattr(args, "envs_action", None) == "remove":
-        record = read_record(args.engine)
-        if not remove_record(args.engine):
-            print(f"indextts-client envs: no environment registered for {args.engine}", file=sys.stderr)
-            return 1
-        if record is not None and record.venv:
-            shutil.rmtree(record.venv, ignore_errors=True)
-        kept = f"; the checkpoints stay in {record.model_dir}" if record is not None and record.model_dir else ""
-        print(f"removed {args.engine}" + (f" and its venv {record.venv}" if record and record.venv else "") + kept)
-        return 0
+        return _remove(args.engine, home)
     records = list_records()
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(records) + b"\n")
         return 0
     if not records:
-        print(f"no environments in {indextts_home()}: run `indextts-client setup indextts2`")
+        print(f"no environments in {home}: run `indextts-client setup indextts2`")
         return 0
     for r in records:
         where = f"python={r.python} model_dir={r.model_dir} source={r.source}"
         print(f"{r.engine:<12} {r.status:<10} {r.device:<5} {where}")
+    return 0
+
+
+def _remove(engine: str, home: Path) -> int:
+    """``envs remove ENGINE``: the record, and the venv only where setup built it (its marker)."""
+    if engine not in SETUP_ENGINES:
+        print(f"indextts-client envs: ENGINE is one of {', '.join(SETUP_ENGINES)}, not {engine!r}", file=sys.stderr)
+        return 2
+    path = record_path(engine, home)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        print(f"indextts-client envs: no environment registered for {engine}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"indextts-client envs: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        record: Union[EnvRecord, None] = msgspec.json.decode(data, type=EnvRecord)
+        invalid = record_problem(record, engine)  # type: ignore[arg-type]
+    except msgspec.MsgspecError as exc:
+        record, invalid = None, f"it does not decode ({exc})"
+    remove_record(engine, home)
+    if record is None or invalid is not None:
+        print(
+            f"indextts-client envs: removed the record of {engine}, which was not valid ({invalid}); "
+            "no folder was deleted",
+            file=sys.stderr,
+        )
+        return 1
+    kept = f"; the checkpoints stay in {record.model_dir}" if record.model_dir else ""
+    if record.venv:
+        venv = Path(record.venv)
+        refused = marker_problem(venv, home) if venv.exists() or venv.is_symlink() else None
+        if refused is not None:
+            print(f"indextts-client envs: removed the record of {engine} but kept {venv}: {refused}", file=sys.stderr)
+            return 1
+        if venv.exists():
+            try:
+                shutil.rmtree(venv)
+            except OSError as exc:
+                print(f"indextts-client envs: removed the record of {engine}; {_os_error(exc)}", file=sys.stderr)
+                return 1
+    print(f"removed {engine}" + (f" and its venv {record.venv}" if record.venv else "") + kept)
     return 0
 
 
