@@ -274,10 +274,10 @@ class _Run:
         """Record the failure; returns the one line to print."""
         if self.kept is not None:
             kept = self.kept
-            wanted = "; ".join(self.wanted) or "a repair"
+            wanted = " and ".join(self.wanted) or "a repair"
             return (
-                f"{error}; {self.engine} stays ready as it was ({kept.python} with {kept.model_dir}), "
-                f"and this run, which wanted {wanted}, changed nothing registered"
+                f"{error}; {self.engine} stays ready as it was ({kept.python} with {kept.model_dir}): "
+                f"this run wanted {wanted}"
             )
         try:
             record = read_record(self.engine)
