@@ -391,7 +391,7 @@ def test_missing_auxiliary_models_are_a_problem_in_the_table_too(tmp_path: Path)
     raw = doctor(doctor_env(tmp_path, "v2"), ckpt)
     report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
     assert "lacks auxiliary models" in whats(raw["problems"])
-    check, status, detail = _row(report, "checkpoints")
+    _, status, detail = _row(report, "checkpoints")
     assert status == "problem" and "hf_cache/campplus_cn_common.bin" in detail
 
 
