@@ -303,8 +303,22 @@ def create_venv(venv: Path, base: Union[str, None], uv: Union[str, None], log: P
     return python
 
 
-def lock_constraints(checkout: Path, uv: Union[str, None], folder: Path, log: Path) -> Union[Path, None]:
-    """Upstream's ``uv.lock`` as pip constraints, torch left to the torch choice; None without uv or a lock."""
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _names(lines: Sequence[str]) -> set[str]:
+    """The normalized distribution names a requirements or constraints text pins."""
+    found = (_NAME.match(line) for line in lines if not line.lstrip().startswith(("#", "-")))
+    return {re.sub(r"[-_.]+", "-", m.group(1)).lower() for m in found if m}
+
+
+def lock_constraints(
+    checkout: Path, uv: Union[str, None], folder: Path, log: Path, given: Sequence[Path] = ()
+) -> Union[Path, None]:
+    """Upstream's ``uv.lock`` as pip constraints, torch left to the torch choice; None without uv or a lock.
+
+    A package that one of the ``given`` constraint files (``--constraint``) pins is left to it:
+    two pins of one package to different versions would make the install unsatisfiable."""
     if uv is None or not (checkout / "uv.lock").is_file():
         return None
     export = [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-annotate", "--no-emit-project"]
@@ -318,7 +332,12 @@ def lock_constraints(checkout: Path, uv: Union[str, None], folder: Path, log: Pa
         with open(log, "a") as f:
             f.write(out.stderr)
         return None
-    lines = [line for line in out.stdout.splitlines() if line.strip() and not _TORCH_LINE.match(line)]
+    pinned = _names([line for path in given for line in path.read_text(errors="replace").splitlines()])
+    lines = [
+        line
+        for line in out.stdout.splitlines()
+        if line.strip() and not _TORCH_LINE.match(line) and not (_names([line]) & pinned)
+    ]
     path = folder / "upstream-lock-constraints.txt"
     path.write_text("\n".join(lines) + "\n")
     return path

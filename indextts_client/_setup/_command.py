@@ -332,7 +332,7 @@ def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord
             write_marker(venv, engine, home)
         constraints = [Path(c).absolute() for c in args.constraint]
         if plan.checkout is not None:
-            lock = lock_constraints(plan.checkout, uv, logs, log)
+            lock = lock_constraints(plan.checkout, uv, logs, log, constraints)
             if lock is not None:
                 constraints.append(lock)
         what = f"upstream ({args.source}), torch ({plan.torch}) and indextts-sidecar {__version__}"

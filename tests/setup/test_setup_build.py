@@ -95,6 +95,14 @@ def test_upstreams_lock_becomes_constraints_without_its_torch_builds(tmp_path: P
     assert "transformers==4.52.1" in lines and "accelerate==1.8.1" in lines
     assert [line for line in lines if line.startswith(("torch==", "torchaudio==", "torchvision=="))] == []
     assert any(line.startswith("torch-stoi==") for line in lines)
+    # What --constraint pins is left to it (two pins of one package would be unsatisfiable).
+    mine = tmp_path / "mine.txt"
+    mine.write_text("# my pins\nTransformers==4.52.1\nwetextprocessing==1.2.0 ; sys_platform == 'linux'\n")
+    path = lock_constraints(UPSTREAM, uv, tmp_path, tmp_path / "log", [mine])
+    assert path is not None
+    left = path.read_text().splitlines()
+    assert [line for line in left if line.lower().startswith(("transformers", "wetextprocessing"))] == []
+    assert "accelerate==1.8.1" in left
 
 
 @pytest.mark.timeout(600)
