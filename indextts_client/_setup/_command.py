@@ -422,15 +422,13 @@ def setup_command_main(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, interrupted)
     try:
         record = _setup(args, reporter, run)
-    except SetupError as exc:
+    except (SetupError, OSError) as exc:
+        error = os_error(exc) if isinstance(exc, OSError) else str(exc)
         try:
-            line = run.failed(str(exc))
-        except OSError:
-            line = str(exc)
+            line = run.failed(error)
+        except OSError:  # the registry itself cannot be written: the error alone
+            line = error
         print(f"indextts-client setup: {line}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"indextts-client setup: {run.failed(os_error(exc))}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -54,9 +54,9 @@ def test_the_console_script_runs_the_guarded_entry_point() -> None:
     assert scripts["indextts-client"] == "indextts_sidecar._client_entry:main"
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-def test_ctrl_c_during_start_up_is_exit_130_and_one_line(moment: str) -> None:
-    result = subprocess.run(
+def _start(moment: str) -> subprocess.CompletedProcess[str]:
+    """``indextts-client envs --json`` with a SIGINT sent as ``moment`` is about to be imported."""
+    return subprocess.run(
         [sys.executable, "-c", _CHILD],
         env={**os.environ, "TEST_INTERRUPT_AT": moment},
         capture_output=True,
@@ -64,6 +64,11 @@ def test_ctrl_c_during_start_up_is_exit_130_and_one_line(moment: str) -> None:
         timeout=CLI_LIMIT,
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_ctrl_c_during_start_up_is_exit_130_and_one_line(moment: str) -> None:
+    result = _start(moment)
     assert result.returncode == 130, result.stderr
     assert result.stderr == "indextts-client: interrupted\n"
     assert result.stdout == ""
@@ -71,13 +76,6 @@ def test_ctrl_c_during_start_up_is_exit_130_and_one_line(moment: str) -> None:
 
 def test_without_a_ctrl_c_the_same_child_runs_the_command() -> None:
     # The control: the trigger names a module nobody imports, and envs answers.
-    result = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env={**os.environ, "TEST_INTERRUPT_AT": "no.such.module"},
-        capture_output=True,
-        text=True,
-        timeout=CLI_LIMIT,
-        stdin=subprocess.DEVNULL,
-    )
+    result = _start("no.such.module")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[]\n"

@@ -45,42 +45,35 @@ def _cli(args: list[str], env: dict[str, str], limit: float) -> subprocess.Compl
     )
 
 
+def _setup_from_checkout(
+    installer: str, venv: str, home: Path, ckpt: Path
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """``setup indextts2`` from the checkout with ``installer`` and --torch pypi, offline, into ``venv``,
+    which must succeed and verify with one synthesis; returns its result and the environment it ran with."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
+    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    base = subprocess.run(
+        [flavour_named("2").python, "-c", "import sys; print(sys._base_executable)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    args = ["setup", "indextts2", "--source", upstream_src(), "--torch", "pypi", "--installer", installer]
+    args += ["--base-python", base, "--venv", venv, "--constraint", str(HERE / "pins-github.txt")]
+    setup = _cli([*args, "--model-dir", str(ckpt)], env, SETUP_LIMIT)
+    sys.stderr.write(setup.stderr[-4000:])
+    assert setup.returncode == 0, setup.stderr[-4000:]
+    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
+    return setup, env
+
+
 @pytest.mark.timeout(SETUP_LIMIT + 300)
 def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: object, tmp_path: Path) -> None:
     flavour = flavour_named("2")
     ckpt = checkpoints(flavour)  # type: ignore[operator]
     home = tmp_path / "home"
     venv = os.environ.get("INDEXTTS_SETUP_VENV") or str(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
-    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
-    base = subprocess.run(
-        [flavour.python, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    setup = _cli(
-        [
-            "setup",
-            "indextts2",
-            "--source",
-            upstream_src(),
-            "--torch",
-            "pypi",
-            "--installer",
-            "pip",
-            "--base-python",
-            base,
-            "--venv",
-            venv,
-            "--constraint",
-            str(HERE / "pins-github.txt"),
-            "--model-dir",
-            str(ckpt),
-        ],
-        env,
-        SETUP_LIMIT,
-    )
-    sys.stderr.write(setup.stderr[-4000:])
-    assert setup.returncode == 0, setup.stderr[-4000:]
-    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
+    setup, env = _setup_from_checkout("pip", venv, home, ckpt)
     assert setup.stdout.strip().startswith("indextts2 is ready: ")
 
     listed = _cli(["envs", "--json"], env, 60)
@@ -133,18 +126,8 @@ def test_setup_with_uv_takes_torch_from_where_torch_says(checkpoints: object, tm
     ckpt = checkpoints(flavour)  # type: ignore[operator]
     home = tmp_path / "home"
     venv = os.environ.get("INDEXTTS_SETUP_UV_VENV") or str(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
-    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
-    base = subprocess.run(
-        [flavour.python, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    args = ["setup", "indextts2", "--source", upstream_src(), "--torch", "pypi", "--installer", "uv"]
-    args += ["--base-python", base, "--venv", venv, "--constraint", str(HERE / "pins-github.txt")]
-    setup = _cli([*args, "--model-dir", str(ckpt)], env, SETUP_LIMIT)
-    sys.stderr.write(setup.stderr[-4000:])
-    assert setup.returncode == 0, setup.stderr[-4000:]
+    setup, _ = _setup_from_checkout("uv", venv, home, ckpt)
     assert "preparing the venv" in setup.stderr and "(uv)" in setup.stderr
-    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
     log = (home / "logs" / "setup-indextts2.log").read_text()
     assert "pip install --no-sources" in log and "download.pytorch.org" not in log
     torch = subprocess.run(
