@@ -64,18 +64,20 @@ def _marked_venv(folder: Path, home: Path, engine: str = "indextts2") -> Path:
 
 
 def test_force_never_deletes_a_folder_setup_did_not_build(tmp_path: Path, canaries: list[Path]) -> None:
-    beside = canaries[0]
-    # The reproduction: --force on a documents folder, with a run that would fail later anyway.
-    for extra in ([], ["--base-python", "/nonexistent"]):
-        result = run_cli(["setup", "indextts2", "--venv", str(beside), "--force", "--torch", "cpu", *extra])
-        assert result.returncode == 1
-        line = _one_line(result)
-        assert line.startswith(f"indextts-client setup: refusing to delete {beside}: {beside} carries no setup marker")
-        assert _intact(beside)
-    # Without --force, a folder that is not empty and no venv is refused as well (nothing is built into it).
-    result = run_cli(["setup", "indextts2", "--venv", str(beside), "--torch", "cpu"])
-    assert result.returncode == 1 and "not empty and not a working venv" in _one_line(result)
-    assert _intact(beside) and sorted(p.name for p in beside.iterdir()) == ["notes.txt"]
+    for canary in canaries:  # beside the home, and above it
+        # The reproduction: --force on a documents folder, with a run that would fail later anyway.
+        for extra in ([], ["--base-python", "/nonexistent"]):
+            result = run_cli(["setup", "indextts2", "--venv", str(canary), "--force", "--torch", "cpu", *extra])
+            assert result.returncode == 1
+            line = _one_line(result)
+            assert line.startswith(
+                f"indextts-client setup: refusing to delete {canary}: {canary} carries no setup marker"
+            )
+            assert _intact(canary)
+        # Without --force, a folder that is not empty and no venv is refused as well (nothing is built into it).
+        result = run_cli(["setup", "indextts2", "--venv", str(canary), "--torch", "cpu"])
+        assert result.returncode == 1 and "not empty and not a working venv" in _one_line(result)
+        assert _intact(canary) and sorted(p.name for p in canary.iterdir()) == ["notes.txt"]
 
 
 def test_force_refuses_a_working_venv_without_the_marker(tmp_path: Path) -> None:
