@@ -46,10 +46,10 @@ def _cli(args: list[str], env: dict[str, str], limit: float) -> subprocess.Compl
 
 
 def _setup_from_checkout(
-    installer: str, venv: str, home: Path, ckpt: Path
+    installer: str, venv: str, home: Path, ckpt: Path, *, verify: bool = True
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     """``setup indextts2`` from the checkout with ``installer`` and --torch pypi, offline, into ``venv``,
-    which must succeed and verify with one synthesis; returns its result and the environment it ran with."""
+    which must succeed (and verify with one synthesis); returns its result and the environment it ran with."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
     env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
     base = subprocess.run(
@@ -60,10 +60,10 @@ def _setup_from_checkout(
     ).stdout.strip()
     args = ["setup", "indextts2", "--source", upstream_src(), "--torch", "pypi", "--installer", installer]
     args += ["--base-python", base, "--venv", venv, "--constraint", str(HERE / "pins-github.txt")]
-    setup = _cli([*args, "--model-dir", str(ckpt)], env, SETUP_LIMIT)
+    setup = _cli([*args, "--model-dir", str(ckpt), *([] if verify else ["--no-verify"])], env, SETUP_LIMIT)
     sys.stderr.write(setup.stderr[-4000:])
     assert setup.returncode == 0, setup.stderr[-4000:]
-    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
+    assert ("samples at 22050 Hz on cpu" in setup.stderr) == verify  # the verification's synthesis
     return setup, env
 
 
@@ -126,17 +126,19 @@ def test_setup_with_uv_takes_torch_from_where_torch_says(checkpoints: object, tm
     ckpt = checkpoints(flavour)  # type: ignore[operator]
     home = tmp_path / "home"
     venv = os.environ.get("INDEXTTS_SETUP_UV_VENV") or str(tmp_path / "venv")
-    setup, _ = _setup_from_checkout("uv", venv, home, ckpt)
+    # Without the verification (the pip run above makes the same synthesis; CI's time is short):
+    # what differs here is where torch came from, and that upstream's code imports with it.
+    setup, _ = _setup_from_checkout("uv", venv, home, ckpt, verify=False)
     assert "preparing the venv" in setup.stderr and "(uv)" in setup.stderr
     log = (home / "logs" / "setup-indextts2.log").read_text()
     assert "pip install --no-sources" in log and "download.pytorch.org" not in log
     torch = subprocess.run(
-        [f"{venv}/bin/python", "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        [f"{venv}/bin/python", "-c", "import importlib.metadata as m, indextts.infer_v2; print(m.version('torch'))"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
-    ).stdout.strip()
+    ).stdout.splitlines()[-1]
     assert torch.startswith("2.") and "+" not in torch, torch  # PyPI's build, not PyTorch's +cu128/+cpu
     if not os.environ.get("INDEXTTS_SETUP_UV_VENV"):
         shutil.rmtree(venv)
