@@ -381,9 +381,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _doctor(args: argparse.Namespace) -> int:
     """``doctor``: the given interpreter, else the environment setup registered for the engine."""
+    from indextts_sidecar.protocol.doctor import is_indextts
+
     from ._doctor import doctor_command
 
     python, model_dir = args.python, args.model_dir
+    if python is None and args.engine is not None and not is_indextts(args.engine):
+        return doctor_command(sys.executable, model_dir, args.engine)  # espeak, fake: this interpreter runs them
     if python is None:
         from ._setup._command import registered_for_doctor
         from ._setup._registry import setup_command

@@ -199,8 +199,12 @@ def _rows(report: DoctorReport) -> list[Row]:
         rows.append(("checkpoints", "warning", "not checked (pass --model-dir)"))
     elif not ck.exists:
         rows.append(("checkpoints", "problem", f"{ck.model_dir} does not exist"))
-    elif ck.missing:
-        rows.append(("checkpoints", "problem", f"{ck.model_dir}: missing {', '.join(ck.missing)}"))
+    elif ck.missing or ck.aux_missing:
+        # As the list below says: a problem only where one of the report's problems is about them
+        # (use_qwen_emo=false makes a missing Qwen folder a warning, see with_engine_options).
+        blocking = any(str(ck.model_dir) in p.what for p in report.problems)
+        absent = ", ".join([*ck.missing, *ck.aux_missing])
+        rows.append(("checkpoints", "problem" if blocking else "warning", f"{ck.model_dir}: missing {absent}"))
     else:
         extra = f"; optional, absent: {', '.join(ck.optional_missing)}" if ck.optional_missing else ""
         rows.append(("checkpoints", "ok", f"{ck.model_dir}: all {len(ck.present)} present{extra}"))

@@ -289,7 +289,8 @@ def _judge_checkpoints(report: DoctorReport) -> None:
         return
     if ck.missing:
         fix = download
-        if ck.missing == [QWEN_EMO_DIR + "/"]:
+        if ck.missing == [QWEN_EMO_DIR + "/"] and report.indextts.flavour != "pypi":
+            # indextts2-inference has no use_qwen_emo (it always loads the Qwen model): no such way out there.
             fix += " (or run the engine with -o use_qwen_emo=false: emotion from text is then unavailable)"
         report.problems.append(
             Problem(what=f"checkpoint directory {ck.model_dir} lacks: {', '.join(ck.missing)}", fix=fix)

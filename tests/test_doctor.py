@@ -364,3 +364,55 @@ def test_a_fix_command_is_never_wrapped_mid_line() -> None:
     buffer = io.StringIO()
     render(report, Console(file=buffer, width=40, color_system=None))
     assert f"    fix: {command}\n" in buffer.getvalue()
+
+
+# ----------------------------------------------------------------- the table agrees with the list
+
+
+def _row(report: DoctorReport, check: str) -> tuple[str, str, str]:
+    from indextts_client._doctor import _rows
+
+    return next(row for row in _rows(report) if row[0] == check)
+
+
+def test_the_table_says_warning_where_the_list_does(tmp_path: Path) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",))
+    raw = doctor(doctor_env(tmp_path, "v2"), ckpt)
+    report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
+    assert _row(report, "checkpoints")[1] == "problem"  # upstream's defaults: the list says problem too
+    off = with_engine_options(report, {"use_qwen_emo": False})
+    assert off.problems == [] and _row(off, "checkpoints")[1] == "warning"
+    text = _rendered(off)
+    assert "problem" not in text and "warning" in text and "ready to synthesize" in text
+
+
+def test_missing_auxiliary_models_are_a_problem_in_the_table_too(tmp_path: Path) -> None:
+    ckpt = make_checkpoints(tmp_path / "ckpt", hf_cache=False)
+    raw = doctor(doctor_env(tmp_path, "v2"), ckpt)
+    report = msgspec.convert({k: v for k, v in raw.items() if k != "_stderr"}, DoctorReport)
+    assert "lacks auxiliary models" in whats(raw["problems"])
+    _, status, detail = _row(report, "checkpoints")
+    assert status == "problem" and "hf_cache/campplus_cn_common.bin" in detail
+
+
+def test_the_pypi_repackagings_fix_never_offers_use_qwen_emo(tmp_path: Path) -> None:
+    # indextts2-inference has no use_qwen_emo: it always loads the Qwen model.
+    ckpt = make_checkpoints(tmp_path / "ckpt", skip=("qwen0.6bemo4-merge/",))
+    report = doctor(doctor_env(tmp_path, "pypi", transformers="5.0.0"), ckpt)
+    (problem,) = [p for p in report["problems"] if "qwen0.6bemo4-merge/" in p["what"]]
+    assert "use_qwen_emo" not in problem["fix"] and "hf download IndexTeam/IndexTTS-2" in problem["fix"]
+    (upstream,) = [p for p in doctor(doctor_env(tmp_path / "v2", "v2"), ckpt)["problems"] if "qwen" in p["what"]]
+    assert "use_qwen_emo=false" in upstream["fix"]  # upstream's IndexTTS-2 does take it
+
+
+@pytest.mark.parametrize("engine", ["fake", "espeak"])
+def test_doctor_for_another_engine_without_python_checks_this_interpreter(
+    engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from indextts_client._cli import main
+
+    monkeypatch.setenv("INDEXTTS_HOME", str(tmp_path / "home"))  # no environment registered
+    code = main(["doctor", "--engine", engine])
+    out, err = capsys.readouterr()
+    assert "setup indextts2" not in out + err and code in (0, 1)
+    assert f"engine {engine}" in out and sys.executable in out

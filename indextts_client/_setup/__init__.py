@@ -9,6 +9,10 @@
     subprocesses);
 ``_hub``
     the checkpoints and the auxiliary models, with huggingface_hub;
+``_preflight``
+    the cheap checks setup runs before anything is installed or deleted;
 ``_command``
-    the ``setup`` and ``envs`` subcommands: the steps, their progress, their errors.
+    the ``setup`` subcommand: the steps, their progress, their errors;
+``_envs``
+    the ``envs`` subcommand (and the record the doctor checks when given no interpreter).
 """

@@ -30,6 +30,7 @@ __all__ = [
     "SetupError",
     "create_venv",
     "detect_gpu",
+    "diagnose",
     "find_base_python",
     "find_uv",
     "install",
@@ -178,46 +179,146 @@ class InstallPlan:
     log: Union[Path, None] = None
 
 
+#: What the installers print when they cannot reach a host (pip, uv, git, urllib3, reqwest).
+_NETWORK = (
+    "Failed to establish a new connection",
+    "Could not resolve host",
+    "Failed to connect to",
+    "dns error",
+    "Connection refused",
+    "Network is unreachable",
+    "error sending request",
+    "Failed to fetch",
+    "Failed to download",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "Max retries exceeded",
+    "Could not fetch URL",
+    "unable to access",
+    "connection timed out",
+    "Read timed out",
+)
+_HOST = (
+    re.compile(r"Could not resolve host: ([A-Za-z0-9.-]+)"),
+    re.compile(r"host='([A-Za-z0-9.-]+)'"),
+    re.compile(r"https?://([A-Za-z0-9.-]+)"),
+)
+_REQUIREMENT = (
+    re.compile(r"No matching distribution found for (\S+)"),
+    re.compile(r"Because (\S+) was not found in the package registry"),
+    re.compile(r"Because there is no version of (\S+)"),
+    re.compile(r"(\S+) was not found in the package registry"),
+)
+
+
+def _unreachable(host: str) -> str:
+    """The fix for a host the installer could not reach."""
+    if host == "github.com" or host.endswith((".github.com", ".githubusercontent.com")):
+        return (
+            "--source github clones upstream from GitHub: use --source pypi, or --source PATH of a clone you have, "
+            "or check that github.com can be reached"
+        )
+    if host == "download.pytorch.org":
+        return "--torch pypi takes torch from the package index instead of PyTorch's, or check the network"
+    return "check the network and the package index (PIP_INDEX_URL for pip, UV_DEFAULT_INDEX for uv)"
+
+
+def diagnose(output: str) -> Union[str, None]:
+    """The real cause of a failed install, read from the installer's own output; None when unknown."""
+    lines = output.splitlines()
+    if "externally-managed-environment" in output or "externally managed" in output:
+        return (
+            "the interpreter is an externally managed (system) Python, which takes no packages: build a venv "
+            "(leave --python out) or give --python a venv's interpreter"
+        )
+    if "No module named pip" in output:
+        return "that venv has no pip: use --installer uv (the cli extra ships it), or run `PYTHON -m ensurepip` there"
+    if "No space left on device" in output:
+        return "the disk is full: free space there, or build the venv elsewhere with --venv DIR"
+    for line in lines:
+        if any(word in line for word in _NETWORK):
+            for pattern in _HOST:
+                found = pattern.search(line)
+                if found:
+                    host = found.group(1).rstrip(".")
+                    return f"cannot reach {host}: {_unreachable(host)}"
+    if "No such file or directory: 'git'" in output or "Git executable not found" in output:
+        return "git is not installed, and --source github needs it: install git, or use --source pypi or PATH"
+    for line in lines:
+        for pattern in _REQUIREMENT:
+            found = pattern.search(line)
+            if found:
+                name = found.group(1).strip("`'\",;")
+                return (
+                    f"no version of {name} that fits was found on the package index: check the index, "
+                    "the --constraint files and --torch (the index torch comes from)"
+                )
+    if "No solution found when resolving dependencies" in output or "ResolutionImpossible" in output:
+        return "the requirements conflict (see the resolver's lines above): check the --constraint files"
+    return None
+
+
 def _run(command: Sequence[str], log: Path, what: str, fix: str) -> None:
+    """Run ``command`` with its output appended to ``log``; on failure show this run's lines and the cause."""
     with open(log, "ab") as out:
         out.write(("\n$ " + " ".join(command) + "\n").encode())
         out.flush()
+        start = out.tell()
         status = subprocess.run(list(command), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if status.returncode:
-        lines = log.read_text(errors="replace").splitlines()
-        tail = [line for line in lines if "is ignored: it is neither a file" not in line][-_LOG_TAIL:]
+        with open(log, "rb") as f:
+            f.seek(start)
+            output = f.read().decode(errors="replace")
+        tail = [line for line in output.splitlines() if "is ignored: it is neither a file" not in line][-_LOG_TAIL:]
         print("\n".join(tail), file=sys.stderr)
-        raise SetupError(f"{what} failed (exit status {status.returncode}; log: {log}): {fix}")
+        cause = diagnose(output)
+        if cause is None:
+            raise SetupError(f"{what} failed (exit status {status.returncode}; log: {log}): {fix}")
+        raise SetupError(f"{what} failed: {cause} (log: {log})")
 
 
 def create_venv(venv: Path, base: Union[str, None], uv: Union[str, None], log: Path) -> Path:
-    """A venv at ``venv`` (kept when it already runs a supported Python), returning its interpreter."""
+    """A venv at ``venv`` (kept when it already runs a supported Python), returning its interpreter.
+
+    ``venv`` must be new, an empty folder, or a venv (the caller checked what may be replaced).
+    """
     python = venv_python(venv)
     if python.exists() and python_version(str(python)) in SUPPORTED_PYTHONS:
         return python
-    if venv.exists():
-        shutil.rmtree(venv)
+    if venv.is_dir() and not any(venv.iterdir()):
+        venv.rmdir()
     venv.parent.mkdir(parents=True, exist_ok=True)
     if uv is not None:
         # uv finds an interpreter in range, or fetches one where it may (UV_PYTHON_DOWNLOADS).
         spec = find_base_python(base) if base is not None else PYTHON_SPEC
-        with open(log, "ab") as out:
-            status = subprocess.run(
-                [uv, "venv", "--no-project", "--python", spec, str(venv)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        if status.returncode:
-            raise _no_python(f"uv found or fetched none (log: {log})")
+        try:
+            _run([uv, "venv", "--no-project", "--python", spec, str(venv)], log, "creating the venv", "")
+        except SetupError as exc:
+            host = re.search(r"cannot reach ([A-Za-z0-9.-]+):", str(exc))
+            why = f"none is installed and uv cannot reach {host.group(1)} to fetch one" if host else "uv found none"
+            raise _no_python(f"{why} (log: {log})") from None
     else:
         interpreter = find_base_python(base)
         _run([interpreter, "-m", "venv", str(venv)], log, "creating the venv", "see the log")
     return python
 
 
-def lock_constraints(checkout: Path, uv: Union[str, None], folder: Path, log: Path) -> Union[Path, None]:
-    """Upstream's ``uv.lock`` as pip constraints, torch left to the torch choice; None without uv or a lock."""
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _names(lines: Sequence[str]) -> set[str]:
+    """The normalized distribution names a requirements or constraints text pins."""
+    found = (_NAME.match(line) for line in lines if not line.lstrip().startswith(("#", "-")))
+    return {re.sub(r"[-_.]+", "-", m.group(1)).lower() for m in found if m}
+
+
+def lock_constraints(
+    checkout: Path, uv: Union[str, None], folder: Path, log: Path, given: Sequence[Path] = ()
+) -> Union[Path, None]:
+    """Upstream's ``uv.lock`` as pip constraints, torch left to the torch choice; None without uv or a lock.
+
+    A package that one of the ``given`` constraint files (``--constraint``) pins is left to it:
+    two pins of one package to different versions would make the install unsatisfiable."""
     if uv is None or not (checkout / "uv.lock").is_file():
         return None
     export = [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-annotate", "--no-emit-project"]
@@ -231,7 +332,12 @@ def lock_constraints(checkout: Path, uv: Union[str, None], folder: Path, log: Pa
         with open(log, "a") as f:
             f.write(out.stderr)
         return None
-    lines = [line for line in out.stdout.splitlines() if line.strip() and not _TORCH_LINE.match(line)]
+    pinned = _names([line for path in given for line in path.read_text(errors="replace").splitlines()])
+    lines = [
+        line
+        for line in out.stdout.splitlines()
+        if line.strip() and not _TORCH_LINE.match(line) and not (_names([line]) & pinned)
+    ]
     path = folder / "upstream-lock-constraints.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -242,7 +348,9 @@ def install(plan: InstallPlan) -> None:
     assert plan.log is not None
     extra: list[str] = []
     if plan.uv is not None:
-        command = [plan.uv, "pip", "install", "--python", str(plan.python)]
+        # --no-sources: a local checkout's [tool.uv.sources] (upstream's sends torch, torchaudio and
+        # torchvision to PyTorch's cu128 index) must not overrule --torch.
+        command = [plan.uv, "pip", "install", "--no-sources", "--python", str(plan.python)]
         if plan.torch in TORCH_INDEXES:
             # Best match across both indexes: torch's +cpu/+cu128 builds, everything else from the default.
             extra = ["--index", TORCH_INDEXES[plan.torch], "--index-strategy", "unsafe-best-match"]
@@ -252,11 +360,4 @@ def install(plan: InstallPlan) -> None:
             extra = ["--extra-index-url", TORCH_INDEXES[plan.torch]]
     for constraint in plan.constraints:
         extra += ["-c", str(constraint)]
-    _run(
-        [*command, *extra, *plan.requirements],
-        plan.log,
-        "installing into the venv",
-        "see the log; a network error: check that the package index"
-        + (f" and {TORCH_INDEXES[plan.torch]}" if plan.torch in TORCH_INDEXES else "")
-        + " can be reached (--torch pypi takes torch from the package index)",
-    )
+    _run([*command, *extra, *plan.requirements], plan.log, "installing into the venv", "see the lines above")

@@ -30,7 +30,6 @@ from indextts_sidecar import __version__
 
 from .._doctor import QWEN_EMO_DIR
 from ._build import (
-    SUPPORTED_PYTHONS,
     InstallPlan,
     SetupError,
     create_venv,
@@ -38,27 +37,26 @@ from ._build import (
     find_uv,
     install,
     lock_constraints,
-    python_version,
     self_requirement,
-    upstream_requirement,
+    venv_python,
 )
-from ._registry import (
-    INDEXTTS_ENGINES,
-    SETUP_ENGINES,
-    EnvRecord,
-    indextts_home,
-    list_records,
-    read_record,
-    remove_record,
-    write_record,
+from ._envs import add_envs_parser, envs_command, os_error, registered_for_doctor
+from ._preflight import (
+    VERSION_OF,
+    check_checkpoints,
+    missing,
+    need_hub,
+    offline,
+    preflight,
+    usable_home,
+    works,
 )
+from ._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 
-__all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "setup_command_main"]
+__all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "registered_for_doctor", "setup_command_main"]
 
-_VERSION_OF = {"indextts2": "2", "indextts2.5": "2.5"}
 #: The test synthesis's cap on mel tokens (several seconds of audio; "Hello." needs about one).
 VERIFY_MEL_TOKENS = 200
-_ENGINE_OF = {"2": "indextts2", "2.5": "indextts2.5"}
 
 
 def add_setup_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -100,17 +98,6 @@ def add_setup_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> N
     setup.add_argument("--no-verify", action="store_true", help="skip the doctor and the test synthesis")
     setup.add_argument("--force", action="store_true", help="rebuild the venv from scratch")
     setup.add_argument("-q", "--quiet", action="store_true", help="no progress")
-
-
-def add_envs_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
-    envs = commands.add_parser("envs", help="list the engine environments setup registered", parents=parents)
-    envs.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
-    actions = envs.add_subparsers(dest="envs_action")
-    remove = actions.add_parser("remove", help="delete an engine's record (and the venv setup built for it)")
-    remove.add_argument("engine", metavar="ENGINE")
-
-
-# ------------------------------------------------------------------------------------------ progress
 
 
 class Reporter:
@@ -209,49 +196,10 @@ class Reporter:
 # ------------------------------------------------------------------------------------------ steps
 
 
-def _adopted_checkpoints(python: str) -> Union[Path, None]:
-    """``checkpoints/`` beside an adopted venv (upstream's layout: ``<checkout>/.venv``, ``<checkout>/checkpoints``)."""
-    venv = Path(python).absolute().parent.parent
-    candidate = venv.parent / "checkpoints"
-    return candidate if (candidate / "config.yaml").is_file() else None
-
-
 def _installed_version(python: str, distribution: str) -> Union[str, None]:
     code = f"import importlib.metadata as m\ntry: print(m.version({distribution!r}))\nexcept Exception: print('')"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     return out.stdout.strip() or None
-
-
-def _need_hub() -> None:
-    """Downloads need huggingface_hub (the cli extra): say so instead of a traceback."""
-    try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        raise SetupError(
-            "downloading needs huggingface_hub: pip install 'indextts-sidecar[cli]' (or huggingface_hub), "
-            "or pass --model-dir a directory that holds the checkpoints and hf_cache/"
-        ) from None
-
-
-def _check_model_dir(model_dir: Path, engine: str) -> None:
-    from indextts_sidecar.engines.indextts import checkpoint_version
-
-    if not model_dir.is_dir():
-        raise SetupError(f"--model-dir {model_dir}: no such directory; give the folder that holds config.yaml")
-    version = checkpoint_version(str(model_dir))
-    wanted = _VERSION_OF[engine]
-    if version is not None and version != wanted:
-        other = _ENGINE_OF[version]
-        raise SetupError(
-            f"{model_dir} holds IndexTTS-{version} checkpoints, not IndexTTS-{wanted}: run "
-            f"`indextts-client setup {other} --model-dir {model_dir}`, or give an IndexTTS-{wanted} directory"
-        )
-
-
-def _missing(model_dir: Path, engine: str, *, aux: bool) -> list[str]:
-    from indextts_sidecar.engines.indextts import missing_checkpoints
-
-    return missing_checkpoints(str(model_dir), version=_VERSION_OF[engine], qwen_emo=False, aux=aux)
 
 
 def _voice_clip(folder: Path) -> str:
@@ -309,97 +257,114 @@ async def _verify(
     return device, versions
 
 
-def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
-    engine: str = args.engine
-    home = indextts_home()
-    previous = read_record(engine)
-    record = EnvRecord(engine=engine, python="", model_dir="", source=args.source)
-    if previous is not None:
-        record = msgspec.structs.replace(previous, status="incomplete", error=None, verified=False)
-        write_record(record)
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"setup-{engine}.log"
+class _Run:
+    """What a failure or a Ctrl-C must leave: ``kept`` is the ready record the run may not demote."""
 
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self.kept: Union[EnvRecord, None] = None
+        self.wanted: list[str] = []
+
+    def save(self, record: EnvRecord) -> None:
+        """Write a step's record, unless an older ready one stays until this run is ready too."""
+        if self.kept is None:
+            write_record(record)
+
+    def failed(self, error: str) -> str:
+        """Record the failure; returns the one line to print."""
+        if self.kept is not None:
+            kept = self.kept
+            wanted = " and ".join(self.wanted) or "a repair"
+            return (
+                f"{error}; {self.engine} stays ready as it was ({kept.python} with {kept.model_dir}): "
+                f"this run wanted {wanted}"
+            )
+        try:
+            record = read_record(self.engine)
+        except OSError:
+            record = None
+        if record is not None:
+            write_record(msgspec.structs.replace(record, status="incomplete", error=error))
+        return error
+
+
+def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord:
+    engine: str = args.engine
+    home = usable_home()
+    previous = read_record(engine)
+    run.kept = previous if previous is not None and previous.ready else None
     uv = None if args.installer == "pip" else find_uv()
     if args.installer == "uv" and uv is None:
         raise SetupError("--installer uv: no uv binary found: pip install uv (the cli extra has it), or use pip")
 
+    if previous is not None:
+        record = msgspec.structs.replace(previous, status="incomplete", error=None, verified=False)
+    else:
+        record = EnvRecord(engine=engine, python="", model_dir="", source=args.source)
+    run.save(record)  # incomplete from the first step (a failure then records its error)
+
+    # 0. The cheap checks, before anything is installed or deleted.
+    plan = preflight(args, home, uv, run.wanted)
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"setup-{engine}.log"
+
     # 1. The venv.
-    if args.python is not None:
-        # Absolute, not resolved: a venv's python is a symlink to its base interpreter.
-        python = os.path.abspath(shutil.which(args.python) or args.python)
-        version = python_version(python)
-        if version is None:
-            raise SetupError(f"--python {args.python} does not run: give the interpreter of the venv to adopt")
-        if version not in SUPPORTED_PYTHONS:
-            raise SetupError(
-                f"--python {args.python} is Python {version[0]}.{version[1]} and IndexTTS needs 3.10 or 3.11: "
-                "adopt another venv, or leave --python out to build one"
-            )
+    if plan.adopt is not None:
+        python = plan.adopt
         record.source, record.venv = "adopted", None
         if args.force or _installed_version(python, "indextts-sidecar") != __version__:
             with reporter.step(f"installing indextts-sidecar {__version__} into {python}"):
-                plan = InstallPlan(Path(python), [self_requirement()], "none", uv, log=log)
-                if uv is None and subprocess.run([python, "-m", "pip", "--version"], capture_output=True).returncode:
-                    raise SetupError(f"{python} has no pip and no uv was found: pip install uv, or add pip there")
-                install(plan)
+                install(InstallPlan(Path(python), [self_requirement()], "none", uv, log=log))
     else:
-        venv = Path(args.venv).expanduser().absolute() if args.venv else home / "venvs" / engine
-        if args.force and venv.exists():
-            with reporter.step(f"removing {venv} (--force)"):
+        venv = plan.venv
+        assert venv is not None
+        if plan.replace:
+            if run.kept is not None and run.kept.venv and Path(run.kept.venv) == venv:
+                run.kept = None  # the ready environment goes with its venv
+                run.save(record)
+            with reporter.step(f"removing {venv} (--force)" if args.force else f"removing {venv} (no working venv)"):
                 shutil.rmtree(venv)
-        torch = args.torch
-        if torch == "auto":
-            torch = "cuda" if detect_gpu() else "cpu"
-        upstream, checkout = upstream_requirement(engine, args.source)
+        fresh = not works(venv_python(venv))
         with reporter.step(f"preparing the venv {venv} ({'uv' if uv else 'venv + pip'})"):
             python = str(create_venv(venv, args.base_python, uv, log))
+        if fresh:
+            write_marker(venv, engine, home)
         constraints = [Path(c).absolute() for c in args.constraint]
-        if checkout is not None:
-            lock = lock_constraints(checkout, uv, logs, log)
+        if plan.checkout is not None:
+            lock = lock_constraints(plan.checkout, uv, logs, log, constraints)
             if lock is not None:
                 constraints.append(lock)
-        with reporter.step(f"installing upstream ({args.source}), torch ({torch}) and indextts-sidecar {__version__}"):
-            install(InstallPlan(Path(python), [upstream, self_requirement()], torch, uv, constraints, log=log))
+        what = f"upstream ({args.source}), torch ({plan.torch}) and indextts-sidecar {__version__}"
+        with reporter.step(f"installing {what}"):
+            install(
+                InstallPlan(Path(python), [plan.upstream, self_requirement()], plan.torch, uv, constraints, log=log)
+            )
+        upstream = plan.upstream
         record.source = f"github@{upstream.rpartition('@')[2][:7]}" if args.source == "github" else args.source
-        if checkout is not None:
-            record.source = str(checkout)
+        if plan.checkout is not None:
+            record.source = str(plan.checkout)
         record.venv = str(venv)
-        record.device = "cuda" if torch in ("cuda", "pypi") and detect_gpu() else "cpu"
+        record.device = "cuda" if plan.torch in ("cuda", "pypi") and detect_gpu() else "cpu"
     record.python = python
-    write_record(record)
+    run.save(record)
 
     # 2. The checkpoints.
-    from ._hub import DEFAULT_MODELS, download_aux, download_model
+    from ._hub import download_aux, download_model
 
-    if args.model_dir is not None:
-        model_dir = Path(args.model_dir).expanduser().absolute()
-        _check_model_dir(model_dir, engine)
-        record.model = None
-    elif args.python is not None and args.model is None and _adopted_checkpoints(python) is not None:
-        model_dir = _adopted_checkpoints(python)  # type: ignore[assignment]
-        reporter.say(f"• found the checkpoints beside the venv: {model_dir}")
-        _check_model_dir(model_dir, engine)
-        record.model = None
-    else:
-        repo_id = args.model or DEFAULT_MODELS[engine]
-        model_dir = home / "models" / repo_id.replace("/", "--")
-        _need_hub()
-        with reporter.step(f"downloading {repo_id} into {model_dir}"), reporter.downloads() as bar:
-            download_model(repo_id, model_dir, bar)
-        _check_model_dir(model_dir, engine)
-        record.model = repo_id
-    missing = _missing(model_dir, engine, aux=False)
-    if missing:
-        raise SetupError(
-            f"{model_dir} lacks {', '.join(missing)}: give a complete IndexTTS-{_VERSION_OF[engine]} directory "
-            "with --model-dir, or leave it out to download the checkpoints"
-        )
-    if _missing(model_dir, engine, aux=True):
-        _need_hub()
+    model_dir = plan.model_dir
+    record.model = plan.repo_id
+    if plan.repo_id is None:
+        if args.model_dir is None:
+            reporter.say(f"• found the checkpoints beside the venv: {model_dir}")
+    elif not (offline() and not missing(model_dir, engine, aux=False)):
+        with reporter.step(f"downloading {plan.repo_id} into {model_dir}"), reporter.downloads() as bar:
+            download_model(plan.repo_id, model_dir, bar)
+        check_checkpoints(model_dir, engine)
+    if missing(model_dir, engine, aux=True):
+        need_hub()
         with reporter.step("downloading the auxiliary models into hf_cache/"), reporter.downloads() as bar:
-            download_aux(model_dir, _VERSION_OF[engine], bar)
+            download_aux(model_dir, VERSION_OF[engine], bar)
     record.model_dir = str(model_dir)
     record.engine_options = {}
     if engine == "indextts2" and args.source != "pypi" and not (model_dir / QWEN_EMO_DIR).is_dir():
@@ -407,9 +372,14 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         # from text is refused and everything else works.
         record.engine_options["use_qwen_emo"] = False
         reporter.say(f"  no {QWEN_EMO_DIR}/ there: use_qwen_emo is off (no emotion from text)")
-    write_record(record)
+    run.save(record)
 
-    # 3. Verify, then register as ready.
+    # 3. Verify, then register as ready.  Verifying the very environment registered as ready
+    # (its interpreter and checkpoints) judges it: a failure there demotes it, honestly.
+    kept = run.kept
+    if kept is not None and (kept.python, kept.model_dir) == (python, str(model_dir)) and not args.no_verify:
+        run.kept = None
+        run.save(record)
     if args.no_verify:
         record.versions = {"indextts-sidecar": _installed_version(python, "indextts-sidecar")}
     else:
@@ -420,18 +390,24 @@ def _setup(args: argparse.Namespace, reporter: Reporter) -> EnvRecord:
         record.verified = True
     record.status, record.error = "ready", None
     write_record(record)
+    run.kept = None
     return record
 
 
 def setup_command_main(args: argparse.Namespace) -> int:
-    """Run ``setup``; a failure is one line on stderr (exit 1) and leaves the record incomplete."""
+    """Run ``setup``; a failure is one line on stderr (exit 1), leaving the record incomplete, or an
+    older ready one as it was."""
     reporter = Reporter(args.quiet)
+    run = _Run(args.engine)
 
     def interrupted(signum: int, frame: object) -> None:
         # Not KeyboardInterrupt: huggingface_hub's download threads are not daemons, and its
         # thread pool's exit would wait for a stalled one.  What is on disk stays: the next run
         # resumes the partial files.
-        _mark_failed(args.engine, "interrupted")
+        try:
+            run.failed("interrupted")
+        except (OSError, ValueError):
+            pass
         if sys.stderr.isatty():
             sys.stderr.write("\x1b[?25h")  # the cursor rich's live display hid
         print(
@@ -445,10 +421,14 @@ def setup_command_main(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        record = _setup(args, reporter)
-    except SetupError as exc:
-        _mark_failed(args.engine, str(exc))
-        print(f"indextts-client setup: {exc}", file=sys.stderr)
+        record = _setup(args, reporter, run)
+    except (SetupError, OSError) as exc:
+        error = os_error(exc) if isinstance(exc, OSError) else str(exc)
+        try:
+            line = run.failed(error)
+        except OSError:  # the registry itself cannot be written: the error alone
+            line = error
+        print(f"indextts-client setup: {line}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -460,43 +440,3 @@ def setup_command_main(args: argparse.Namespace) -> int:
         f'Client("{engine}") in Python'
     )
     return 0
-
-
-def _mark_failed(engine: str, error: str) -> None:
-    record = read_record(engine)
-    if record is not None:
-        write_record(msgspec.structs.replace(record, status="incomplete", error=error))
-
-
-def envs_command(args: argparse.Namespace) -> int:
-    if getattr(args, "envs_action", None) == "remove":
-        record = read_record(args.engine)
-        if not remove_record(args.engine):
-            print(f"indextts-client envs: no environment registered for {args.engine}", file=sys.stderr)
-            return 1
-        if record is not None and record.venv:
-            shutil.rmtree(record.venv, ignore_errors=True)
-        kept = f"; the checkpoints stay in {record.model_dir}" if record is not None and record.model_dir else ""
-        print(f"removed {args.engine}" + (f" and its venv {record.venv}" if record and record.venv else "") + kept)
-        return 0
-    records = list_records()
-    if args.json:
-        sys.stdout.buffer.write(msgspec.json.encode(records) + b"\n")
-        return 0
-    if not records:
-        print(f"no environments in {indextts_home()}: run `indextts-client setup indextts2`")
-        return 0
-    for r in records:
-        where = f"python={r.python} model_dir={r.model_dir} source={r.source}"
-        print(f"{r.engine:<12} {r.status:<10} {r.device:<5} {where}")
-    return 0
-
-
-def registered_for_doctor(engine: Union[str, None]) -> Union[EnvRecord, None]:
-    """The record the doctor checks when given no --python: the engine's, or the first ready IndexTTS one."""
-    names = (engine,) if engine in SETUP_ENGINES else SETUP_ENGINES if engine in (None, *INDEXTTS_ENGINES) else ()
-    for name in names:
-        record = read_record(name)
-        if record is not None and record.ready:
-            return record
-    return None

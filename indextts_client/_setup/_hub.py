@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from ._build import SetupError
 
-__all__ = ["AUX_MODELS", "DEFAULT_MODELS", "AuxModel", "download_aux", "download_model", "hub_errors"]
+__all__ = ["AUX_MODELS", "DEFAULT_MODELS", "AuxModel", "check_model", "download_aux", "download_model", "hub_errors"]
 
 W2V_FILES = ("config.json", "preprocessor_config.json", "model.safetensors")
 DEFAULT_MODELS = {"indextts2": "IndexTeam/IndexTTS-2", "indextts2.5": "IndexTeam/IndexTTS-2.5"}
@@ -199,27 +199,38 @@ def _fetch(repo_id: str, commit: str, remote: _Remote, bar: Any) -> None:
     tag.unlink()
 
 
-def _download(repo_id: str, wanted: dict[str, Path], where: Path, bar: Callable[[str], Any], label: str) -> None:
-    """The files of ``repo_id`` named in ``wanted`` (None: all of them, into ``where``) that are not on disk."""
+def _plan(repo_id: str, wanted: dict[str, Path], where: Path) -> tuple[str, list[_Remote]]:
+    """The commit and the files of ``repo_id`` still to fetch (``wanted`` empty: all of them, into
+    ``where``), once the hub answered and the disk has room for them; raises inside :func:`hub_errors`."""
     from huggingface_hub import constants
 
-    with hub_errors(repo_id, where):
-        if constants.HF_HUB_OFFLINE:
-            raise SetupError(
-                f"HF_HUB_OFFLINE is set and {repo_id} is not on disk: unset HF_HUB_OFFLINE, "
-                "or pass --model-dir a directory that holds the checkpoints"
-            )
-        commit, files = _listing(repo_id)
-        if not wanted:
-            wanted = {name: where / name for name in files}
-        unknown = sorted(set(wanted) - set(files))
-        if unknown:
-            raise SetupError(f"{repo_id} has no {', '.join(unknown)}: check --model")
-        todo = [_Remote(name, files[name], target) for name, target in wanted.items() if not target.is_file()]
-        partial = sum(
-            p.stat().st_size for p in (r.target.with_name(r.target.name + ".part") for r in todo) if p.exists()
+    if constants.HF_HUB_OFFLINE:
+        raise SetupError(
+            f"HF_HUB_OFFLINE is set and {repo_id} is not on disk: unset HF_HUB_OFFLINE, "
+            "or pass --model-dir a directory that holds the checkpoints"
         )
-        check_space(sum(r.size for r in todo) - partial, where)
+    commit, files = _listing(repo_id)
+    if not wanted:
+        wanted = {name: where / name for name in files}
+    unknown = sorted(set(wanted) - set(files))
+    if unknown:
+        raise SetupError(f"{repo_id} has no {', '.join(unknown)}: check --model")
+    todo = [_Remote(name, files[name], target) for name, target in wanted.items() if not target.is_file()]
+    partial = sum(p.stat().st_size for p in (r.target.with_name(r.target.name + ".part") for r in todo) if p.exists())
+    check_space(sum(r.size for r in todo) - partial, where)
+    return commit, todo
+
+
+def check_model(repo_id: str, model_dir: Path) -> None:
+    """Before anything is built: the hub knows ``repo_id``, grants it, and the disk has room for it."""
+    with hub_errors(repo_id, model_dir):
+        _plan(repo_id, {}, model_dir)
+
+
+def _download(repo_id: str, wanted: dict[str, Path], where: Path, bar: Callable[[str], Any], label: str) -> None:
+    """The files of ``repo_id`` named in ``wanted`` (None: all of them, into ``where``) that are not on disk."""
+    with hub_errors(repo_id, where):
+        commit, todo = _plan(repo_id, wanted, where)
         for remote in todo:
             _fetch(repo_id, commit, remote, bar(f"{label}: {remote.name}"))
 

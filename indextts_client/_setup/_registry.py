@@ -12,8 +12,10 @@ rule written out for a venv without platformdirs.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,17 +26,21 @@ import msgspec
 __all__ = [
     "HOME_ENV",
     "INDEXTTS_ENGINES",
+    "MARKER",
     "SETUP_ENGINES",
     "Discovered",
     "EnvRecord",
     "discover",
+    "home_problem",
     "indextts_home",
     "list_records",
+    "marker_problem",
     "read_record",
     "record_path",
     "remove_record",
     "setup_command",
     "write_record",
+    "write_marker",
 ]
 
 HOME_ENV = "INDEXTTS_HOME"
@@ -45,6 +51,9 @@ INDEXTTS_ENGINES = ("indextts", "indextts2", "indextts2.5")
 SETUP_ENGINES = ("indextts2", "indextts2.5")
 READY = "ready"
 INCOMPLETE = "incomplete"
+#: The file ``setup`` leaves beside ``pyvenv.cfg`` in every venv it builds: the engine, the
+#: home and the venv's own path.  Only a folder that carries it is ever deleted.
+MARKER = "indextts-sidecar-setup.json"
 
 
 class EnvRecord(msgspec.Struct, kw_only=True):
@@ -103,20 +112,94 @@ def indextts_home() -> Path:
     return Path(explicit).expanduser() if explicit else _default_home()
 
 
+def home_problem(home: Path) -> Union[str, None]:
+    """Why ``home`` cannot hold the registry (a file, a symlink loop, a path under a file), or None.
+
+    Walks up from ``home`` to the first thing that exists; nothing is created.
+    """
+    given = probe = home.absolute()
+    while True:
+        try:
+            mode = os.stat(probe).st_mode
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"{probe} is a symlink loop" if probe == given else f"{probe} runs into a symlink loop"
+            if exc.errno == errno.ENOENT and os.path.islink(probe):
+                return f"{probe} is a symlink to nothing"
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                return f"{probe} cannot be read ({exc.strerror or exc})"
+            if probe.parent == probe:
+                return None
+            probe = probe.parent
+            continue
+        if not stat.S_ISDIR(mode):
+            return f"{probe} is a file, not a directory" if probe == given else f"it lies under the file {probe}"
+        if not os.access(probe, os.W_OK | os.X_OK):
+            return f"{probe} is not writable"
+        return None
+
+
 def record_path(engine: str, home: Union[Path, None] = None) -> Path:
+    """The record of ``engine``: one of :data:`SETUP_ENGINES`, never a path."""
+    if engine not in SETUP_ENGINES:
+        raise ValueError(f"no record for {engine!r}: the engines are {', '.join(SETUP_ENGINES)}")
     return (home or indextts_home()) / "envs" / f"{engine}.json"
 
 
+def record_problem(record: EnvRecord, engine: str) -> Union[str, None]:
+    """Why a decoded record cannot be trusted (a hand edit, another version's file), or None."""
+    if record.engine != engine:
+        return f"it names the engine {record.engine!r}"
+    if record.status not in (READY, INCOMPLETE):
+        return f"its status {record.status!r} is unknown"
+    for name, value in (("python", record.python), ("model_dir", record.model_dir), ("venv", record.venv or "")):
+        if "\0" in value or (value and not os.path.isabs(value)):
+            return f"its {name} {value!r} is not an absolute path"
+    if record.ready and not (record.python and record.model_dir):
+        return "it is ready without a python and a model_dir"
+    if record.venv and os.path.commonpath([record.venv, record.python or record.venv]) != os.path.normpath(record.venv):
+        return f"its python {record.python} is not inside its venv {record.venv}"
+    return None
+
+
 def read_record(engine: str, home: Union[Path, None] = None) -> Union[EnvRecord, None]:
-    """The record of ``engine``, or None (none, or unreadable: a broken record is no environment)."""
+    """The record of ``engine``, or None (none, or unreadable, or invalid: a broken record is no environment)."""
     try:
         data = record_path(engine, home).read_bytes()
-    except OSError:
+    except (OSError, ValueError):
         return None
     try:
-        return msgspec.json.decode(data, type=EnvRecord)
+        record = msgspec.json.decode(data, type=EnvRecord)
     except msgspec.MsgspecError:
         return None
+    return None if record_problem(record, engine) is not None else record
+
+
+def write_marker(venv: Path, engine: str, home: Path) -> None:
+    """Mark ``venv`` as built by setup (see :data:`MARKER`)."""
+    data = {"engine": engine, "home": str(home.absolute()), "venv": str(venv.absolute())}
+    (venv / MARKER).write_bytes(msgspec.json.encode(data) + b"\n")
+
+
+def marker_problem(venv: Path, home: Path) -> Union[str, None]:
+    """Why ``venv`` may not be deleted, or None when setup built it.
+
+    It must be a real folder (not a symlink) holding ``pyvenv.cfg`` and the marker, and lie
+    inside ``home`` or where its marker says setup built it.
+    """
+    if venv.is_symlink() or not venv.is_dir():
+        return f"{venv} is not a folder" if not venv.is_symlink() else f"{venv} is a symlink"
+    try:
+        marker = msgspec.json.decode((venv / MARKER).read_bytes(), type=dict[str, str])
+    except (OSError, msgspec.MsgspecError):
+        return f"{venv} carries no setup marker ({MARKER}): setup did not build it"
+    if not (venv / "pyvenv.cfg").is_file():
+        return f"{venv} is not a venv (no pyvenv.cfg)"
+    real = os.path.realpath(venv)
+    inside = os.path.commonpath([real, os.path.realpath(home)]) == os.path.realpath(home)
+    if not inside and marker.get("venv") != real and marker.get("venv") != str(venv.absolute()):
+        return f"{venv}'s setup marker names another folder ({marker.get('venv')}): it was copied, not built there"
+    return None
 
 
 def write_record(record: EnvRecord, home: Union[Path, None] = None) -> Path:
@@ -141,12 +224,8 @@ def remove_record(engine: str, home: Union[Path, None] = None) -> bool:
 
 
 def list_records(home: Union[Path, None] = None) -> list[EnvRecord]:
-    folder = (home or indextts_home()) / "envs"
-    try:
-        names = sorted(p.stem for p in folder.glob("*.json"))
-    except OSError:
-        return []
-    return [r for r in (read_record(name, home) for name in names) if r is not None]
+    """The valid records, in engine order."""
+    return [r for r in (read_record(name, home) for name in SETUP_ENGINES) if r is not None]
 
 
 def setup_command(engine: str) -> str:

@@ -14,7 +14,7 @@ from harness import make_checkpoints
 
 from indextts_client import Client, StartError
 from indextts_client._pool_cli import add_pool_arguments, pool_kwargs
-from indextts_client._setup._registry import EnvRecord, discover, read_record, write_record
+from indextts_client._setup._registry import EnvRecord, discover, read_record, write_marker, write_record
 
 pytestmark = pytest.mark.anyio
 
@@ -116,13 +116,16 @@ def test_doctor_without_python_or_environment_names_the_setup_command() -> None:
 def test_envs_lists_and_removes(tmp_path: Path, home: Path) -> None:
     ckpt = make_checkpoints(tmp_path / "ckpt")
     _register(ckpt)
-    venv = tmp_path / "built-venv"
+    venv = tmp_path / "built-venv"  # what setup builds: pyvenv.cfg, and its marker beside it
     venv.mkdir()
-    write_record(EnvRecord(engine="indextts2.5", python="/v/bin/python", model_dir="/m", venv=str(venv)))
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    write_marker(venv, "indextts2.5", home)
+    python = str(venv / "bin" / "python")
+    write_record(EnvRecord(engine="indextts2.5", python=python, model_dir="/m", venv=str(venv)))
     listed = msgspec.json.decode(run_cli(["envs", "--json"]).stdout, type=list[EnvRecord])
     assert [(r.engine, r.status, r.python) for r in listed] == [
         ("indextts2", "ready", sys.executable),
-        ("indextts2.5", "incomplete", "/v/bin/python"),
+        ("indextts2.5", "incomplete", python),
     ]
     table = run_cli(["envs"]).stdout
     assert "indextts2 " in table and "ready" in table and str(ckpt) in table

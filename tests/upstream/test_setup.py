@@ -8,9 +8,12 @@ constrained to the github venv's pins.  The checkpoints are the tiny random ones
 conformance suite, given with ``--model-dir``; setup's verification runs the doctor and one
 synthesis on the CPU.  Then ``say --engine indextts2`` finds the environment in the registry.
 
+The same with uv, the default installer, and ``--torch pypi``: uv must not follow the checkout's
+``[tool.uv.sources]`` to PyTorch's index (``--no-sources``); torch is PyPI's build.
+
 It needs INDEXTTS_UPSTREAM_PYTHON (the github venv, which builds the fixture) and is skipped,
-saying why, without it.  Set ``INDEXTTS_SETUP_VENV`` to keep the built venv between runs
-(setup then repairs it in place, which takes seconds).
+saying why, without it.  Set ``INDEXTTS_SETUP_VENV`` (pip) and ``INDEXTTS_SETUP_UV_VENV`` (uv)
+to keep the built venvs between runs (setup then repairs each in place, which takes seconds).
 """
 
 from __future__ import annotations
@@ -42,42 +45,35 @@ def _cli(args: list[str], env: dict[str, str], limit: float) -> subprocess.Compl
     )
 
 
+def _setup_from_checkout(
+    installer: str, venv: str, home: Path, ckpt: Path, *, verify: bool = True
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """``setup indextts2`` from the checkout with ``installer`` and --torch pypi, offline, into ``venv``,
+    which must succeed (and verify with one synthesis); returns its result and the environment it ran with."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
+    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    base = subprocess.run(
+        [flavour_named("2").python, "-c", "import sys; print(sys._base_executable)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    args = ["setup", "indextts2", "--source", upstream_src(), "--torch", "pypi", "--installer", installer]
+    args += ["--base-python", base, "--venv", venv, "--constraint", str(HERE / "pins-github.txt")]
+    setup = _cli([*args, "--model-dir", str(ckpt), *([] if verify else ["--no-verify"])], env, SETUP_LIMIT)
+    sys.stderr.write(setup.stderr[-4000:])
+    assert setup.returncode == 0, setup.stderr[-4000:]
+    assert ("samples at 22050 Hz on cpu" in setup.stderr) == verify  # the verification's synthesis
+    return setup, env
+
+
 @pytest.mark.timeout(SETUP_LIMIT + 300)
 def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: object, tmp_path: Path) -> None:
     flavour = flavour_named("2")
     ckpt = checkpoints(flavour)  # type: ignore[operator]
     home = tmp_path / "home"
     venv = os.environ.get("INDEXTTS_SETUP_VENV") or str(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_ENDPOINT")}
-    env.update({"INDEXTTS_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
-    base = subprocess.run(
-        [flavour.python, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    setup = _cli(
-        [
-            "setup",
-            "indextts2",
-            "--source",
-            upstream_src(),
-            "--torch",
-            "pypi",
-            "--installer",
-            "pip",
-            "--base-python",
-            base,
-            "--venv",
-            venv,
-            "--constraint",
-            str(HERE / "pins-github.txt"),
-            "--model-dir",
-            str(ckpt),
-        ],
-        env,
-        SETUP_LIMIT,
-    )
-    sys.stderr.write(setup.stderr[-4000:])
-    assert setup.returncode == 0, setup.stderr[-4000:]
-    assert "samples at 22050 Hz on cpu" in setup.stderr  # the verification's synthesis
+    setup, env = _setup_from_checkout("pip", venv, home, ckpt)
     assert setup.stdout.strip().startswith("indextts2 is ready: ")
 
     listed = _cli(["envs", "--json"], env, 60)
@@ -116,6 +112,36 @@ def test_setup_from_the_checkout_then_say_finds_the_environment(checkpoints: obj
 
     if not os.environ.get("INDEXTTS_SETUP_VENV"):
         shutil.rmtree(venv)  # several GB: pytest keeps the last runs' temporary folders
+
+
+@pytest.mark.timeout(SETUP_LIMIT + 300)
+def test_setup_with_uv_takes_torch_from_where_torch_says(checkpoints: object, tmp_path: Path) -> None:
+    """The default installer: uv, which by itself would follow the checkout's [tool.uv.sources] to
+    PyTorch's cu128 index; with ``--torch pypi`` torch must come from the package index instead."""
+    from indextts_client._setup._build import find_uv
+
+    if find_uv() is None:
+        pytest.skip("no uv binary (the cli extra installs it)")
+    flavour = flavour_named("2")
+    ckpt = checkpoints(flavour)  # type: ignore[operator]
+    home = tmp_path / "home"
+    venv = os.environ.get("INDEXTTS_SETUP_UV_VENV") or str(tmp_path / "venv")
+    # Without the verification (the pip run above makes the same synthesis; CI's time is short):
+    # what differs here is where torch came from, and that upstream's code imports with it.
+    setup, _ = _setup_from_checkout("uv", venv, home, ckpt, verify=False)
+    assert "preparing the venv" in setup.stderr and "(uv)" in setup.stderr
+    log = (home / "logs" / "setup-indextts2.log").read_text()
+    assert "pip install --no-sources" in log and "download.pytorch.org" not in log
+    torch = subprocess.run(
+        [f"{venv}/bin/python", "-c", "import importlib.metadata as m, indextts.infer_v2; print(m.version('torch'))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()[-1]
+    assert torch.startswith("2.") and "+" not in torch, torch  # PyPI's build, not PyTorch's +cu128/+cpu
+    if not os.environ.get("INDEXTTS_SETUP_UV_VENV"):
+        shutil.rmtree(venv)
 
 
 def _fixture_repos(ckpt: Path) -> dict[str, Any]:
