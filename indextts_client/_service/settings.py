@@ -1,8 +1,9 @@
 """The serving flags every server shares, parsed once into frozen settings.
 
 ``add_voice_arguments`` defines ``--voice``, ``--voice-dir`` and the voice store's bounds (their
-defaults read from :class:`VoiceLimits`, said there once); :meth:`ServeSettings.from_args` turns
-them and the pool's flags (:mod:`indextts_client._pool_cli`) into one frozen value.
+defaults read from :class:`VoiceLimits`, said there once), ``add_ssml_arguments`` the bound on an
+SSML request's breaks (``--max-silence``); :meth:`ServeSettings.from_args` turns them and the
+pool's flags (:mod:`indextts_client._pool_cli`) into one frozen value.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from typing import Any, Protocol, Union
 from indextts_sidecar.voicestore import VoiceLimits
 
 from .._pool_cli import pool_kwargs
+from .._request import MAX_SILENCE
 from .voices import VoiceSources, parse_voice_map
 
-__all__ = ["ServeSettings", "add_voice_arguments", "positive"]
+__all__ = ["MAX_SILENCE_BOUND", "ServeSettings", "add_ssml_arguments", "add_voice_arguments", "positive"]
+
+#: The most ``--max-silence`` may allow: an hour of breaks in one request.
+MAX_SILENCE_BOUND = 3600.0
 
 
 def positive(kind: type) -> Any:
@@ -65,6 +70,28 @@ def add_voice_arguments(parser: argparse.ArgumentParser, bounds: Union[ArgumentT
         group.add_argument(flag, type=positive(kind), default=getattr(defaults, attribute), help=what)
 
 
+def _silence_seconds(text: str) -> float:
+    """An argparse type: seconds of silence, > 0 and at most :data:`MAX_SILENCE_BOUND`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= MAX_SILENCE_BOUND:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, {MAX_SILENCE_BOUND:g}] seconds")
+    return value
+
+
+def add_ssml_arguments(group: ArgumentTaker) -> None:
+    """``--max-silence SECONDS``: what the breaks of one SSML request may add up to."""
+    group.add_argument(
+        "--max-silence",
+        type=_silence_seconds,
+        default=MAX_SILENCE,
+        metavar="SECONDS",
+        help=f"seconds the breaks of one SSML request may add up to (default %(default)g, at most {MAX_SILENCE_BOUND:g})",
+    )
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """What a server runs: the pool's arguments, and its voices."""
@@ -75,10 +102,13 @@ class ServeSettings:
     voices: Mapping[str, Union[str, None]] = field(default_factory=dict)
     voice_dir: Union[str, None] = None
     voice_limits: VoiceLimits = field(default_factory=VoiceLimits)
+    #: Seconds the breaks of one SSML request may add up to (``--max-silence``).
+    max_silence: float = MAX_SILENCE
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServeSettings:
-        """From the flags of ``add_pool_arguments`` and ``add_voice_arguments``; a bad one is the parser's error."""
+        """From the flags of ``add_pool_arguments``, ``add_voice_arguments`` and ``add_ssml_arguments``;
+        a bad one is the parser's error."""
         try:
             voices = parse_voice_map(args.voice)
         except ValueError as exc:
@@ -94,6 +124,7 @@ class ServeSettings:
             voices=MappingProxyType(voices),
             voice_dir=args.voice_dir or None,
             voice_limits=limits,
+            max_silence=args.max_silence,
         )
 
     def sources(self) -> VoiceSources:
