@@ -16,7 +16,7 @@ from typing import Any, Union
 from indextts_sidecar.protocol import EMOTION_NAMES, Emotion, EmotionAudio, EmotionText, EmotionVector
 
 from .._client import Client
-from .._request import MAX_SILENCE
+from .._defaults import DEFAULT_MAX_SILENCE
 from .facts import EngineFacts
 from .fields import SpeechSettings
 from .refusal import Kind, Refusal
@@ -44,7 +44,7 @@ class Prepared:
     #: ``text`` or ``ssml``: how the client reads the text.
     text_format: str = "text"
     #: Seconds an SSML text's breaks may add up to (the server's ``--max-silence``).
-    max_silence: float = MAX_SILENCE
+    max_silence: float = DEFAULT_MAX_SILENCE
 
 
 def _client_parameters() -> frozenset[str]:
@@ -171,7 +171,7 @@ async def prepare(
     voices: VoiceSources,
     *,
     max_input: int,
-    max_silence: float = MAX_SILENCE,
+    max_silence: float = DEFAULT_MAX_SILENCE,
 ) -> Prepared:
     """``settings`` as what the sidecar is asked for, checked in one order: voice, emotion,
     speed and engine options, sample rate; ``max_silence`` bounds an SSML text's breaks."""

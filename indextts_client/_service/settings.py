@@ -17,8 +17,8 @@ from typing import Any, Protocol, Union
 
 from indextts_sidecar.voicestore import VoiceLimits
 
+from .._defaults import DEFAULT_MAX_SILENCE
 from .._pool_cli import pool_kwargs
-from .._request import MAX_SILENCE
 from .voices import VoiceSources, parse_voice_map
 
 __all__ = ["MAX_SILENCE_BOUND", "ServeSettings", "add_ssml_arguments", "add_voice_arguments", "positive"]
@@ -86,9 +86,9 @@ def add_ssml_arguments(group: ArgumentTaker) -> None:
     group.add_argument(
         "--max-silence",
         type=_silence_seconds,
-        default=MAX_SILENCE,
+        default=DEFAULT_MAX_SILENCE,
         metavar="SECONDS",
-        help=f"seconds the breaks of one SSML request may add up to (default %(default)g, at most {MAX_SILENCE_BOUND:g})",
+        help=f"seconds of breaks one SSML request may hold in all (default %(default)g, at most {MAX_SILENCE_BOUND:g})",
     )
 
 
@@ -103,7 +103,7 @@ class ServeSettings:
     voice_dir: Union[str, None] = None
     voice_limits: VoiceLimits = field(default_factory=VoiceLimits)
     #: Seconds the breaks of one SSML request may add up to (``--max-silence``).
-    max_silence: float = MAX_SILENCE
+    max_silence: float = DEFAULT_MAX_SILENCE
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServeSettings:

@@ -18,7 +18,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .._request import MAX_SILENCE
+from .._defaults import DEFAULT_MAX_SILENCE
 from .._service import MAX_SILENCE_BOUND, Kind, Refusal
 from ._errors import HTTPError
 
@@ -43,7 +43,7 @@ class Limits:
         body_timeout: float = 30.0,
         max_in_flight: int = 64,
         max_unauthorized: int = 16,
-        max_silence: float = MAX_SILENCE,
+        max_silence: float = DEFAULT_MAX_SILENCE,
     ) -> None:
         for name, value in (
             ("max_body", max_body),

@@ -13,9 +13,9 @@ import anyio
 
 from indextts_sidecar import __version__
 
+from .._defaults import DEFAULT_MAX_SILENCE
 from .._exceptions import SidecarError
 from .._pool import Pool
-from .._request import MAX_SILENCE
 from .._service import (
     MAX_SILENCE_BOUND,
     Backend,
@@ -69,7 +69,7 @@ class Limits:
     #: Seconds one event may take to reach a client that does not read [--write-timeout].
     write_timeout: float = 30.0
     #: Seconds the breaks of one SSML request may add up to [--max-silence].
-    max_silence: float = MAX_SILENCE
+    max_silence: float = DEFAULT_MAX_SILENCE
 
     def __post_init__(self) -> None:
         if not 0 < self.max_silence <= MAX_SILENCE_BOUND:
