@@ -32,7 +32,8 @@ The API:
 - :mod:`.backend`: the ``Backend`` protocol (``facts``, ``start``, ``aclose``, ``stream``,
   ``stream_text``, ``health() -> HealthReport``), ``ServedStream``, ``PoolBackend``, ``RayBackend``.
 - :mod:`.depth`: ``check_depth(raw, limit=MAX_DEPTH)``: nesting refused (``too_deep``) before decoding.
-- :mod:`.settings`: ``add_voice_arguments(parser)``, ``add_ssml_arguments(group)`` and
+- :mod:`.settings`: ``add_voice_arguments(parser)``, ``add_ssml_arguments(group)``
+  (``check_max_silence(seconds)``: its bounds, for a front end's own limits) and
   ``ServeSettings.from_args(args, parser)``: the serving flags (pool, voices, ``--max-silence``)
   once, frozen; ``positive(int)`` for bounds flags.
 
@@ -52,7 +53,14 @@ from .facts import EngineFacts, EngineVoice
 from .fields import FORMATS, SampleRate, SpeechFields, SpeechSettings, Speed, Strength, VoiceRef
 from .prepare import PCM_RATE, Prepared, check_text, engine_options, prepare, speed_options
 from .refusal import Kind, Refusal, refusal_of, without_paths
-from .settings import MAX_SILENCE_BOUND, ServeSettings, add_ssml_arguments, add_voice_arguments, positive
+from .settings import (
+    MAX_SILENCE_BOUND,
+    ServeSettings,
+    add_ssml_arguments,
+    add_voice_arguments,
+    check_max_silence,
+    positive,
+)
 from .voices import OPENAI_VOICES, ListedVoice, Resolved, VoiceSources, parse_voice_map, unknown_voice
 
 __all__ = [
@@ -86,6 +94,7 @@ __all__ = [
     "add_ssml_arguments",
     "add_voice_arguments",
     "check_depth",
+    "check_max_silence",
     "check_text",
     "depth_of",
     "engine_options",

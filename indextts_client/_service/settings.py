@@ -21,7 +21,14 @@ from .._defaults import DEFAULT_MAX_SILENCE
 from .._pool_cli import pool_kwargs
 from .voices import VoiceSources, parse_voice_map
 
-__all__ = ["MAX_SILENCE_BOUND", "ServeSettings", "add_ssml_arguments", "add_voice_arguments", "positive"]
+__all__ = [
+    "MAX_SILENCE_BOUND",
+    "ServeSettings",
+    "add_ssml_arguments",
+    "add_voice_arguments",
+    "check_max_silence",
+    "positive",
+]
 
 #: The most ``--max-silence`` may allow: an hour of breaks in one request.
 MAX_SILENCE_BOUND = 3600.0
@@ -70,15 +77,20 @@ def add_voice_arguments(parser: argparse.ArgumentParser, bounds: Union[ArgumentT
         group.add_argument(flag, type=positive(kind), default=getattr(defaults, attribute), help=what)
 
 
+def check_max_silence(seconds: float) -> float:
+    """``seconds`` as a server's bound on an SSML request's breaks: > 0 and at most
+    :data:`MAX_SILENCE_BOUND` (NaN is neither), else ValueError."""
+    if not 0 < seconds <= MAX_SILENCE_BOUND:
+        raise ValueError(f"max_silence must be in (0, {MAX_SILENCE_BOUND:g}] seconds, not {seconds!r}")
+    return seconds
+
+
 def _silence_seconds(text: str) -> float:
-    """An argparse type: seconds of silence, > 0 and at most :data:`MAX_SILENCE_BOUND`."""
+    """An argparse type: :func:`check_max_silence` of a number, else the parser's error."""
     try:
-        value = float(text)
+        return check_max_silence(float(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= MAX_SILENCE_BOUND:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"{text} is not in (0, {MAX_SILENCE_BOUND:g}] seconds")
-    return value
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, {MAX_SILENCE_BOUND:g}]") from None
 
 
 def add_ssml_arguments(group: ArgumentTaker) -> None:

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .._defaults import DEFAULT_MAX_SILENCE
-from .._service import MAX_SILENCE_BOUND, Kind, Refusal
+from .._service import Kind, Refusal, check_max_silence
 from ._errors import HTTPError
 
 __all__ = ["UNCOUNTED", "Limits", "LimitsMiddleware", "header_deadline_protocol", "reset"]
@@ -52,19 +52,16 @@ class Limits:
             ("body_timeout", body_timeout),
             ("max_in_flight", max_in_flight),
             ("max_unauthorized", max_unauthorized),
-            ("max_silence", max_silence),
         ):
             if not value > 0:
                 raise ValueError(f"Limits.{name} must be positive, not {value!r}")
-        if not max_silence <= MAX_SILENCE_BOUND:
-            raise ValueError(f"Limits.max_silence must be at most {MAX_SILENCE_BOUND:g} s, not {max_silence!r}")
         self.max_body, self.max_upload, self.max_input = max_body, max_upload, max_input
         self.body_timeout, self.max_in_flight = body_timeout, max_in_flight
         #: Requests without the key (on a server with one) in flight at once: they have their
         #: own budget, so that they never take a slot from a client with the key.
         self.max_unauthorized = max_unauthorized
         #: Seconds the breaks of one SSML request (a WebSocket sentence) may add up to.
-        self.max_silence = max_silence
+        self.max_silence = check_max_silence(max_silence)
 
 
 def _overloaded(what: str) -> HTTPError:

@@ -17,13 +17,13 @@ from .._defaults import DEFAULT_MAX_SILENCE
 from .._exceptions import SidecarError
 from .._pool import Pool
 from .._service import (
-    MAX_SILENCE_BOUND,
     Backend,
     PoolBackend,
     Prepared,
     Refusal,
     SpeechSettings,
     VoiceSources,
+    check_max_silence,
     prepare,
     refusal_of,
 )
@@ -72,8 +72,7 @@ class Limits:
     max_silence: float = DEFAULT_MAX_SILENCE
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_silence <= MAX_SILENCE_BOUND:
-            raise ValueError(f"Limits.max_silence must be in (0, {MAX_SILENCE_BOUND:g}] s, not {self.max_silence!r}")
+        check_max_silence(self.max_silence)
 
 
 def _error(refusal: Refusal) -> Event:

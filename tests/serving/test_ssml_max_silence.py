@@ -186,3 +186,20 @@ def test_the_flag_is_a_positive_number_of_seconds_at_most_an_hour(
         assert exited.value.code == 2
         message = capsys.readouterr().err
         assert message.count("\n") == 1 and "--max-silence" in message and bad in message, message
+
+
+def test_the_servers_limits_take_the_same_bounds() -> None:
+    from indextts_client.http._limits import Limits as HttpLimits
+
+    limits: list[Any] = [HttpLimits]
+    try:
+        from indextts_client.wyoming import Limits as WyomingLimits
+    except ImportError:  # pragma: no cover - without the wyoming extra
+        pass
+    else:
+        limits.append(WyomingLimits)
+    for kind in limits:
+        assert kind().max_silence == 60.0 and kind(max_silence=3600).max_silence == 3600
+        for bad in (0.0, -1.0, 3600.5, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="max_silence must be in"):
+                kind(max_silence=bad)
