@@ -62,7 +62,7 @@ def test_http_refuses_breaks_over_the_servers_bound(client: Any, ssml: str) -> N
     with pytest.raises(openai.BadRequestError) as caught:
         _speech(client, ssml)
     error = caught.value.body
-    assert error["code"] == "invalid_ssml", error
+    assert (error["code"], error["param"]) == ("invalid_ssml", "input"), error
     assert BOUND in error["message"] and "line 1, column" in error["message"], error
 
 
