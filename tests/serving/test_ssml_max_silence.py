@@ -25,6 +25,8 @@ from http_support import KEY, TIMEOUT, Server, server  # noqa: E402
 from indextts_client.http._serve import _parser as serve_parser  # noqa: E402
 from indextts_sidecar.engines.fake import render  # noqa: E402
 
+pytestmark = pytest.mark.timeout(120)
+
 #: Over two seconds: one break, and two that only add up to more.
 OVER = {
     "one break": '<speak>ab<break time="3s"/>cd</speak>',
