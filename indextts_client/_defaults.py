@@ -15,12 +15,15 @@ __all__ = [
     "DEFAULT_MAX_BUFFERED",
     "DEFAULT_MAX_RESTARTS",
     "DEFAULT_MAX_RESTART_BACKOFF",
+    "DEFAULT_MAX_SILENCE",
     "DEFAULT_READY_TIMEOUT",
     "DEFAULT_RESTART_BACKOFF",
     "DEFAULT_RESTART_WINDOW",
     "DEFAULT_SHUTDOWN_TIMEOUT",
 ]
 
+#: Seconds an SSML text's breaks may add up to (``max_silence``; a server's ``--max-silence``).
+DEFAULT_MAX_SILENCE: Final = 60.0
 #: Seconds to wait for the sidecar's ``ready`` frame (the handshake, before any heavy import).
 DEFAULT_READY_TIMEOUT: Final[Union[float, None]] = 30.0
 #: Seconds the sidecar gets to exit after ``shutdown`` before it is terminated, then killed.

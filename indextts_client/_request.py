@@ -18,6 +18,7 @@ from indextts_sidecar import protocol
 from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
 
 from ._audio import Audio
+from ._defaults import DEFAULT_MAX_SILENCE
 from ._exceptions import InvalidRequestError
 from ._exchange import Channel
 from ._request_run import Call, Synthesis
@@ -33,7 +34,7 @@ TimeoutArg = Union[float, None, EllipsisType]
 #: How ``text`` is read: as it is, or as SSML (see docs/client.md#ssml).
 TextFormat = Literal["text", "ssml"]
 #: Seconds of silence an SSML text's breaks may add up to, by default.
-MAX_SILENCE = 60.0
+MAX_SILENCE = DEFAULT_MAX_SILENCE
 
 #: The shortest idle deadline for which synthesize() asks the sidecar for no progress: ten
 #: times the most by which a quiet request's signs of life may trail its engine's progress.

@@ -5,7 +5,7 @@ these values and renders what comes back.  The path of a request::
 
     fields (SpeechFields, decoded by the front end; check_depth on the raw text first)
       -> SpeechSettings.merged(fields)        the front end's defaults, then what was given
-      -> prepare(settings, backend.facts, sources, max_input=...)  -> Prepared
+      -> prepare(settings, backend.facts, sources, max_input=..., max_silence=...)  -> Prepared
       -> backend.stream(text, prepared)       -> ServedStream (AudioChunk; timings, facts, member_index)
          backend.stream_text(texts, prepared) -> TextStream
     any failure: Refusal (raised by prepare, the sources...), or a SidecarError -> refusal_of(exc)
@@ -21,7 +21,8 @@ The API:
   instructions, emotion, emotion_reference, emotion_strength), ``SpeechSettings`` (resolved),
   the bounded types ``Speed``, ``SampleRate``, ``Strength``, ``FORMATS``.
 - :mod:`.prepare`: ``prepare()`` (voice, emotion, speed and options, sample rate, in that
-  order) -> ``Prepared(voice, emotion, sample_rate, options, response_format, voice_source)``;
+  order) -> ``Prepared(voice, emotion, sample_rate, options, response_format, voice_source,
+  text_format, max_silence)`` (an SSML request's breaks bounded by the server's ``--max-silence``);
   ``check_text(name, text, max_input)``; ``PCM_RATE``.  Engine options stay a mapping.
 - :mod:`.voices`: ``VoiceSources(mapping, directory, limits)``; ``resolve(name, facts)`` ->
   ``Resolved(value, source)`` over the sources mapped, clip, uploaded, engine, openai (in that
@@ -31,8 +32,10 @@ The API:
 - :mod:`.backend`: the ``Backend`` protocol (``facts``, ``start``, ``aclose``, ``stream``,
   ``stream_text``, ``health() -> HealthReport``), ``ServedStream``, ``PoolBackend``, ``RayBackend``.
 - :mod:`.depth`: ``check_depth(raw, limit=MAX_DEPTH)``: nesting refused (``too_deep``) before decoding.
-- :mod:`.settings`: ``add_voice_arguments(parser)`` and ``ServeSettings.from_args(args, parser)``:
-  the serving flags (pool and voices) once, frozen; ``positive(int)`` for bounds flags.
+- :mod:`.settings`: ``add_voice_arguments(parser)``, ``add_ssml_arguments(group)``
+  (``check_max_silence(seconds)``: its bounds, for a front end's own limits) and
+  ``ServeSettings.from_args(args, parser)``: the serving flags (pool, voices, ``--max-silence``)
+  once, frozen; ``positive(int)`` for bounds flags.
 
 For Wyoming: build ``PoolBackend(Pool(settings.engine, **settings.pool))`` and
 ``settings.sources()``; after ``backend.start()``, ``backend.facts`` has the engine's voices
@@ -50,12 +53,20 @@ from .facts import EngineFacts, EngineVoice
 from .fields import FORMATS, SampleRate, SpeechFields, SpeechSettings, Speed, Strength, VoiceRef
 from .prepare import PCM_RATE, Prepared, check_text, engine_options, prepare, speed_options
 from .refusal import Kind, Refusal, refusal_of, without_paths
-from .settings import ServeSettings, add_voice_arguments, positive
+from .settings import (
+    MAX_SILENCE_BOUND,
+    ServeSettings,
+    add_ssml_arguments,
+    add_voice_arguments,
+    check_max_silence,
+    positive,
+)
 from .voices import OPENAI_VOICES, ListedVoice, Resolved, VoiceSources, parse_voice_map, unknown_voice
 
 __all__ = [
     "FORMATS",
     "MAX_DEPTH",
+    "MAX_SILENCE_BOUND",
     "OPENAI_VOICES",
     "PCM_RATE",
     "Backend",
@@ -80,8 +91,10 @@ __all__ = [
     "Strength",
     "VoiceRef",
     "VoiceSources",
+    "add_ssml_arguments",
     "add_voice_arguments",
     "check_depth",
+    "check_max_silence",
     "check_text",
     "depth_of",
     "engine_options",

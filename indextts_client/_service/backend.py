@@ -119,7 +119,11 @@ def _arguments(prepared: Prepared) -> dict[str, Any]:
         "voice": prepared.voice,
         "emotion": prepared.emotion,
         "sample_rate": prepared.sample_rate,
-        **({"text_format": prepared.text_format} if prepared.text_format != "text" else {}),
+        **(
+            {"text_format": prepared.text_format, "max_silence": prepared.max_silence}
+            if prepared.text_format != "text"
+            else {}
+        ),
         **prepared.options,
     }
 

@@ -16,6 +16,7 @@ from typing import Any, Union
 from indextts_sidecar.protocol import EMOTION_NAMES, Emotion, EmotionAudio, EmotionText, EmotionVector
 
 from .._client import Client
+from .._defaults import DEFAULT_MAX_SILENCE
 from .facts import EngineFacts
 from .fields import SpeechSettings
 from .refusal import Kind, Refusal
@@ -42,6 +43,8 @@ class Prepared:
     voice_source: str = "openai"
     #: ``text`` or ``ssml``: how the client reads the text.
     text_format: str = "text"
+    #: Seconds an SSML text's breaks may add up to (the server's ``--max-silence``).
+    max_silence: float = DEFAULT_MAX_SILENCE
 
 
 def _client_parameters() -> frozenset[str]:
@@ -162,9 +165,16 @@ def _check_voice(voice: Resolved, facts: EngineFacts) -> None:
         )
 
 
-async def prepare(settings: SpeechSettings, facts: EngineFacts, voices: VoiceSources, *, max_input: int) -> Prepared:
+async def prepare(
+    settings: SpeechSettings,
+    facts: EngineFacts,
+    voices: VoiceSources,
+    *,
+    max_input: int,
+    max_silence: float = DEFAULT_MAX_SILENCE,
+) -> Prepared:
     """``settings`` as what the sidecar is asked for, checked in one order: voice, emotion,
-    speed and engine options, sample rate."""
+    speed and engine options, sample rate; ``max_silence`` bounds an SSML text's breaks."""
     voice = await voices.resolve(settings.voice, facts)
     _check_voice(voice, facts)
     check_text("instructions", settings.instructions, max_input)
@@ -180,4 +190,5 @@ async def prepare(settings: SpeechSettings, facts: EngineFacts, voices: VoiceSou
         response_format=settings.response_format,
         voice_source=voice.source,
         text_format=settings.text_format,
+        max_silence=max_silence,
     )

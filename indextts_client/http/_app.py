@@ -81,7 +81,13 @@ class Service:
         if media_type != "application/json":
             raise Refusal(Kind.UNSUPPORTED_MEDIA, "the body must be application/json", code="bad_content_type")
         speech = decode_speech(await request.body(), self.limits.max_input)
-        prepared = await prepare(speech.settings(), self.backend.facts, self.sources, max_input=self.limits.max_input)
+        prepared = await prepare(
+            speech.settings(),
+            self.backend.facts,
+            self.sources,
+            max_input=self.limits.max_input,
+            max_silence=self.limits.max_silence,
+        )
         return Job(speech, prepared)
 
     async def models(self, request: Request) -> Response:

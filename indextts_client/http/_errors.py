@@ -73,8 +73,12 @@ class HTTPError(Exception):
 
 
 def error_for(exc: SidecarError) -> HTTPError:
-    """The answer for a client error; the whole error (with any stderr tail) goes to the log."""
-    return HTTPError(refusal_of(exc))
+    """The answer for a speech request's client error; the whole error (with any stderr tail) goes
+    to the log.  The text the client and the sidecar call ``text`` is this request's ``input``."""
+    refusal = refusal_of(exc)
+    if refusal.param == "text":
+        refusal = Refusal(refusal.kind, refusal.message, param="input", code=refusal.code)
+    return HTTPError(refusal)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

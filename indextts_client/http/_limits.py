@@ -18,7 +18,8 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .._service import Kind, Refusal
+from .._defaults import DEFAULT_MAX_SILENCE
+from .._service import Kind, Refusal, check_max_silence
 from ._errors import HTTPError
 
 __all__ = ["UNCOUNTED", "Limits", "LimitsMiddleware", "header_deadline_protocol", "reset"]
@@ -42,6 +43,7 @@ class Limits:
         body_timeout: float = 30.0,
         max_in_flight: int = 64,
         max_unauthorized: int = 16,
+        max_silence: float = DEFAULT_MAX_SILENCE,
     ) -> None:
         for name, value in (
             ("max_body", max_body),
@@ -58,6 +60,8 @@ class Limits:
         #: Requests without the key (on a server with one) in flight at once: they have their
         #: own budget, so that they never take a slot from a client with the key.
         self.max_unauthorized = max_unauthorized
+        #: Seconds the breaks of one SSML request (a WebSocket sentence) may add up to.
+        self.max_silence = check_max_silence(max_silence)
 
 
 def _overloaded(what: str) -> HTTPError:

@@ -16,7 +16,7 @@ import sys
 from typing import Any, Union
 
 from .._pool_cli import DefaultsFormatter, ServerParser, add_pool_arguments
-from .._service import ServeSettings, add_voice_arguments, positive
+from .._service import ServeSettings, add_ssml_arguments, add_voice_arguments, positive
 from ._limits import Limits, header_deadline_protocol
 from ._ws_events import WebSocketLimits, stall_aborting_protocol
 
@@ -73,6 +73,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     bounds.add_argument("--max-body", type=_INT, default=limits.max_body, help="bytes of a speech request's body")
     bounds.add_argument("--max-upload", type=_INT, default=limits.max_upload, help="bytes of a voice upload's body")
     bounds.add_argument("--max-input", type=_INT, default=limits.max_input, help="characters of input")
+    add_ssml_arguments(bounds)
     bounds.add_argument("--body-timeout", type=_FLOAT, default=limits.body_timeout, help="seconds to send a body")
     bounds.add_argument("--max-in-flight", type=_INT, default=limits.max_in_flight, help="requests at once (503 past)")
     bounds.add_argument(
@@ -143,6 +144,7 @@ def _app_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
             body_timeout=args.body_timeout,
             max_in_flight=args.max_in_flight,
             max_unauthorized=args.max_unauthorized,
+            max_silence=settings.max_silence,
         ),
         "websocket_limits": _websocket_limits(args),
     }

@@ -306,7 +306,11 @@ class _Session:
                 )
             check_available(settings.response_format)
             prepared = await prepare(
-                settings, service.backend.facts, service.sources, max_input=service.limits.max_input
+                settings,
+                service.backend.facts,
+                service.sources,
+                max_input=service.limits.max_input,
+                max_silence=service.limits.max_silence,
             )
         except Refusal as refusal:
             raise EventError.of(refusal, context_id) from None

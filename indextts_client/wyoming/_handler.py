@@ -13,9 +13,20 @@ import anyio
 
 from indextts_sidecar import __version__
 
+from .._defaults import DEFAULT_MAX_SILENCE
 from .._exceptions import SidecarError
 from .._pool import Pool
-from .._service import Backend, PoolBackend, Prepared, Refusal, SpeechSettings, VoiceSources, prepare, refusal_of
+from .._service import (
+    Backend,
+    PoolBackend,
+    Prepared,
+    Refusal,
+    SpeechSettings,
+    VoiceSources,
+    check_max_silence,
+    prepare,
+    refusal_of,
+)
 from .._stream_text import SentenceChunk, TextFeed
 from ._framing import BadEvent, invalid, read_event, text_format_of, text_of, voice_of
 
@@ -57,6 +68,11 @@ class Limits:
     idle_timeout: float = 60.0
     #: Seconds one event may take to reach a client that does not read [--write-timeout].
     write_timeout: float = 30.0
+    #: Seconds the breaks of one SSML request may add up to [--max-silence].
+    max_silence: float = DEFAULT_MAX_SILENCE
+
+    def __post_init__(self) -> None:
+        check_max_silence(self.max_silence)
 
 
 def _error(refusal: Refusal) -> Event:
@@ -137,7 +153,13 @@ class WyomingService:
         if name == DEFAULT_VOICE_NAME and name not in self.sources.mapping:
             name = None
         settings = replace(self.defaults, voice=name)
-        return await prepare(settings, self.backend.facts, self.sources, max_input=self.limits.max_text_chars)
+        return await prepare(
+            settings,
+            self.backend.facts,
+            self.sources,
+            max_input=self.limits.max_text_chars,
+            max_silence=self.limits.max_silence,
+        )
 
     async def info(self) -> Info:
         listed = await anyio.to_thread.run_sync(self.sources.listing, self.backend.facts)

@@ -20,7 +20,7 @@ from indextts_sidecar.protocol.options import parse_options
 from .._exceptions import StartError
 from .._pool import Pool
 from .._pool_cli import ServerParser, add_pool_arguments
-from .._service import PoolBackend, Refusal, ServeSettings, add_voice_arguments
+from .._service import PoolBackend, Refusal, ServeSettings, add_ssml_arguments, add_voice_arguments
 from ._handler import Limits, WyomingService
 
 __all__ = ["main", "serve"]
@@ -197,6 +197,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     limit("--max-text-chars", type=int, default=defaults.max_text_chars, help="characters a request (%(default)s)")
     limit("--idle-timeout", type=float, default=defaults.idle_timeout, help="idle seconds (%(default)s)")
     limit("--write-timeout", type=float, default=defaults.write_timeout, help="seconds an event's send (%(default)s)")
+    add_ssml_arguments(parser)
     return parser
 
 
@@ -215,6 +216,7 @@ def main(argv: Union[list[str], None] = None, prog: str = "indextts-client wyomi
         max_text_chars=args.max_text_chars,
         idle_timeout=args.idle_timeout,
         write_timeout=args.write_timeout,
+        max_silence=settings.max_silence,
     )
     if min(limits.max_connections, limits.max_event_bytes, limits.max_text_chars) < 1:
         parser.error("the --max-* limits must be >= 1")
