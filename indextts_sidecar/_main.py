@@ -17,7 +17,7 @@ import msgspec
 
 from . import protocol
 from ._arguments import WIRE_NAMES, check_arguments, parser
-from ._settings import SidecarSettings
+from ._settings import SidecarFlags
 from ._version import __version__
 from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
@@ -121,7 +121,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     problem = check_arguments(args)
     if problem is not None:
         return _startup_error(frame_fd, args.wire, "invalid_option", *problem)
-    settings = SidecarSettings.from_args(args)  # from here on, nothing reads ``args``
+    settings = SidecarFlags.from_args(args)  # from here on, nothing reads ``args``
     if settings.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
@@ -177,7 +177,7 @@ def main(argv: Union[list[str], None] = None) -> int:
     return _serve(settings, engine, ready, listen, uploads_only, read_fd, write_fd, frame_fd)
 
 
-def _parent_pid(settings: SidecarSettings) -> Union[int, None]:
+def _parent_pid(settings: SidecarFlags) -> Union[int, None]:
     """The process whose end stops this one: ``--parent-pid``, else the environment's."""
     named_parent = os.environ.pop(PARENT_ENV, None)
     given = settings.parent_pid
@@ -190,7 +190,7 @@ def _parent_pid(settings: SidecarSettings) -> Union[int, None]:
 
 
 def _serve(
-    settings: SidecarSettings,
+    settings: SidecarFlags,
     engine: Any,
     ready: protocol.Ready,
     listen: Any,
@@ -264,7 +264,7 @@ def _serve(
     return code
 
 
-def _voice_store(settings: SidecarSettings, directory: str) -> Any:
+def _voice_store(settings: SidecarFlags, directory: str) -> Any:
     """The store of registered voices in ``directory``, or what is wrong with it (a str)."""
     from ._voices import RegisteredVoices
     from .voicestore import VoiceLimits, VoiceStoreError
@@ -305,7 +305,7 @@ async def _serve_stdio(
     return code
 
 
-def _check_listen(settings: SidecarSettings, url: str) -> Union[Any, tuple[str, str]]:
+def _check_listen(settings: SidecarFlags, url: str) -> Union[Any, tuple[str, str]]:
     """The ``--listen URL`` settings, checked; or (message, option) of the first problem."""
     from ._listen import ListenConfig, is_loopback, parse_url
     from .protocol.auth import load_token

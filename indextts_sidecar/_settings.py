@@ -2,7 +2,7 @@
 (a msgspec struct: msgspec is loaded already, before ``ready``).
 
 :func:`~._main.main` parses the flags (:mod:`._arguments`), checks them, and builds one
-:class:`SidecarSettings`; from there on nothing reads the parsed arguments again: the
+:class:`SidecarFlags`; from there on nothing reads the parsed arguments again: the
 server of each connection, the socket service, the voice store and the parent watch take
 their values from it.
 """
@@ -16,10 +16,10 @@ import msgspec
 
 from . import protocol
 
-__all__ = ["SidecarSettings"]
+__all__ = ["SidecarFlags"]
 
 
-class SidecarSettings(msgspec.Struct, frozen=True, kw_only=True):
+class SidecarFlags(msgspec.Struct, frozen=True, kw_only=True):
     """What the flags of ``python -m indextts_sidecar`` asked for (``--help`` says what each means)."""
 
     engine: str
@@ -54,7 +54,7 @@ class SidecarSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_voice_seconds: float
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SidecarSettings:
+    def from_args(cls, args: argparse.Namespace) -> SidecarFlags:
         """The settings of parsed (and checked) flags; an unset ``--engine`` is espeak, an unset
         ``--max-frame-size`` the wire's default."""
         max_frame_size = args.max_frame_size
