@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
@@ -302,28 +302,38 @@ class Sink:
         self.began = time.monotonic()
 
     def chunk(self, chunk: Any) -> Union[protocol.Reply, None]:
-        """Send one chunk the engine yielded for this job (int16 audio or :class:`~.engines.Words`);
-        its terminal message if that ends it."""
-        job = self.job
-        if job.cancel.is_set():
-            return cancelled_error(job)
-        if isinstance(chunk, Words):
-            if self.converter is not None:
-                from ._resample import rescale_words  # loaded already: the converter came from there
+        """One chunk the engine yielded for this job (a step of its batch), as :meth:`feed` sends it."""
+        return self.feed((chunk,))
 
-                chunk = Words(rescale_words(chunk.words, self.native, self.rate))
-            try:
-                self.pending.add(chunk)
-            except EngineError as exc:
-                return error_for(job.id, exc)
-            return None
-        view = memoryview(chunk).cast("B")
-        if len(view) % 2:
-            bad = EngineError(f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal")
-            return error_for(job.id, bad)
-        if self.converter is not None:
-            view = memoryview(self.converter.feed(view))
-        return None if self._send(view) else cancelled_error(job)
+    def feed(self, chunks: Iterable[Any]) -> Union[protocol.Reply, None]:
+        """Send what the engine yields for this job (int16 audio or :class:`~.engines.Words`), in
+        order; the terminal message if that ends it, else None (:meth:`done` follows)."""
+        job = self.job
+        cancelled = job.cancel.is_set
+        pending = self.pending
+        converter = self.converter
+        for chunk in chunks:
+            if cancelled():
+                return cancelled_error(job)
+            if isinstance(chunk, Words):
+                if converter is not None:
+                    from ._resample import rescale_words  # loaded already: the converter came from there
+
+                    chunk = Words(rescale_words(chunk.words, self.native, self.rate))
+                try:
+                    pending.add(chunk)
+                except EngineError as exc:
+                    return error_for(job.id, exc)
+                continue
+            view = memoryview(chunk).cast("B")
+            if len(view) % 2:
+                message = f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples"
+                return error_for(job.id, EngineError(message, code="internal"))
+            if converter is not None:
+                view = memoryview(converter.feed(view))
+            if not self._send(view):
+                return cancelled_error(job)
+        return None
 
     def _send(self, view: memoryview) -> bool:
         """Write ``view`` (int16 bytes at this job's rate) as audio frames; False: cancelled meanwhile."""
@@ -409,11 +419,8 @@ def _synthesize(engine: Engine[Any, Any], sink: Sink) -> protocol.Reply:
     sink.start(engine.sample_rate)
     chunks: Iterator[Any] = iter(engine.synthesize(request, sink.progress, job.cancel.is_set))
     try:
-        for chunk in chunks:
-            terminal = sink.chunk(chunk)
-            if terminal is not None:
-                return terminal
-        return sink.done(engine.request_facts())
+        terminal = sink.feed(chunks)
+        return sink.done(engine.request_facts()) if terminal is None else terminal
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
