@@ -235,6 +235,14 @@ class JobOutput:
 
     def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
         """A progress frame of a running job; from the engine thread or a heartbeat thread."""
+        # Nothing to send until a quiet spell has passed: no lock taken (the engine reports
+        # progress at every step, and most requests ask for none).
+        if (
+            not job.progress_wanted
+            and stage != "load"
+            and time.monotonic() - job.last_frame < protocol.QUIET_PROGRESS_INTERVAL
+        ):
+            return
         with self._lock:
             if job.finished:
                 return
