@@ -4,7 +4,8 @@
 frames on the way (progress, audio) go to its connection's :class:`JobOutput`, which
 writes them through the connection's :class:`~._outbox.Outbox` in the connection's wire
 format (:mod:`._wire`), or drops them once the job has ended.  Several ``synthesize`` jobs
-run as one batch in :mod:`._batch`.
+run as one batch in :mod:`._batch`.  A ``synthesize`` job, alone or in a batch, writes
+through its :class:`Sink`: a lone one is a loop over the engine's chunks into it.
 
 Word timings (:class:`~.engines.Words` among an engine's chunks) wait in a
 :class:`~._words.PendingWords` until the audio frame that holds a word's first sample goes out,
@@ -18,7 +19,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from . import protocol
@@ -29,17 +30,19 @@ from .protocol.defaults import STAGE_STARTED
 
 if TYPE_CHECKING:
     from ._outbox import Outbox
+    from ._resample import Resampler
     from ._wire import FrameParts, Wire
 
 __all__ = [
     "CancelFlag",
     "Job",
     "JobOutput",
+    "Sink",
     "cancelled_error",
+    "engine_failure",
     "error_for",
     "execute",
     "shutting_down",
-    "words_for_done",
 ]
 
 log = logging.getLogger("indextts_sidecar")
@@ -232,6 +235,14 @@ class JobOutput:
 
     def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
         """A progress frame of a running job; from the engine thread or a heartbeat thread."""
+        # Nothing to send until a quiet spell has passed: no lock taken (the engine reports
+        # progress at every step, and most requests ask for none).
+        if (
+            not job.progress_wanted
+            and stage != "load"
+            and time.monotonic() - job.last_frame < protocol.QUIET_PROGRESS_INTERVAL
+        ):
+            return
         with self._lock:
             if job.finished:
                 return
@@ -247,129 +258,207 @@ class JobOutput:
                     output.send(Progress(id=waiting.id, stage=stage, fraction=fraction, message=message))
 
 
-def execute(engine: Engine[Any, Any], job: Job, out: JobOutput) -> protocol.Reply:
-    """Run ``job`` on ``engine``; returns its terminal message.  On the engine thread."""
+class Sink:
+    """Where one ``synthesize`` job's output goes, alone (:func:`execute`) or in a batch (:mod:`._batch`).
 
-    def progress(stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
+    What a synthesis sends is said here once: its progress (the fraction clamped to [0, 1]),
+    its audio frames with their words (:mod:`._words`), cut from what the engine yields and
+    converted to the asked rate by one streaming converter (:mod:`._resample`), word
+    positions moved to that rate, its timings, and its one terminal message: ``done``, or the
+    error a bad chunk, a cancel or a failure ends it with (:func:`engine_failure`).
+    """
+
+    __slots__ = ("began", "converter", "ended", "job", "native", "out", "pending", "rate", "samples", "seq", "timings")
+
+    def __init__(self, job: Job, out: JobOutput) -> None:
+        self.job = job
+        self.out = out
+        #: ``queued``, then ``load`` (a lone job that loaded the model), ``first_audio``, ``synthesis``, ``total``.
+        self.timings: dict[str, float] = {"queued": job.started - job.enqueued}
+        #: The rate of its frames, and the engine's, which the engine's word positions count at.
+        self.rate = 0
+        self.native = 0
+        self.converter: Union[Resampler, None] = None
+        #: When its synthesis began (:meth:`start`).
+        self.began = 0.0
+        #: Audio frames and samples sent so far.
+        self.seq = 0
+        self.samples = 0
+        #: Its terminal message is given (a batch's bookkeeping).
+        self.ended = False
+        request = job.request
+        self.pending = PendingWords(len(request.text) if request is not None else 0)
+
+    def progress(self, stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
+        """The engine's progress callback for this job (:data:`~.engines.ProgressFn`)."""
         if fraction is not None:
             fraction = min(1.0, max(0.0, float(fraction)))
-        out.progress(job, stage, fraction, message)
+        self.out.progress(self.job, stage, fraction, message)
 
-    cancelled = job.cancel.is_set
-    timings: dict[str, float] = {"queued": job.started - job.enqueued}
+    def start(self, native: Union[int, None]) -> None:
+        """Its synthesis begins now, at the engine's ``native`` rate (known once the engine has loaded)."""
+        if native is None:
+            raise EngineError("the engine reported no sample rate after loading", code="internal")
+        request = self.job.request
+        assert request is not None
+        self.native = native
+        self.rate = request.sample_rate or native
+        if self.rate != native:
+            from ._resample import make_resampler  # numpy, only when asked for
+
+            self.converter = make_resampler(native, self.rate)
+        self.began = time.monotonic()
+
+    def chunk(self, chunk: Any) -> Union[protocol.Reply, None]:
+        """One chunk the engine yielded for this job (a step of its batch), as :meth:`feed` sends it."""
+        return self.feed((chunk,))
+
+    def feed(self, chunks: Iterable[Any]) -> Union[protocol.Reply, None]:
+        """Send what the engine yields for this job (int16 audio or :class:`~.engines.Words`), in
+        order; the terminal message if that ends it, else None (:meth:`done` follows)."""
+        job = self.job
+        cancelled = job.cancel.is_set
+        pending = self.pending
+        converter = self.converter
+        for chunk in chunks:
+            if cancelled():
+                return cancelled_error(job)
+            if isinstance(chunk, Words):
+                if converter is not None:
+                    from ._resample import rescale_words  # loaded already: the converter came from there
+
+                    chunk = Words(rescale_words(chunk.words, self.native, self.rate))
+                try:
+                    pending.add(chunk)
+                except EngineError as exc:
+                    return error_for(job.id, exc)
+                continue
+            view = memoryview(chunk).cast("B")
+            if len(view) % 2:
+                message = f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples"
+                return error_for(job.id, EngineError(message, code="internal"))
+            if converter is not None:
+                view = memoryview(converter.feed(view))
+            if not self._send(view):
+                return cancelled_error(job)
+        return None
+
+    def _send(self, view: memoryview) -> bool:
+        """Write ``view`` (int16 bytes at this job's rate) as audio frames; False: cancelled meanwhile."""
+        job = self.job
+        if self.seq == 0 and len(view):
+            self.timings["first_audio"] = time.monotonic() - job.enqueued
+        out = self.out
+        for piece, words in frames(view, self.samples, out.frame_bytes, self.pending, out.frame_words):
+            # The samples are written from the engine's own buffer: no copy here.
+            if not out.audio(job, self.seq, self.rate, piece, words):
+                return False
+            self.seq += 1
+            self.samples += len(piece) // 2
+        return True
+
+    def done(self, facts: Union[dict[str, Any], None] = None) -> protocol.Reply:
+        """Its terminal message once the engine has no more audio for it, with the engine's ``facts``."""
+        job = self.job
+        if job.cancel.is_set():
+            return cancelled_error(job)
+        if self.converter is not None and not self._send(memoryview(self.converter.flush())):
+            return cancelled_error(job)
+        pending, room = self.pending, self.out.done_words
+        if len(pending) > room:  # more words than a done frame carries fail the request
+            return error_for(
+                job.id,
+                EngineError(
+                    f"the engine reported {len(pending)} words that start past its audio's end; "
+                    f"a done frame carries {room} at most",
+                    code="internal",
+                ),
+            )
+        now = time.monotonic()
+        self.timings["synthesis"] = now - self.began
+        self.timings["total"] = now - job.enqueued
+        return Done(
+            id=job.id,
+            samples=self.samples,
+            chunks=self.seq,
+            sample_rate=self.rate,
+            timings=self.timings,
+            facts=facts or {},
+            words=pending.rest(),
+        )
+
+
+def execute(engine: Engine[Any, Any], job: Job, out: JobOutput) -> protocol.Reply:
+    """Run ``job`` on ``engine``; returns its terminal message.  On the engine thread."""
+    sink = Sink(job, out)
     try:
         if job.kind == "synthesize" and job.progress_wanted:
             # The queue wait is over: the parent may say so before any audio.  Never a sign of
             # life for a request that asked for no progress (synthesize()'s fast path).
-            progress(STAGE_STARTED)
+            sink.progress(STAGE_STARTED)
         if job.kind == "unload":
             engine.unload()
             return Ok(id=job.id, info={"loaded": engine.loaded})
         if not engine.loaded:
             began = time.monotonic()
             try:
-                engine.load(progress, cancelled)
+                engine.load(sink.progress, job.cancel.is_set)
             except (Cancelled, EngineError):
                 raise
             except Exception as exc:
                 log.error("engine load failed: %s", exc, exc_info=True)
-                raise _LoadFailed(exc) from exc
-            timings["load"] = time.monotonic() - began
+                return _load_failed(job, exc)
+            sink.timings["load"] = time.monotonic() - began
         if job.kind == "load":
-            info = {**engine.info(), "loaded": True, "sample_rate": engine.sample_rate, **timings}
+            info = {**engine.info(), "loaded": True, "sample_rate": engine.sample_rate, **sink.timings}
             return Ok(id=job.id, info=info)
-        assert job.request is not None
-        return _synthesize(engine, job, job.request, progress, timings, out)
-    except Cancelled:
-        return cancelled_error(job)
-    except EngineError as exc:
-        return error_for(job.id, exc)
-    except _LoadFailed as exc:
-        cause = exc.__cause__
-        return Error(
-            code="load_failed",
-            id=job.id,
-            retryable=True,
-            message=f"the model failed to load: {type(cause).__name__}: {cause}",
-            detail={"traceback": "".join(traceback.format_exception(cause)) if cause else ""},
-        )
+        return _synthesize(engine, sink)
     except Exception as exc:
-        log.error("engine failed on request %d", job.id, exc_info=True)
-        return Error(
-            code="engine_error",
-            id=job.id,
-            message=f"{type(exc).__name__}: {exc}",
-            detail={"traceback": traceback.format_exc()},
-        )
+        if not isinstance(exc, (Cancelled, EngineError)):
+            log.error("engine failed on request %d", job.id, exc_info=True)
+        return engine_failure(job, exc)
 
 
-def _synthesize(
-    engine: Engine[Any, Any],
-    job: Job,
-    request: SynthesisRequest[Any],
-    progress: Callable[..., None],
-    timings: dict[str, float],
-    out: JobOutput,
-) -> protocol.Reply:
-    native = engine.sample_rate
-    if native is None:
-        raise EngineError("the engine reported no sample rate after loading", code="internal")
-    rate = request.sample_rate or native
-    began = time.monotonic()
-    samples = 0
-    seq = 0
-    pending = PendingWords(len(request.text))
-    chunks: Iterator[Any] = iter(engine.synthesize(request, progress, job.cancel.is_set))
-    if rate != native:
-        from ._resample import resampled  # numpy, only when asked for
-
-        chunks = resampled(chunks, native, rate)  # Words come out at ``rate`` too
+def _synthesize(engine: Engine[Any, Any], sink: Sink) -> protocol.Reply:
+    """A lone ``synthesize``: the engine's chunks, one by one, into its sink."""
+    job = sink.job
+    request = job.request
+    assert request is not None
+    sink.start(engine.sample_rate)
+    chunks: Iterator[Any] = iter(engine.synthesize(request, sink.progress, job.cancel.is_set))
     try:
-        for chunk in chunks:
-            if job.cancel.is_set():
-                return cancelled_error(job)
-            if isinstance(chunk, Words):
-                pending.add(chunk)
-                continue
-            view = memoryview(chunk).cast("B")
-            if len(view) % 2:
-                raise EngineError(
-                    f"engine yielded a chunk of {len(view)} bytes: not whole int16 samples", code="internal"
-                )
-            if seq == 0 and len(view):
-                timings["first_audio"] = time.monotonic() - job.enqueued
-            for piece, words in frames(view, samples, out.frame_bytes, pending, out.frame_words):
-                # The samples are written from the engine's own buffer: no copy here.
-                if not out.audio(job, seq, rate, piece, words):
-                    return cancelled_error(job)  # while it waited for a slow parent
-                seq += 1
-                samples += len(piece) // 2
-        if job.cancel.is_set():
-            return cancelled_error(job)
+        terminal = sink.feed(chunks)
+        return sink.done(engine.request_facts()) if terminal is None else terminal
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-    timings["synthesis"] = time.monotonic() - began
-    timings["total"] = time.monotonic() - job.enqueued
-    facts = engine.request_facts()
-    words = words_for_done(pending, out)
-    return Done(id=job.id, samples=samples, chunks=seq, sample_rate=rate, timings=timings, facts=facts, words=words)
 
 
-def words_for_done(pending: PendingWords, out: JobOutput) -> list[WordSpan]:
-    """The words no audio frame carried, for ``done``; more than it can carry fail the request."""
-    if len(pending) > out.done_words:
-        raise EngineError(
-            f"the engine reported {len(pending)} words that start past its audio's end; "
-            f"a done frame carries {out.done_words} at most",
-            code="internal",
-        )
-    return pending.rest()
+def engine_failure(job: Job, exc: Exception) -> Error:
+    """The terminal message of ``job`` when the engine raised ``exc`` on it (alone or in its batch)."""
+    if isinstance(exc, Cancelled):
+        if job.cancel.is_set():
+            return cancelled_error(job)
+        return Error(code="engine_error", id=job.id, message="the engine stopped this request, or its batch, unasked")
+    if isinstance(exc, EngineError):
+        return error_for(job.id, exc)
+    return Error(
+        code="engine_error",
+        id=job.id,
+        message=f"{type(exc).__name__}: {exc}",
+        detail={"traceback": "".join(traceback.format_exception(exc))},
+    )
 
 
-class _LoadFailed(Exception):
-    pass
+def _load_failed(job: Job, cause: Exception) -> Error:
+    return Error(
+        code="load_failed",
+        id=job.id,
+        retryable=True,
+        message=f"the model failed to load: {type(cause).__name__}: {cause}",
+        detail={"traceback": "".join(traceback.format_exception(cause))},
+    )
 
 
 def shutting_down(job: Job) -> Error:

@@ -17,6 +17,7 @@ import msgspec
 
 from . import protocol
 from ._arguments import WIRE_NAMES, check_arguments, parser
+from ._settings import SidecarFlags
 from ._version import __version__
 from .protocol.defaults import PARENT_ENV, SHARED_AUDIO_FD_ENV
 from .protocol.options import parse_options
@@ -117,54 +118,51 @@ def main(argv: Union[list[str], None] = None) -> int:
     # A listening sidecar's stdout is one text line ("listening on URL"), never frames; a seed
     # parent, which reads frames whatever the arguments, is told why this one does not start.
     frame_fd = write_fd if args.listen is None or args.wire == "seed" else -1
-    if args.max_frame_size is None:
-        from ._seedwire import SEED_MAX_FRAME_SIZE
-
-        args.max_frame_size = SEED_MAX_FRAME_SIZE if args.wire == "seed" else protocol.DEFAULT_MAX_FRAME_SIZE
     problem = check_arguments(args)
     if problem is not None:
         return _startup_error(frame_fd, args.wire, "invalid_option", *problem)
-    if args.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
+    settings = SidecarFlags.from_args(args)  # from here on, nothing reads ``args``
+    if settings.max_frame_size < protocol.MIN_MAX_FRAME_SIZE:
         return _startup_error(
             write_fd,
-            args.wire,
+            settings.wire,
             "invalid_option",
             f"--max-frame-size must be at least {protocol.MIN_MAX_FRAME_SIZE}",
             "--max-frame-size",
         )
     listen = None
-    if args.listen is not None:
-        checked = _check_listen(args)
+    if settings.listen is not None:
+        checked = _check_listen(settings, settings.listen)
         if isinstance(checked, tuple):
-            return _startup_error(frame_fd, args.wire, "invalid_option", *checked)
+            return _startup_error(frame_fd, settings.wire, "invalid_option", *checked)
         listen = checked
     from .engines import engine_class
 
-    args.engine = args.engine or "espeak"
     try:
-        cls = engine_class(args.engine)
+        cls = engine_class(settings.engine)
     except LookupError as exc:
-        return _startup_error(frame_fd, args.wire, "unknown_engine", str(exc), "--engine")
+        return _startup_error(frame_fd, settings.wire, "unknown_engine", str(exc), "--engine")
     try:
-        options = msgspec.convert(parse_options(args.option), cls.Options, strict=False)
+        options = msgspec.convert(parse_options(list(settings.options)), cls.Options, strict=False)
     except (ValueError, msgspec.ValidationError) as exc:
-        return _startup_error(frame_fd, args.wire, "invalid_option", f"engine {args.engine!r}: {exc}", "--option")
+        message = f"engine {settings.engine!r}: {exc}"
+        return _startup_error(frame_fd, settings.wire, "invalid_option", message, "--option")
     engine = cls(options)
-    _drop_shared_audio(args.shared_audio_fd)
+    _drop_shared_audio(settings.shared_audio_fd)
     # A socket without --voice-dir: requests name no files; clips are uploaded (register_voice)
     # into a private directory made below, removed at exit.
-    uploads_only = listen is not None and not args.voice_dir
+    uploads_only = listen is not None and not settings.voice_dir
     ready = protocol.Ready(
         protocol=protocol.PROTOCOL_VERSION,
         version=__version__,
-        engine=cls.name or args.engine,
+        engine=cls.name or settings.engine,
         pid=os.getpid(),
-        max_frame_size=args.max_frame_size,
+        max_frame_size=settings.max_frame_size,
         sample_rate=engine.sample_rate,
         max_batch=max(1, int(engine.max_batch)),
         capabilities=[
             *cls.capabilities,
-            *(["registered_voices"] if args.voice_dir or uploads_only else []),
+            *(["registered_voices"] if settings.voice_dir or uploads_only else []),
         ],
         options=msgspec.to_builtins(options),
         speed=cls.speed,
@@ -173,16 +171,16 @@ def main(argv: Union[list[str], None] = None) -> int:
 
     logging.basicConfig(
         stream=sys.stderr,
-        level=args.log_level.upper(),
+        level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
-    return _serve(args, engine, ready, listen, uploads_only, read_fd, write_fd, frame_fd)
+    return _serve(settings, engine, ready, listen, uploads_only, read_fd, write_fd, frame_fd)
 
 
-def _parent_pid(args: Any) -> Union[int, None]:
+def _parent_pid(settings: SidecarFlags) -> Union[int, None]:
     """The process whose end stops this one: ``--parent-pid``, else the environment's."""
     named_parent = os.environ.pop(PARENT_ENV, None)
-    given: Union[int, None] = args.parent_pid
+    given = settings.parent_pid
     if given is not None or not named_parent:
         return given
     parent_pid = _fd_number(named_parent)  # the same rules: ASCII digits below 2^31
@@ -192,7 +190,7 @@ def _parent_pid(args: Any) -> Union[int, None]:
 
 
 def _serve(
-    args: Any,
+    settings: SidecarFlags,
     engine: Any,
     ready: protocol.Ready,
     listen: Any,
@@ -209,7 +207,7 @@ def _serve(
     from ._paths import PathPolicy
     from ._server import Scheduler, Server
 
-    parent_pid = _parent_pid(args)
+    parent_pid = _parent_pid(settings)
     private: Union[str, None] = None
     if uploads_only:
         import tempfile
@@ -219,29 +217,29 @@ def _serve(
             "listening without --voice-dir: requests may name no files, voices must be uploaded (register_voice); "
             "they are kept in a private temporary directory, removed at exit"
         )
-    voice_dirs = [private] if private is not None else args.voice_dir
-    paths = PathPolicy(voice_dirs, args.max_voice_bytes)
+    voice_dirs = [private] if private is not None else list(settings.voice_dir)
+    paths = PathPolicy(voice_dirs, settings.max_voice_bytes)
     voices = None
     if voice_dirs:
-        voices = _voice_store(args, voice_dirs[0])
+        voices = _voice_store(settings, voice_dirs[0])
         if isinstance(voices, str):
-            return _startup_error(frame_fd, args.wire, "invalid_option", voices, "--voice-dir")
+            return _startup_error(frame_fd, settings.wire, "invalid_option", voices, "--voice-dir")
 
     def make_server(scheduler: Union[Scheduler, None] = None) -> Server:
         return Server(
             engine,
-            max_queue=args.max_queue,
-            max_frame_size=args.max_frame_size,
-            frame_timeout=args.frame_timeout if args.frame_timeout > 0 else None,
-            max_text=args.max_text,
-            max_outgoing=args.max_outgoing,
+            max_queue=settings.max_queue,
+            max_frame_size=settings.max_frame_size,
+            frame_timeout=settings.frame_deadline,
+            max_text=settings.max_text,
+            max_outgoing=settings.max_outgoing,
             paths=paths,
             scheduler=scheduler,
             voices=voices,
-            write_timeout=args.write_timeout if listen is not None else None,
+            write_timeout=settings.write_timeout if listen is not None else None,
             path_voices=not uploads_only,
-            wire=wire_named(args.wire, args.max_frame_size),
-            batch_wait=args.batch_wait_ms / 1000,
+            wire=wire_named(settings.wire, settings.max_frame_size),
+            batch_wait=settings.batch_wait,
         )
 
     if listen is not None:
@@ -250,7 +248,7 @@ def _serve(
         from ._listen import serve_socket
 
         try:
-            serve = functools.partial(serve_socket, batch_wait=args.batch_wait_ms / 1000)
+            serve = functools.partial(serve_socket, batch_wait=settings.batch_wait)
             code: int = anyio.run(serve, listen, engine, ready, make_server, read_fd, write_fd, parent_pid)
         finally:
             if private is not None:
@@ -266,17 +264,17 @@ def _serve(
     return code
 
 
-def _voice_store(args: Any, directory: str) -> Any:
+def _voice_store(settings: SidecarFlags, directory: str) -> Any:
     """The store of registered voices in ``directory``, or what is wrong with it (a str)."""
     from ._voices import RegisteredVoices
     from .voicestore import VoiceLimits, VoiceStoreError
 
     store_limits = VoiceLimits(
-        max_clip_bytes=args.max_voice_bytes,
-        max_clips=args.max_voices,
-        max_total_bytes=args.max_voice_total_bytes,
-        max_names=args.max_voice_names,
-        max_clip_seconds=args.max_voice_seconds,
+        max_clip_bytes=settings.max_voice_bytes,
+        max_clips=settings.max_voices,
+        max_total_bytes=settings.max_voice_total_bytes,
+        max_names=settings.max_voice_names,
+        max_clip_seconds=settings.max_voice_seconds,
     )
     try:
         return RegisteredVoices(directory, store_limits)
@@ -307,19 +305,19 @@ async def _serve_stdio(
     return code
 
 
-def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
-    """The ``--listen`` settings, checked; or (message, option) of the first problem."""
+def _check_listen(settings: SidecarFlags, url: str) -> Union[Any, tuple[str, str]]:
+    """The ``--listen URL`` settings, checked; or (message, option) of the first problem."""
     from ._listen import ListenConfig, is_loopback, parse_url
     from .protocol.auth import load_token
 
     try:
-        address = parse_url(args.listen)
+        address = parse_url(url)
     except ValueError as exc:
         return str(exc), "--listen"
     token = None
-    if args.token_file is not None:
+    if settings.token_file is not None:
         try:
-            token = load_token(args.token_file)
+            token = load_token(settings.token_file)
         except (OSError, ValueError) as exc:
             return f"--token-file: {exc}", "--token-file"
     elif address.scheme == "tcp":
@@ -328,32 +326,32 @@ def _check_listen(args: Any) -> Union[Any, tuple[str, str]]:
                 f"refusing to listen on {address} without --token-file: anyone who can reach it could use it",
                 "--token-file",
             )
-        if not args.insecure:
+        if not settings.insecure:
             return (
                 f"refusing to listen on {address} without --token-file; on a loopback address, "
                 "--insecure allows it (every local user can then connect)",
                 "--token-file",
             )
     ssl_context = None
-    if (args.tls_cert is None) != (args.tls_key is None):
+    if (settings.tls_cert is None) != (settings.tls_key is None):
         return "--tls-cert and --tls-key go together", "--tls-cert"
-    if args.tls_cert is not None:
+    if settings.tls_cert is not None:
         if address.scheme != "tcp":
             return "TLS is for tcp:// addresses", "--tls-cert"
         import ssl
 
         try:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
+            ssl_context.load_cert_chain(settings.tls_cert, settings.tls_key)
         except (OSError, ssl.SSLError) as exc:
             return f"--tls-cert/--tls-key: {exc}", "--tls-cert"
     return ListenConfig(
         address,
         token,
         ssl_context,
-        args.max_connections,
-        max_handshakes=args.max_handshakes,
-        handshake_timeout=args.handshake_timeout,
+        settings.max_connections,
+        max_handshakes=settings.max_handshakes,
+        handshake_timeout=settings.handshake_timeout,
     )
 
 

@@ -12,8 +12,8 @@ chunk boundaries, so a streamed request converts exactly as a whole one would.
 * ``numpy``: the same Kaiser-windowed sinc filter, evaluated here with numpy alone.
 
 The last two are whole-signal resamplers made streaming by :class:`BlockResampler`.
-:func:`resampled` converts an engine's chunk iterator with whichever applies, and moves the
-word timings among its chunks to the new rate (:func:`rescale_words`).
+A request's :class:`~._jobs.Sink` feeds its engine's chunks to one of them, and moves the
+word timings among them to the new rate (:func:`rescale_words`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import functools
 import importlib
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from .engines import Words
 from .protocol import WordSpan
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "SoxrResampler",
     "available_methods",
     "make_resampler",
-    "resampled",
     "rescale_position",
     "rescale_words",
     "sinc_resample",
@@ -299,28 +297,3 @@ def rescale_words(words: Iterable[WordSpan], source_rate: int, target_rate: int)
         )
         for word in words
     )
-
-
-def resampled(chunks: Iterator[Any], source_rate: int, target_rate: int) -> Iterator[Union[bytes, Words]]:
-    """``chunks`` (int16 mono) converted to ``target_rate``; closing it closes ``chunks``.
-
-    :class:`~.engines.Words` among the chunks come out at once, moved to ``target_rate``: a
-    word may so come out before the converted samples that hold its first one (the
-    converter holds some samples back); the sidecar sends words by their positions.
-    """
-    converter = make_resampler(source_rate, target_rate)
-    try:
-        for chunk in chunks:
-            if isinstance(chunk, Words):
-                yield Words(rescale_words(chunk.words, source_rate, target_rate))
-                continue
-            out = converter.feed(chunk)
-            if out:
-                yield out
-        tail = converter.flush()
-        if tail:
-            yield tail
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()

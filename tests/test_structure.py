@@ -332,3 +332,36 @@ def test_test_files_have_unique_names() -> None:
     # files of one name stop the whole collection with "import file mismatch".
     names = [path.name for path in (Path(REPO) / "tests").rglob("test_*.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+#: The longest function the sidecar's modules may hold (the IndexTTS adapter's folder has its own owner).
+MAX_SIDECAR_FUNCTION_LINES = 80
+
+
+def _long_functions(source: str, limit: int) -> list[str]:
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_sidecar_function_is_over_80_lines() -> None:
+    # A synthesis, lone or batched, writes through one Sink (_jobs.py): what a request sends is
+    # said once, and execute_batch is a loop over the engine's steps, not a second copy.
+    sidecar = Path(REPO) / "indextts_sidecar"
+    long = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted(sidecar.rglob("*.py"))
+        if (sidecar / "engines" / "indextts") not in path.parents
+        for name in _long_functions(path.read_text(encoding="utf-8"), MAX_SIDECAR_FUNCTION_LINES)
+    ]
+    assert long == []
+
+
+def test_a_long_function_is_found_when_there_is_one() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(3))
+    assert _long_functions(f"def f():\n{body}", 3) == ["f (4 lines)"]
+    assert _long_functions(f"def f():\n{body}", 4) == []

@@ -12,18 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from indextts_sidecar._jobs import Job, Sink
 from indextts_sidecar._resample import (
     BlockResampler,
     _to_pcm16,
     available_methods,
     make_resampler,
-    resampled,
     rescale_position,
     rescale_words,
     sinc_resample,
 )
-from indextts_sidecar.engines import Words
-from indextts_sidecar.protocol import WordSpan
+from indextts_sidecar.engines import SynthesisRequest, Words
+from indextts_sidecar.engines.fake import FakeRequestOptions
+from indextts_sidecar.protocol import Done, WordSpan
 
 METHODS = available_methods()
 
@@ -151,24 +152,43 @@ def test_block_resampler_with_nothing_fed_gives_nothing() -> None:
     assert converter.flush() == b""
 
 
+class _Frames:
+    """A stand-in for a connection's JobOutput: keeps the audio frames a sink writes."""
+
+    frame_bytes = 4096
+    frame_words = 16
+    done_words = 16
+
+    def __init__(self) -> None:
+        self.pcm = bytearray()
+        self.words: list[WordSpan] = []
+
+    def audio(self, job: Job, seq: int, rate: int, pcm: memoryview, words: Any = ()) -> bool:
+        self.pcm += pcm
+        self.words += words
+        return True
+
+
+def _sink(rate: int, native: int, out: _Frames) -> Sink:
+    options = FakeRequestOptions()
+    request = SynthesisRequest(id=1, text="hello you", voice=None, emotion=None, options=options, sample_rate=rate)
+    sink = Sink(Job(1, "synthesize", request), out)  # type: ignore[arg-type]
+    sink.start(native)
+    return sink
+
+
 @pytest.mark.parametrize("method", METHODS)
-def test_resampled_closes_its_source_and_flushes(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import indextts_sidecar._resample as module
-
-    monkeypatch.setattr(module, "available_methods", lambda: [method])
-    closed = []
-
-    def source() -> Any:
-        try:
-            yield np.full(22050, 1000, dtype="<i2").tobytes()
-        finally:
-            closed.append(True)
-
-    out = np.frombuffer(b"".join(resampled(source(), 22050, 11025)), "<i2")
-    assert len(out) == 11025
-    assert closed == [True]
+def test_a_sink_converts_each_chunk_and_flushes_at_done(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("indextts_sidecar._resample.available_methods", lambda: [method])
+    out = _Frames()
+    sink = _sink(11025, 22050, out)
+    assert sink.chunk(np.full(22050, 1000, dtype="<i2").tobytes()) is None
+    done = sink.done()
+    assert isinstance(done, Done) and done.sample_rate == 11025
+    samples = np.frombuffer(bytes(out.pcm), "<i2")
+    assert done.samples == len(samples) == 11025
     # A constant stays that constant away from the edges (unit gain at 0 Hz).
-    assert np.all(np.abs(out[1000:-1000].astype(int) - 1000) <= 1)
+    assert np.all(np.abs(samples[1000:-1000].astype(int) - 1000) <= 1)
 
 
 rates = st.integers(1000, 192000)
@@ -199,15 +219,17 @@ def test_rescaling_keeps_every_word_and_their_order(source: int, target: int, po
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_resampled_passes_words_through_at_the_new_rate(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sink_moves_words_to_the_new_rate(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("indextts_sidecar._resample.available_methods", lambda: [method])
+    out = _Frames()
+    sink = _sink(16000, 22050, out)
     chunk = np.zeros(2205, dtype="<i2").tobytes()
-    source = iter([Words([WordSpan(0, 5, 0, 2205)]), chunk, Words([WordSpan(6, 9, 2205, 4410)]), chunk])
-    out = list(resampled(source, 22050, 16000))
-    words = [w for item in out if isinstance(item, Words) for w in item.words]
-    assert words == [WordSpan(0, 5, 0, 1600), WordSpan(6, 9, 1600, 3200)]
-    samples = sum(len(item) // 2 for item in out if not isinstance(item, Words))
+    for item in (Words([WordSpan(0, 5, 0, 2205)]), chunk, Words([WordSpan(6, 9, 2205, 4410)]), chunk):
+        assert sink.chunk(item) is None
+    done = sink.done()
+    assert isinstance(done, Done)
+    assert out.words + list(done.words) == [WordSpan(0, 5, 0, 1600), WordSpan(6, 9, 1600, 3200)]
     if method == "soxr":  # soxr's own length may differ by a few samples
-        assert abs(samples - 3200) <= 16
+        assert abs(done.samples - 3200) <= 16
     else:
-        assert samples == 3200
+        assert done.samples == 3200
