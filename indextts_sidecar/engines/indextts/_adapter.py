@@ -129,7 +129,16 @@ class IndexTTSEngine(Engine[Any, Any]):
             "module": flavour.module,
             "model_dir": os.path.abspath(self.options.model_dir),
             "voice_cache": self._voices.stats(),
+            "batch_stages": self.batch_stages(),
         }
+
+    def batch_stages(self) -> str:
+        """The engine option ``batch_stages`` resolved: ``auto`` is ``gpt`` on a CPU, ``all`` elsewhere."""
+        chosen = str(self.options.batch_stages)
+        if chosen != "auto":
+            return chosen
+        device = getattr(self._model, "device", None) or self.options.device or ""
+        return "gpt" if str(device).startswith("cpu") else "all"
 
     # ---------------------------------------------------------- check
 
@@ -434,7 +443,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
-        self._segment_texts.start()
+        self._segment_texts.start(self.first_segment_tokens(request))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
             heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL),
@@ -462,6 +471,13 @@ class IndexTTSEngine(Engine[Any, Any]):
         yield from stream_segments(
             chunks, flavour, self._segment_texts, progress, cancelled, remember, (voice, emotion_path), times
         )
+
+    def first_segment_tokens(self, request: SynthesisRequest[Any]) -> Union[int, None]:
+        """The request's first-segment length (its option, else the engine's); None: upstream's segments."""
+        value = getattr(request.options, "first_segment_tokens", None)
+        if value is None:
+            value = self.options.first_segment_tokens
+        return int(value) if value else None
 
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
@@ -503,6 +519,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             batch_vocoder=bool(self.options.batch_vocoder),
             max_batch=self.max_batch,
             join=join,
+            batch_stages=self.batch_stages(),
+            first_segment_tokens=self.first_segment_tokens,
         )
         try:
             for index, value in batch.run(hooks):
