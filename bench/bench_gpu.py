@@ -29,8 +29,9 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   (``over_floor``: the GPT's seconds per token for every text, s2mel and BigVGAN for the
   medium text, whose FLOPs the floor counted).  The variants of one model run side by side, interleaved round
   after round.
-* ``stream``: the long text in several segments: when the first chunk arrives, streamed,
-  against when the whole audio is there (``synthesize``).
+* ``stream``: the long text in several segments: when the first chunk arrives, streamed with
+  its first segment cut at ``--first-segment-tokens`` text tokens (default 10; 0: upstream's
+  segments), against when the whole audio is there (``synthesize``, upstream's segments).
 * ``voice_cache``: three voices in turn, the adapter's cache (``voice_cache=4``) against
   none (``voice_cache=0``).
 * ``sidecars``: 1, 2 and 4 sidecars of one model on one device, all busy at once: aggregate
@@ -41,7 +42,9 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   seed each) into one sidecar that batches (``max_batch`` = the largest c, ``--batch-wait-ms 100``
   so that requests sent together form one batch), against the same requests into one sidecar
   that does not (``max_batch=1``: c = 1 is the lone request), and against c sidecars (up to the
-  largest ``--sidecars``).  Every sidecar runs the measured request once, untimed, before any
+  largest ``--sidecars``); the cell's ``batch_stages`` says which stages the batching sidecar ran
+  batched (its ``done`` facts; ``--batch-stages`` sets the engine option).  Every sidecar runs
+  the measured request once, untimed, before any
   round is timed; each round runs every c and every configuration at it, alternating their
   order.  Each round records its wall time, audio, first audio (median and earliest request),
   upstream's stage times (median over its requests) and the peak memory of its sidecars (health
@@ -121,6 +124,9 @@ TEXTS = {
 #: The long text in segments of at most this many text tokens, for the streaming cell: with the
 #: fixtures' tokenizers, about one sentence each (three with IndexTTS-2's, four with 2.5's).
 STREAM_SEGMENT_TOKENS = 60
+#: The streamed request's first segment, in text tokens (request option ``first_segment_tokens``):
+#: a few words with the real tokenizers, a word or two with the fixtures' tiny 2.5 one.
+STREAM_FIRST_TOKENS = 10
 #: The text the floor cell counts FLOPs on (the batch and overhead cells' text too).
 FLOOR_TEXT = "medium"
 #: Upstream's default beams (its generation config): the rows of a throughput request's GPT step.
@@ -622,8 +628,11 @@ class Run:
         sidecar = await self.sidecar(model, warm, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
+        # The stream's first segment cut short (the engine's first_segment_tokens; 0: upstream's
+        # segments); the whole request keeps upstream's.
+        short = {"first_segment_tokens": self.args.first_segment_tokens}
         # The budget is per segment: count the segments with a one-token probe first.
-        probe = await sidecar.stream(text, warm, 1, **options)
+        probe = await sidecar.stream(text, warm, 1, **options, first_segment_tokens=0)
         segments = probe["segments"]
         tokens = max(1, math.ceil(budget(model, natural_seconds(text)) / segments))
         streamed: list[dict[str, Any]] = []
@@ -632,15 +641,17 @@ class Run:
             pair = ("stream", "whole") if number % 2 == 0 else ("whole", "stream")
             for way in pair:
                 if way == "stream":
-                    streamed.append(await sidecar.stream(text, warm, tokens, **options))
+                    streamed.append(await sidecar.stream(text, warm, tokens, **options, **short))
                 else:
-                    whole.append(await sidecar.speak(text, warm, tokens, **options))
+                    whole.append(await sidecar.speak(text, warm, tokens, **options, first_segment_tokens=0))
         first = [s["first"] for s in streamed]
         self.add(
             {
                 **cell,
                 "status": "ok",
                 "segments": segments,
+                "first_segment_tokens": self.args.first_segment_tokens,
+                "segments_streamed": streamed[0]["segments"] if streamed else None,
                 "max_mel_tokens_per_segment": tokens,
                 "audio_seconds": summary([s["audio"] for s in streamed]),
                 "first_audio_streamed": summary(first),
@@ -729,8 +740,9 @@ class Run:
         if self.over_budget():
             return self.skip(cell, "time budget spent")
         default = self.default_variant(model)
+        chosen = {"batch_stages": self.args.batch_stages} if self.args.batch_stages else {}
         batching = await self.sidecar(
-            model, warm, 0, ("--batch-wait-ms", str(BATCH_WAIT_MS)), max_batch=max(counts), **default
+            model, warm, 0, ("--batch-wait-ms", str(BATCH_WAIT_MS)), max_batch=max(counts), **default, **chosen
         )
         single = await self.sidecar(model, warm, 0, **default)
         tokens = budget(model, natural_seconds(TEXTS["medium"]))
@@ -744,6 +756,8 @@ class Run:
         together = await concurrently([batching] * c_equal, text, warm, tokens)
         differences = [audio_difference(a["samples"], b["samples"]) for a, b in zip(alone, together, strict=True)]
         equal = all(d["max"] <= 1 and d["share"] <= 0.01 for d in differences)
+        # Which stages the batching sidecar ran batched (engine option batch_stages), as its done says.
+        stages_ran = sorted({str(r["facts"].get("batch_stages")) for r in together})
 
         many: list[Sidecar] = []
         if min(counts) <= max(self.args.sidecars):
@@ -785,6 +799,7 @@ class Run:
                 f"of {c_equal}: the equality check)",
                 "order": "interleaved: each round runs every c, and each configuration at it, alternating the order",
                 "equal_to_unbatched": equal,
+                "batch_stages": stages_ran[0] if len(stages_ran) == 1 else stages_ran,
                 "differences": differences,
                 "configurations": figures,
                 "memory": memory,
@@ -795,11 +810,7 @@ class Run:
     async def round_stages(self, sidecars: list[Sidecar]) -> list[dict[str, float]]:
         """Upstream's stage times of the requests just sent to ``sidecars`` (one per entry), once printed."""
         blocks: list[dict[str, float]] = []
-        distinct: list[Sidecar] = []
-        for sidecar in sidecars:
-            if not any(sidecar is seen for seen in distinct):
-                distinct.append(sidecar)
-        for sidecar in distinct:
+        for sidecar in distinct(sidecars):
             sent = sum(1 for other in sidecars if other is sidecar)
             blocks += (await self.setup.stages.wait(sidecar.pid, sidecar.requests))[-sent:]
         return blocks
@@ -808,15 +819,12 @@ class Run:
         """One request per entry of ``sidecars``, all at once: wall, audio, first audio (median and
         earliest), upstream's stage times (median over the requests), and the peak memory of the
         sidecars together while it ran (their health answers, every MEMORY_POLL seconds)."""
-        distinct: list[Sidecar] = []
-        for sidecar in sidecars:
-            if not any(sidecar is seen for seen in distinct):
-                distinct.append(sidecar)
-        peaks = [0] * len(distinct)
+        each = distinct(sidecars)
+        peaks = [0] * len(each)
 
         async def watch() -> None:
             while True:
-                for i, sidecar in enumerate(distinct):
+                for i, sidecar in enumerate(each):
                     peaks[i] = max(peaks[i], memory_in_use(await sidecar.memory()))
                 await anyio.sleep(MEMORY_POLL)
 
@@ -1018,6 +1026,15 @@ STAGES = ("gpt", "s2mel", "vocoder")
 MEMORY_POLL = 0.25
 
 
+def distinct(sidecars: list[Sidecar]) -> list[Sidecar]:
+    """Each sidecar of ``sidecars`` once, in order (the same one may come several times)."""
+    out: list[Sidecar] = []
+    for sidecar in sidecars:
+        if not any(sidecar is seen for seen in out):
+            out.append(sidecar)
+    return out
+
+
 def memory_in_use(memory: dict[str, int]) -> int:
     """What a sidecar holds: torch's reserved device memory on a GPU, else its resident set."""
     return memory.get("cuda_reserved", memory.get("mps_driver", memory.get("rss", 0)))
@@ -1052,12 +1069,13 @@ async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **option
             if first is None:
                 first = time.perf_counter() - started
             pieces.append(chunk.samples)
+        facts = dict(getattr(chunks, "facts", {}))
     sidecar.requests += 1
     wall = time.perf_counter() - started
     if first is None:
         raise RuntimeError("the stream ended without audio")
     samples = np.concatenate(pieces)
-    return {"first": first, "wall": wall, "samples": samples, "audio": len(samples) / 22050}
+    return {"first": first, "wall": wall, "samples": samples, "audio": len(samples) / 22050, "facts": facts}
 
 
 async def concurrently(sidecars: list[Sidecar], text: str, voice: str, tokens: int) -> list[dict[str, Any]]:
@@ -1312,6 +1330,17 @@ def main(argv: Union[list[str], None] = None) -> int:
     )
     parser.add_argument(
         "--concurrency", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4, 8], help="batch cell's c"
+    )
+    parser.add_argument(
+        "--batch-stages",
+        choices=["auto", "gpt", "all"],
+        help="the batching sidecar's engine option batch_stages (default: the engine's, auto)",
+    )
+    parser.add_argument(
+        "--first-segment-tokens",
+        type=int,
+        default=STREAM_FIRST_TOKENS,
+        help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's)",
     )
     parser.add_argument("--overhead-rounds", type=int, help="overhead cell's interleaved pairs; default 10, 5 --small")
     parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")
