@@ -33,7 +33,7 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batch_run import BatchRun, one_after_another
+from ._batch_run import BatchRun, one_after_another, resolve_stages
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
@@ -53,7 +53,7 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
-from ._segments import SegmentTexts
+from ._segments import SegmentTexts, first_length
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
     StageTimes,
@@ -133,12 +133,8 @@ class IndexTTSEngine(Engine[Any, Any]):
         }
 
     def batch_stages(self) -> str:
-        """The engine option ``batch_stages`` resolved: ``auto`` is ``gpt`` on a CPU, ``all`` elsewhere."""
-        chosen = str(self.options.batch_stages)
-        if chosen != "auto":
-            return chosen
-        device = getattr(self._model, "device", None) or self.options.device or ""
-        return "gpt" if str(device).startswith("cpu") else "all"
+        """The engine option ``batch_stages`` resolved (``_batch_run.resolve_stages``)."""
+        return resolve_stages(self.options.batch_stages, getattr(self._model, "device", None) or self.options.device)
 
     # ---------------------------------------------------------- check
 
@@ -443,7 +439,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
-        self._segment_texts.start(self.first_segment_tokens(request))
+        self._segment_texts.start(first_length(request.options, self.options))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
             heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL),
@@ -471,13 +467,6 @@ class IndexTTSEngine(Engine[Any, Any]):
         yield from stream_segments(
             chunks, flavour, self._segment_texts, progress, cancelled, remember, (voice, emotion_path), times
         )
-
-    def first_segment_tokens(self, request: SynthesisRequest[Any]) -> Union[int, None]:
-        """The request's first-segment length (its option, else the engine's); None: upstream's segments."""
-        value = getattr(request.options, "first_segment_tokens", None)
-        if value is None:
-            value = self.options.first_segment_tokens
-        return int(value) if value else None
 
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
@@ -520,7 +509,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             max_batch=self.max_batch,
             join=join,
             batch_stages=self.batch_stages(),
-            first_segment_tokens=self.first_segment_tokens,
+            first_segment_tokens=lambda request: first_length(request.options, self.options),
         )
         try:
             for index, value in batch.run(hooks):

@@ -32,13 +32,20 @@ from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, Tally, failed_refer
 from ._upstream import StageTimes
 from ._voice_cache import VoiceCache
 
-__all__ = ["ROW_WISE", "BatchMember", "BatchRun", "one_after_another"]
+__all__ = ["ROW_WISE", "BatchMember", "BatchRun", "one_after_another", "resolve_stages"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
 #: Per ``batch_stages`` (resolved: ``auto`` is not a key): the kinds of parked call that run one
 #: request at a time, as each request reaches them, instead of grouped with the others'.
 ROW_WISE: dict[str, frozenset[str]] = {"all": frozenset(), "gpt": frozenset({"cfm", "vocoder"})}
+
+
+def resolve_stages(chosen: str, device: Any) -> str:
+    """``batch_stages`` resolved for the model's device: ``auto`` is ``gpt`` on a CPU, ``all`` elsewhere."""
+    if chosen != "auto":
+        return str(chosen)
+    return "gpt" if str(device or "").startswith("cpu") else "all"
 
 
 class BatchMember:

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Union
 
-__all__ = ["SegmentTexts", "pieces_text"]
+__all__ = ["SegmentTexts", "first_length", "pieces_text"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
@@ -49,6 +49,14 @@ def pieces_text(pieces: Any) -> str:
     """The text of a segment's sentencepiece pieces: word marks as spaces, none between CJK characters."""
     joined = "".join(str(piece) for piece in pieces).replace(_WORD_MARK, " ")
     return _CJK_GAP.sub("", _SPACES.sub(" ", joined).strip())
+
+
+def first_length(request_options: Any, engine_options: Any) -> Union[int, None]:
+    """A request's ``first_segment_tokens``: its own option, else the engine's; None (or 0): upstream's segments."""
+    value = getattr(request_options, "first_segment_tokens", None)
+    if value is None:
+        value = getattr(engine_options, "first_segment_tokens", None)
+    return int(value) if value else None
 
 
 def _plain_text(segment: Any) -> str:

@@ -10,12 +10,11 @@ tests/upstream/test_upstream_joining.py.
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import msgspec
 
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine
-from indextts_sidecar.engines.indextts._segments import SegmentTexts
+from indextts_sidecar.engines.indextts._segments import SegmentTexts, first_length
 
 MARK = "\u2581"
 
@@ -96,14 +95,9 @@ def test_text_segments_are_cut_between_words_and_join_back_to_the_text() -> None
 
 def test_first_segment_tokens_is_a_request_option_with_an_engine_default() -> None:
     for cls in (IndexTTS2Engine, IndexTTS25Engine):
-        engine = cls(msgspec.convert({"first_segment_tokens": 12}, cls.Options))
-        request: Any = type("Request", (), {})()
-        request.options = msgspec.convert({}, cls.RequestOptions)
-        assert engine.first_segment_tokens(request) == 12
-        request.options = msgspec.convert({"first_segment_tokens": 0}, cls.RequestOptions)
-        assert engine.first_segment_tokens(request) is None
-        request.options = msgspec.convert({"first_segment_tokens": 5}, cls.RequestOptions)
-        assert engine.first_segment_tokens(request) == 5
-        plain = cls(msgspec.convert({}, cls.Options))
-        request.options = msgspec.convert({}, cls.RequestOptions)
-        assert plain.first_segment_tokens(request) is None
+        engine = msgspec.convert({"first_segment_tokens": 12}, cls.Options)
+        assert first_length(msgspec.convert({}, cls.RequestOptions), engine) == 12
+        assert first_length(msgspec.convert({"first_segment_tokens": 0}, cls.RequestOptions), engine) is None
+        assert first_length(msgspec.convert({"first_segment_tokens": 5}, cls.RequestOptions), engine) == 5
+        plain = msgspec.convert({}, cls.Options)
+        assert first_length(msgspec.convert({}, cls.RequestOptions), plain) is None
