@@ -22,8 +22,19 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from indextts_sidecar.engines.indextts._install import aux_paths
+
+
+def load_model(version: str, model_dir: str, device: str) -> Any:
+    """Upstream's ``IndexTTS2`` as the adapter constructs it (also ``_floor.py``'s)."""
+    module = importlib.import_module("indextts.infer_v2_5" if version == "2.5" else "indextts.infer_v2")
+    kwargs = {"cfg_path": os.path.join(model_dir, "config.yaml"), "model_dir": model_dir, "device": device}
+    accepted = inspect.signature(module.IndexTTS2.__init__).parameters
+    if "aux_paths" in accepted:  # 2.5 reads <model_dir>/hf_cache by itself
+        kwargs["aux_paths"] = aux_paths(model_dir)
+    return module.IndexTTS2(use_qwen_emo=False, **kwargs)
 
 
 def main() -> int:
@@ -31,12 +42,7 @@ def main() -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # upstream's prints
     sys.stdout = sys.stderr
-    module = importlib.import_module("indextts.infer_v2_5" if version == "2.5" else "indextts.infer_v2")
-    kwargs = {"cfg_path": os.path.join(model_dir, "config.yaml"), "model_dir": model_dir, "device": device}
-    accepted = inspect.signature(module.IndexTTS2.__init__).parameters
-    if "aux_paths" in accepted:  # 2.5 reads <model_dir>/hf_cache by itself
-        kwargs["aux_paths"] = aux_paths(model_dir)
-    model = module.IndexTTS2(use_qwen_emo=False, **kwargs)
+    model = load_model(version, model_dir, device)
     answers.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)

@@ -13,31 +13,53 @@ downloaded; upstream is the GitHub checkout on ``PYTHONPATH``, never a copy::
 
 Cells (each one ends up in the JSON file, measured or skipped with the reason):
 
+* ``floor``: what this device allows each stage, measured in the same run, before any sidecar
+  starts (``bench/_floor.py`` in upstream's venv, its docstring says how): memory-read bandwidth
+  and fp32 matmul throughput with the threads torch uses, then one request of the medium text
+  counted: the GPT's floor per decoding step (the bytes a step reads, decoder weights and KV
+  cache, over the bandwidth), s2mel's and BigVGAN's (their matmul and convolution FLOPs,
+  counted from the shapes by torch's ``FlopCounterMode``, over the matmul throughput).  The
+  top-level ``floor`` section holds per model ``gpt_step_s`` (at upstream's default three
+  beams, as the throughput cell decodes), ``s2mel_s``, ``vocoder_s``, and
+  ``measured_over_floor`` per stage from the throughput cell's medium text (fp32).
 * ``throughput``: seconds of audio per second of wall time for a short, a medium and a long
   text, per model, precision (fp32, and upstream's fp16 for 2 / bf16 for 2.5) and
   ``use_accel``; with upstream's own printed stage times (GPT, s2mel, BigVGAN), read from
-  the sidecar's stderr.  The variants of one model run side by side, interleaved round
+  the sidecar's stderr, and, with the floor cell, each stage's time over its floor
+  (``over_floor``: the GPT's seconds per token for every text, s2mel and BigVGAN for the
+  medium text, whose FLOPs the floor counted).  The variants of one model run side by side, interleaved round
   after round.
-* ``stream``: the long text in several segments: when the first chunk arrives, streamed,
-  against when the whole audio is there (``synthesize``).
+* ``stream``: the long text in several segments: when the first chunk arrives, streamed with
+  its first segment cut at ``--first-segment-tokens`` text tokens (default 10; 0: upstream's
+  segments), against when the whole audio is there (``synthesize``, upstream's segments).
 * ``voice_cache``: three voices in turn, the adapter's cache (``voice_cache=4``) against
   none (``voice_cache=0``).
 * ``sidecars``: 1, 2 and 4 sidecars of one model on one device, all busy at once: aggregate
   audio seconds per second and the memory of each sidecar (torch's allocator as the
   sidecar's health answer reports it, and ``nvidia-smi``'s per-process figure on a GPU).
 
-* ``batch``: c = 1, 2, 4, 8 concurrent requests (the medium text, greedy, a seed each) into one
-  sidecar that batches (``max_batch=8``, ``--batch-wait-ms 100`` so that requests sent together
-  form one batch), against the same requests into one sidecar that does not (``max_batch=1``),
-  and against c sidecars (up to the largest ``--sidecars``).  The top-level ``batch`` section
-  holds ``equal_to_unbatched`` (each request of a batch of 4 against itself alone in the same
-  sidecar: at most one int16 step apart on at most 1% of the samples, see
-  tests/upstream/test_upstream_batching.py), ``throughput_ratio`` (aggregate audio
-  seconds per second at c over c = 1, batching sidecar, whose lone request first waits
+* ``batch``: c = 1, 2, 4, 8 (``--concurrency``) concurrent requests (the medium text, greedy, a
+  seed each) into one sidecar that batches (``max_batch`` = the largest c, ``--batch-wait-ms 100``
+  so that requests sent together form one batch), against the same requests into one sidecar
+  that does not (``max_batch=1``: c = 1 is the lone request), and against c sidecars (up to the
+  largest ``--sidecars``); the cell's ``batch_stages`` says which stages the batching sidecar ran
+  batched (its ``done`` facts; ``--batch-stages`` sets the engine option).  Every sidecar runs
+  the measured request once, untimed, before any
+  round is timed; each round runs every c and every configuration at it, alternating their
+  order.  Each round records its wall time, audio, first audio (median and earliest request),
+  upstream's stage times (median over its requests) and the peak memory of its sidecars (health
+  pings every 0.25 s: RSS on the CPU, torch's reserved memory on a GPU).  The top-level
+  ``batch`` section holds ``equal_to_unbatched`` (each request of a batch of 4 against itself
+  alone in the same sidecar: at most one int16 step apart on at most 1% of the samples, see
+  tests/upstream/test_upstream_batching.py), ``throughput_ratio`` (aggregate audio seconds per
+  second at c over c = 1, batching sidecar, whose lone request first waits
   ``--batch-wait-ms``), ``throughput_ratio_over_lone`` (the same over the unbatched sidecar's
-  lone request, which waits for nothing), ``first_audio_ratio`` (median first
-  audio at c over c = 1), the same against the other two configurations, and memory per
-  configuration.
+  lone request, which waits for nothing), ``first_audio_ratio`` (median first audio at c over
+  c = 1), ``first_audio_over_lone`` (``earliest`` and ``median`` first audio at c over the lone
+  request's), ``stage_throughput_ratio`` (per c and stage, ``gpt``, ``s2mel``, ``vocoder``: c
+  rows in the stage's time at c against one row in the lone request's, c x t_1 / t_c),
+  ``memory_per_extra_row`` (peak memory at c less at c = 1, over c - 1), the same throughput
+  against the other two configurations, and memory per configuration.
 * ``overhead``: the same request through the public client and through upstream's
   ``IndexTTS2.infer`` called directly in one process (``bench/_upstream_direct.py``) on the same
   device, interleaved: our wall time over upstream's, median and spread.
@@ -102,6 +124,13 @@ TEXTS = {
 #: The long text in segments of at most this many text tokens, for the streaming cell: with the
 #: fixtures' tokenizers, about one sentence each (three with IndexTTS-2's, four with 2.5's).
 STREAM_SEGMENT_TOKENS = 60
+#: The streamed request's first segment, in text tokens (request option ``first_segment_tokens``):
+#: a few words with the real tokenizers, a word or two with the fixtures' tiny 2.5 one.
+STREAM_FIRST_TOKENS = 10
+#: The text the floor cell counts FLOPs on (the batch and overhead cells' text too).
+FLOOR_TEXT = "medium"
+#: Upstream's default beams (its generation config): the rows of a throughput request's GPT step.
+UPSTREAM_BEAMS = 3
 #: The precision upstream offers besides fp32, per model, and the engine option that turns it on.
 HALF = {"2": "fp16", "2.5": "bf16"}
 ENGINES = {"2": "indextts2", "2.5": "indextts2.5"}
@@ -320,6 +349,8 @@ class Run:
         self.shared: dict[tuple[Any, ...], Sidecar] = {}
         self.failed: dict[tuple[Any, ...], BaseException] = {}
         self.stack = AsyncExitStack()
+        #: The floor cell's answer per model (bench/_floor.py).
+        self.floors: dict[str, dict[str, Any]] = {}
 
     def _config(self) -> dict[str, Any]:
         args = self.args
@@ -400,6 +431,12 @@ class Run:
         self.failed = {}
         # Every sidecar the cells will use starts first, --parallel-loads at a time (a full-size
         # load is tens of seconds of CPU); the default variant's serve every cell, warmed up once.
+        if "floor" in self.args.cells:
+            # Before any sidecar starts: its own process loads the model once more.
+            try:
+                await self.floor(model, warm)
+            except (TimeoutError, RuntimeError, OSError, ValueError, KeyError) as exc:
+                self.skip({"kind": "floor", "model": model}, f"the cell broke off: {first_line(exc)}", status="failed")
         async with AsyncExitStack() as stack:
             self.stack = stack
             if not self.over_budget():
@@ -511,12 +548,18 @@ class Run:
                     for name in ("gpt", "gpt_forward", "s2mel", "vocoder", "total")
                     if all(name in s for s in samples)
                 }
+                tokens = budget(model, natural_seconds(TEXTS[text]))
+                over_floor = self.over_floor(model, text, tokens, stages)
+                if over_floor is not None and text == FLOOR_TEXT and cell["precision"] == "fp32" and not cell["accel"]:
+                    self.result["floor"][model]["measured_over_floor"] = over_floor
+                    self.result["floor"][model]["measured"] = {"cell": "throughput", "text": text, "precision": "fp32"}
                 self.add(
                     {
                         **cell,
                         "text": text,
                         "status": "ok",
-                        "max_mel_tokens": budget(model, natural_seconds(TEXTS[text])),
+                        "max_mel_tokens": tokens,
+                        "over_floor": over_floor,
                         "audio_seconds": summary([s["audio"] for s in samples]),
                         "wall_seconds": summary([s["wall"] for s in samples]),
                         "audio_per_second": summary(speed),
@@ -526,6 +569,58 @@ class Run:
                     }
                 )
 
+    async def floor(self, model: str, warm: str) -> None:
+        cell: dict[str, Any] = {"kind": "floor", "model": model, "text": FLOOR_TEXT, **self.variant_label(model)}
+        if self.over_budget():
+            return self.skip(cell, "time budget spent")
+        tokens = budget(model, natural_seconds(TEXTS[FLOOR_TEXT]))
+        request = {"text": TEXTS[FLOOR_TEXT], "voice": warm, "max_mel_tokens": tokens}
+        command = [self.setup.python, str(ROOT / "bench" / "_floor.py"), model, str(self.setup.ckpts[model])]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench"), self.setup.src]),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        with anyio.fail_after(LOAD_TIMEOUT + REQUEST_TIMEOUT):
+            done = await anyio.run_process(
+                [*command, self.setup.device], input=(json.dumps(request) + "\n").encode(), env=env, check=False
+            )
+        if done.returncode:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"bench/_floor.py exit status {done.returncode}: {tail[0][:200]}")
+        figures = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        self.floors[model] = figures
+        gpt = figures["gpt"]
+        self.add({**cell, "status": "ok", "max_mel_tokens": tokens, **figures})
+        self.result.setdefault("floor", {})[model] = {
+            "gpt_step_s": gpt["step_s_by_rows"][str(UPSTREAM_BEAMS)],
+            "gpt_step_s_by_rows": gpt["step_s_by_rows"],
+            "s2mel_s": figures["s2mel"]["s"],
+            "vocoder_s": figures["vocoder"]["s"],
+            "bandwidth_bytes_per_s": figures["bandwidth"]["bytes_per_s"],
+            "matmul_flops_per_s": figures["matmul"]["flops_per_s"],
+            "threads": figures["threads"],
+            "measured_over_floor": None,
+            "measured": None,
+        }
+        self.save()
+
+    def over_floor(self, model: str, text: str, tokens: int, stages: dict[str, Any]) -> Union[dict[str, Any], None]:
+        """Each stage's median time over its floor: the GPT per token (every text), s2mel and
+        BigVGAN for the text the floor counted; None without a floor."""
+        floor = self.floors.get(model)
+        if floor is None:
+            return None
+        out: dict[str, Any] = {}
+        if "gpt" in stages:
+            per_token = stages["gpt"]["median"] / tokens
+            out["gpt"] = per_token / floor["gpt"]["step_s_by_rows"][str(UPSTREAM_BEAMS)]
+        for name in ("s2mel", "vocoder"):
+            if text == FLOOR_TEXT and name in stages and floor[name]["s"] > 0:
+                out[name] = stages[name]["median"] / floor[name]["s"]
+        return out
+
     async def stream(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
         cell: dict[str, Any] = {"kind": "stream", "model": model, "text": "long", **self.variant_label(model)}
         if self.over_budget():
@@ -533,8 +628,11 @@ class Run:
         sidecar = await self.sidecar(model, warm, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
+        # The stream's first segment cut short (the engine's first_segment_tokens; 0: upstream's
+        # segments); the whole request keeps upstream's.
+        short = {"first_segment_tokens": self.args.first_segment_tokens}
         # The budget is per segment: count the segments with a one-token probe first.
-        probe = await sidecar.stream(text, warm, 1, **options)
+        probe = await sidecar.stream(text, warm, 1, **options, first_segment_tokens=0)
         segments = probe["segments"]
         tokens = max(1, math.ceil(budget(model, natural_seconds(text)) / segments))
         streamed: list[dict[str, Any]] = []
@@ -543,15 +641,17 @@ class Run:
             pair = ("stream", "whole") if number % 2 == 0 else ("whole", "stream")
             for way in pair:
                 if way == "stream":
-                    streamed.append(await sidecar.stream(text, warm, tokens, **options))
+                    streamed.append(await sidecar.stream(text, warm, tokens, **options, **short))
                 else:
-                    whole.append(await sidecar.speak(text, warm, tokens, **options))
+                    whole.append(await sidecar.speak(text, warm, tokens, **options, first_segment_tokens=0))
         first = [s["first"] for s in streamed]
         self.add(
             {
                 **cell,
                 "status": "ok",
                 "segments": segments,
+                "first_segment_tokens": self.args.first_segment_tokens,
+                "segments_streamed": streamed[0]["segments"] if streamed else None,
                 "max_mel_tokens_per_segment": tokens,
                 "audio_seconds": summary([s["audio"] for s in streamed]),
                 "first_audio_streamed": summary(first),
@@ -640,8 +740,9 @@ class Run:
         if self.over_budget():
             return self.skip(cell, "time budget spent")
         default = self.default_variant(model)
+        chosen = {"batch_stages": self.args.batch_stages} if self.args.batch_stages else {}
         batching = await self.sidecar(
-            model, warm, 0, ("--batch-wait-ms", str(BATCH_WAIT_MS)), max_batch=max(counts), **default
+            model, warm, 0, ("--batch-wait-ms", str(BATCH_WAIT_MS)), max_batch=max(counts), **default, **chosen
         )
         single = await self.sidecar(model, warm, 0, **default)
         tokens = budget(model, natural_seconds(TEXTS["medium"]))
@@ -655,28 +756,30 @@ class Run:
         together = await concurrently([batching] * c_equal, text, warm, tokens)
         differences = [audio_difference(a["samples"], b["samples"]) for a, b in zip(alone, together, strict=True)]
         equal = all(d["max"] <= 1 and d["share"] <= 0.01 for d in differences)
+        # Which stages the batching sidecar ran batched (engine option batch_stages), as its done says.
+        stages_ran = sorted({str(r["facts"].get("batch_stages")) for r in together})
 
+        many: list[Sidecar] = []
+        if min(counts) <= max(self.args.sidecars):
+            many = [
+                await self.sidecar(model, warm, i, **default) for i in range(min(max(counts), max(self.args.sidecars)))
+            ]
+        # Each configuration warmed with the measured request before it is timed: the batching
+        # sidecar ran it above (alone, and in a batch of c_equal), the others run it once here
+        # (a sidecar's first request of this length ran several times slower than its next).
+        for sidecar in [single, *(s for s in many if s is not single)]:
+            await collect(sidecar, text, warm, tokens, seed=0)
+            await self.round_stages([sidecar])
         configurations: dict[str, dict[int, list[dict[str, Any]]]] = {"batched": {}, "unbatched": {}, "sidecars": {}}
-        for c in counts:
-            many: list[Sidecar] = []
-            if c <= max(self.args.sidecars):
-                many = [await self.sidecar(model, warm, i, **default) for i in range(c)]
-            ways: list[tuple[str, list[Sidecar]]] = [("batched", [batching] * c), ("unbatched", [single] * c)]
-            if many:
-                ways.append(("sidecars", many))
-            for number in range(self.args.rounds):
-                order = ways if number % 2 == 0 else ways[::-1]
-                for name, sidecars in order:
-                    started = time.perf_counter()
-                    runs = await concurrently(sidecars, text, warm, tokens)
-                    wall = time.perf_counter() - started
-                    configurations[name].setdefault(c, []).append(
-                        {
-                            "wall": wall,
-                            "audio": sum(r["audio"] for r in runs),
-                            "first": statistics.median(r["first"] for r in runs),
-                        }
-                    )
+        # Interleaved round by round: every c and configuration once a round, the order of the
+        # configurations alternating.
+        for number in range(self.args.rounds):
+            for position, c in enumerate(counts):
+                ways: list[tuple[str, list[Sidecar]]] = [("batched", [batching] * c), ("unbatched", [single] * c)]
+                if c <= len(many):
+                    ways.append(("sidecars", many[:c]))
+                for name, sidecars in ways if (number + position) % 2 == 0 else ways[::-1]:
+                    configurations[name].setdefault(c, []).append(await self.timed_round(sidecars, text, warm, tokens))
         memory = {
             "batched": await batching.memory(),
             "unbatched": await single.memory(),
@@ -684,14 +787,7 @@ class Run:
         }
         figures: dict[str, Any] = {}
         for name, runs_of in configurations.items():
-            figures[name] = {
-                str(c): {
-                    "aggregate_audio_per_second": summary([r["audio"] / r["wall"] for r in runs]),
-                    "first_audio": summary([r["first"] for r in runs]),
-                    "wall": summary([r["wall"] for r in runs]),
-                }
-                for c, runs in runs_of.items()
-            }
+            figures[name] = {str(c): round_figures(runs) for c, runs in runs_of.items()}
         self.add(
             {
                 **cell,
@@ -699,13 +795,58 @@ class Run:
                 "max_mel_tokens": tokens,
                 "batch_wait_ms": BATCH_WAIT_MS,
                 "decoding": {"do_sample": False, "seed": "request index"},
+                "warm_up": "the measured request, untimed, in each sidecar first (in the batching one also a batch "
+                f"of {c_equal}: the equality check)",
+                "order": "interleaved: each round runs every c, and each configuration at it, alternating the order",
                 "equal_to_unbatched": equal,
+                "batch_stages": stages_ran[0] if len(stages_ran) == 1 else stages_ran,
                 "differences": differences,
                 "configurations": figures,
                 "memory": memory,
             }
         )
         self.batch_section(model, equal, figures, memory)
+
+    async def round_stages(self, sidecars: list[Sidecar]) -> list[dict[str, float]]:
+        """Upstream's stage times of the requests just sent to ``sidecars`` (one per entry), once printed."""
+        blocks: list[dict[str, float]] = []
+        for sidecar in distinct(sidecars):
+            sent = sum(1 for other in sidecars if other is sidecar)
+            blocks += (await self.setup.stages.wait(sidecar.pid, sidecar.requests))[-sent:]
+        return blocks
+
+    async def timed_round(self, sidecars: list[Sidecar], text: str, voice: str, tokens: int) -> dict[str, Any]:
+        """One request per entry of ``sidecars``, all at once: wall, audio, first audio (median and
+        earliest), upstream's stage times (median over the requests), and the peak memory of the
+        sidecars together while it ran (their health answers, every MEMORY_POLL seconds)."""
+        each = distinct(sidecars)
+        peaks = [0] * len(each)
+
+        async def watch() -> None:
+            while True:
+                for i, sidecar in enumerate(each):
+                    peaks[i] = max(peaks[i], memory_in_use(await sidecar.memory()))
+                await anyio.sleep(MEMORY_POLL)
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            runs = await concurrently(sidecars, text, voice, tokens)
+            wall = time.perf_counter() - started
+            group.cancel_scope.cancel()
+        blocks = await self.round_stages(sidecars)
+        return {
+            "wall": wall,
+            "audio": sum(r["audio"] for r in runs),
+            "first": statistics.median(r["first"] for r in runs),
+            "first_earliest": min(r["first"] for r in runs),
+            "stages": {
+                name: statistics.median(block[name] for block in blocks)
+                for name in STAGES
+                if all(name in block for block in blocks)
+            },
+            "peak_memory": sum(peaks),
+        }
 
     async def mps(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
         """c sidecars on one GPU under a pool's private MPS daemon (``Pool(per_device=c, mps=True)``)
@@ -813,6 +954,29 @@ class Run:
                 if c in other
             }
         section["memory"][model] = memory
+        if lone is not None:
+            # First audio and each stage's throughput at c over a lone request (unbatched, c = 1):
+            # a stage's time is the median of what upstream printed for the requests of a round,
+            # so c rows in a stage's time t_c against one row in t_1 is c * t_1 / t_c.
+            section.setdefault("first_audio_over_lone", {})[model] = {
+                c: {
+                    "earliest": v["first_audio_earliest"]["median"] / lone["first_audio"]["median"],
+                    "median": v["first_audio"]["median"] / lone["first_audio"]["median"],
+                }
+                for c, v in batched.items()
+            }
+            section.setdefault("stage_throughput_ratio", {})[model] = {
+                c: {
+                    name: int(c) * lone["stages"][name]["median"] / v["stages"][name]["median"]
+                    for name in STAGES
+                    if name in v["stages"] and name in lone["stages"] and v["stages"][name]["median"] > 0
+                }
+                for c, v in batched.items()
+            }
+        one = batched["1"]["peak_memory"]["median"]
+        section.setdefault("memory_per_extra_row", {})[model] = {
+            c: (v["peak_memory"]["median"] - one) / (int(c) - 1) for c, v in batched.items() if int(c) > 1
+        }
         self.save()
 
     async def overhead(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
@@ -856,6 +1020,40 @@ class Run:
 
 #: How long the batching sidecar waits for company: requests sent together form one batch.
 BATCH_WAIT_MS = 100
+#: Upstream's printed stages the batch cell compares, by the names of ``stage_throughput_ratio``.
+STAGES = ("gpt", "s2mel", "vocoder")
+#: Seconds between the batch cell's health pings for the peak memory of a round.
+MEMORY_POLL = 0.25
+
+
+def distinct(sidecars: list[Sidecar]) -> list[Sidecar]:
+    """Each sidecar of ``sidecars`` once, in order (the same one may come several times)."""
+    out: list[Sidecar] = []
+    for sidecar in sidecars:
+        if not any(sidecar is seen for seen in out):
+            out.append(sidecar)
+    return out
+
+
+def memory_in_use(memory: dict[str, int]) -> int:
+    """What a sidecar holds: torch's reserved device memory on a GPU, else its resident set."""
+    return memory.get("cuda_reserved", memory.get("mps_driver", memory.get("rss", 0)))
+
+
+def round_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batch cell's figures of one configuration at one c, over its rounds."""
+    return {
+        "aggregate_audio_per_second": summary([r["audio"] / r["wall"] for r in runs]),
+        "first_audio": summary([r["first"] for r in runs]),
+        "first_audio_earliest": summary([r["first_earliest"] for r in runs]),
+        "wall": summary([r["wall"] for r in runs]),
+        "stages": {
+            name: summary([r["stages"][name] for r in runs])
+            for name in STAGES
+            if all(name in r["stages"] for r in runs)
+        },
+        "peak_memory": summary([float(r["peak_memory"]) for r in runs]),
+    }
 
 
 async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
@@ -871,12 +1069,13 @@ async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **option
             if first is None:
                 first = time.perf_counter() - started
             pieces.append(chunk.samples)
+        facts = dict(getattr(chunks, "facts", {}))
     sidecar.requests += 1
     wall = time.perf_counter() - started
     if first is None:
         raise RuntimeError("the stream ended without audio")
     samples = np.concatenate(pieces)
-    return {"first": first, "wall": wall, "samples": samples, "audio": len(samples) / 22050}
+    return {"first": first, "wall": wall, "samples": samples, "audio": len(samples) / 22050, "facts": facts}
 
 
 async def concurrently(sidecars: list[Sidecar], text: str, voice: str, tokens: int) -> list[dict[str, Any]]:
@@ -1081,6 +1280,25 @@ def table(result: dict[str, Any]) -> str:
                 speeds = ", ".join(f"c={c}: {v['aggregate_audio_per_second']['median']:.2f}" for c, v in by_c.items())
                 parts.append(f"{name} {speeds}")
             lines.append(f"{label}: equal audio {cell['equal_to_unbatched']}; audio s/s: " + "; ".join(parts))
+            section = result.get("batch", {})
+            for key in ("stage_throughput_ratio", "first_audio_over_lone"):
+                by_c = section.get(key, {}).get(cell["model"])
+                if by_c:
+                    shown = "; ".join(
+                        f"c={c}: " + ", ".join(f"{name} {value:.2f}" for name, value in v.items())
+                        for c, v in by_c.items()
+                    )
+                    lines.append(f"    {key}: {shown}")
+        elif cell["kind"] == "floor":
+            floor = result.get("floor", {}).get(cell["model"], {})
+            over = floor.get("measured_over_floor") or {}
+            lines.append(
+                f"{label}: {cell['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s read, "
+                f"{cell['matmul']['flops_per_s'] / 1e9:.0f} GFLOP/s fp32 ({cell['threads']} threads); floor: "
+                f"GPT {floor.get('gpt_step_s', 0) * 1e3:.1f} ms/step ({UPSTREAM_BEAMS} beams), "
+                f"s2mel {floor.get('s2mel_s', 0):.3f} s, vocoder {floor.get('vocoder_s', 0):.4f} s; measured/floor: "
+                + (", ".join(f"{name} {value:.1f}" for name, value in over.items()) or "-")
+            )
         elif cell["kind"] == "mps":
             ratios = ", ".join(f"c={c}: {fmt(v)}" for c, v in cell["mps_over_time_slicing"].items())
             lines.append(f"{label}: attached {cell['attached']}; MPS over time-slicing, audio s/s: {ratios}")
@@ -1108,10 +1326,21 @@ def main(argv: Union[list[str], None] = None) -> int:
     parser.add_argument(
         "--cells",
         type=parse_list,
-        default=["throughput", "stream", "voice_cache", "sidecars", "batch", "overhead", "mps"],
+        default=["floor", "throughput", "stream", "voice_cache", "sidecars", "batch", "overhead", "mps"],
     )
     parser.add_argument(
         "--concurrency", type=lambda v: [int(i) for i in parse_list(v)], default=[1, 2, 4, 8], help="batch cell's c"
+    )
+    parser.add_argument(
+        "--batch-stages",
+        choices=["auto", "gpt", "all"],
+        help="the batching sidecar's engine option batch_stages (default: the engine's, auto)",
+    )
+    parser.add_argument(
+        "--first-segment-tokens",
+        type=int,
+        default=STREAM_FIRST_TOKENS,
+        help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's)",
     )
     parser.add_argument("--overhead-rounds", type=int, help="overhead cell's interleaved pairs; default 10, 5 --small")
     parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")

@@ -4,10 +4,12 @@ Runs in upstream's venv with this repository and the GitHub checkout on ``PYTHON
 conformance fixture (``tests/upstream/fixture.py 2|2.5 DIR``), driving the adapter directly::
 
     PYTHONPATH=.:../shared/upstream/index-tts $INDEXTTS_UPSTREAM_PYTHON bench/profile_batch.py 2 DIR \\
-        [--batch 4] [--rounds 3] [--threads 1]
+        [--batch 4] [--rounds 3] [--threads 1] [--batch-stages auto|gpt|all] [--tokens N]
 
 The requests are ``bench_gpu.py``'s batch cell's: the medium text, greedy, a seed each, the
-``--small`` token budget (29 GPT tokens for 2, 14 for 2.5), one voice.  Each round runs
+``--small`` token budget (29 GPT tokens for 2, 14 for 2.5; ``--tokens`` for another, e.g. a
+full-size fixture's), one voice; ``--batch-stages`` is the engine option (docs/indextts.md,
+"Batching": on a CPU ``auto`` batches the GPT only, the CFM and vocoder run row by row).  Each round runs
 ``--batch`` requests one after another (``synthesize()``), then as one batch
 (``synthesize_batch()``), and prints:
 
@@ -17,6 +19,8 @@ The requests are ``bench_gpu.py``'s batch cell's: the medium text, greedy, a see
   ``--threads 1`` (torch's intra-op threads) all of a stage's arithmetic runs in that thread,
   and the figures add up to the process's CPU time; with more threads they show the calling
   thread's share only, and only the wall times are whole.
+* each way's first audio: alone, each request's from its own start; batched, each request's
+  from the batch's start (earliest, median, last);
 * the process's CPU time and the wall time of both ways, and their ratio: the batch's
   throughput over one request's (four requests' audio in the batch's time against one
   request's audio in its own), as ``bench_gpu.py``'s ``throughput_ratio`` at c = ``--batch``.
@@ -40,7 +44,7 @@ from typing import Any
 import msgspec
 import torch
 
-from indextts_sidecar.engines import BatchItem, SynthesisRequest
+from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _batched
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back to the woods."
@@ -97,16 +101,25 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
+    parser.add_argument("--batch-stages", choices=["auto", "gpt", "all"], default="auto")
+    parser.add_argument("--tokens", type=int, help="GPT tokens per request (default: the --small budget)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
-    options = {"model_dir": args.ckpt, "device": "cpu", "use_qwen_emo": False, "max_batch": max(2, args.batch)}
+    options = {
+        "model_dir": args.ckpt,
+        "device": "cpu",
+        "use_qwen_emo": False,
+        "max_batch": max(2, args.batch),
+        "batch_stages": args.batch_stages,
+    }
+    tokens = args.tokens or TOKENS[args.version]
     engine: Any = cls(msgspec.convert(options, cls.Options))
     engine.load(lambda *a: None, lambda: False)
 
     def request(seed: int) -> Any:
-        opts = {"do_sample": False, "seed": seed, "max_mel_tokens": TOKENS[args.version]}
+        opts = {"do_sample": False, "seed": seed, "max_mel_tokens": tokens}
         return SynthesisRequest(
             id=seed,
             text=TEXT,
@@ -115,19 +128,33 @@ def main() -> int:
             options=msgspec.convert(opts, cls.RequestOptions),
         )
 
+    firsts: dict[str, list[float]] = {}
+
     def alone() -> None:
+        firsts["one after another"] = []
         for seed in range(args.batch):
-            list(engine.synthesize(request(seed), lambda *a: None, lambda: False))
+            started = time.perf_counter()
+            for number, _chunk in enumerate(engine.synthesize(request(seed), lambda *a: None, lambda: False)):
+                if number == 0:
+                    firsts["one after another"].append(time.perf_counter() - started)
 
     def batch() -> None:
         items = [BatchItem(request(seed), lambda *a: None, lambda: False) for seed in range(args.batch)]
-        list(engine.synthesize_batch(items))
+        started = time.perf_counter()
+        first: dict[int, float] = {}
+        for index, value in engine.synthesize_batch(items):
+            if not isinstance(value, ItemDone) and index not in first:
+                first[index] = time.perf_counter() - started
+        firsts["one batch"] = sorted(first.values())
 
     batch()  # warm-up; installs the interceptors
     alone()
     instrument(engine._model)
     ratios = []
-    print(f"IndexTTS-{args.version}, torch intra-op threads {torch.get_num_threads()}, batch of {args.batch}")
+    print(
+        f"IndexTTS-{args.version}, torch intra-op threads {torch.get_num_threads()}, batch of {args.batch}, "
+        f"batch_stages {engine.batch_stages()}, {tokens} GPT tokens a request"
+    )
     for number in range(args.rounds):
         walls = {}
         for name, way in (("one after another", alone), ("one batch", batch)):
@@ -141,6 +168,11 @@ def main() -> int:
             for label in sorted(CPU, key=lambda label: -CPU[label]):
                 print(f"    {label:28s} {CPU[label]:7.3f} s  ({COUNT[label]} calls)")
             print(f"    {'the rest':28s} {cpu - sum(CPU.values()):7.3f} s")
+            seen = sorted(firsts[name])
+            print(
+                f"    first audio (each request from its own start alone, from the batch's start batched): "
+                f"earliest {seen[0]:.3f} s, median {statistics.median(seen):.3f} s, last {seen[-1]:.3f} s"
+            )
         # The batch's audio per second against one request's: per = one after another / batch.
         ratios.append(walls["one after another"] / walls["one batch"])
     print(

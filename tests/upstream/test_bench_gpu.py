@@ -100,9 +100,33 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
             assert cell["memory"]["rss"] > 0
 
     assert reached == {"2", "2.5"}, "no text of a model ran to its token budget"
+    # floor: the machine's figures, each stage's floor, and the throughput cell's medium text over it.
+    for model in ("2", "2.5"):
+        (cell,) = [c for c in by_kind["floor"] if c["model"] == model]
+        assert cell["status"] == "ok" and cell["threads"] >= 1, cell
+        assert cell["bandwidth"]["bytes_per_s"] > 0 and cell["matmul"]["flops_per_s"] > 0
+        gpt = cell["gpt"]
+        # One decoding step a token but the first (the prefill), one row (one beam).
+        assert gpt["steps"] == cell["max_mel_tokens"] - 1 and gpt["weight_bytes"] > 0 and gpt["kv_bytes_per_row"] > 0
+        steps = [gpt["step_s_by_rows"][rows] for rows in ("1", "2", "3", "4", "8")]
+        assert steps == sorted(steps) and steps[0] > 0  # more rows read more KV, the weights once
+        assert cell["s2mel"]["calls"] == cell["vocoder"]["calls"] == 1
+        assert cell["s2mel"]["flops"] > cell["vocoder"]["flops"] > 0
+        floor = result["floor"][model]
+        assert floor["gpt_step_s"] == gpt["step_s_by_rows"]["3"]  # upstream's three beams
+        assert floor["s2mel_s"] == cell["s2mel"]["s"] > 0 and floor["vocoder_s"] == cell["vocoder"]["s"] > 0
+        assert set(floor["measured_over_floor"]) == {"gpt", "s2mel", "vocoder"}
+        assert all(value > 0 for value in floor["measured_over_floor"].values())
+        medium = [
+            c for c in by_kind["throughput"] if c["model"] == model and c["text"] == "medium" and c["status"] == "ok"
+        ]
+        assert medium[0]["over_floor"] == floor["measured_over_floor"]
     for model in ("2", "2.5"):
         (stream,) = [c for c in by_kind["stream"] if c["model"] == model]
         assert stream["status"] == "ok" and stream["segments"] >= 2
+        # Streamed with its first segment cut at 10 text tokens: the same segments or one more.
+        assert stream["first_segment_tokens"] == 10
+        assert stream["segments_streamed"] in (stream["segments"], stream["segments"] + 1), stream
         assert 0 < stream["first_audio_streamed"]["median"] < stream["end_streamed"]["median"]
         assert stream["whole"]["median"] > 0
         caches = {c["voice_cache"]: c for c in by_kind["voice_cache"] if c["model"] == model}
@@ -124,6 +148,16 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert set(batch["first_audio_ratio"][model]) == {"1", "2"}
         assert set(batch["against_sidecars"][model]) == {"1", "2"}
         assert batch["memory"][model]["batched"]["rss"] > 0
+        for c in ("1", "2"):
+            assert set(batch["stage_throughput_ratio"][model][c]) == {"gpt", "s2mel", "vocoder"}
+            assert all(value > 0 for value in batch["stage_throughput_ratio"][model][c].values())
+            first = batch["first_audio_over_lone"][model][c]
+            assert 0 < first["earliest"] <= first["median"]
+        assert set(batch["memory_per_extra_row"][model]) == {"2"}
+        (cell,) = [c for c in by_kind["batch"] if c["model"] == model]
+        assert cell["batch_stages"] == "gpt"  # auto, on the CPU
+        for name, by_c in cell["configurations"].items():
+            assert by_c["1"]["peak_memory"]["median"] > 0, name
         overhead = result["overhead"][model]
         assert overhead["n"] == 2 and overhead["median"] > 0
         # mps: this machine has no NVIDIA driver, so the pool refuses the daemon and the cell says why.
@@ -137,7 +171,7 @@ def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> No
     result = run_bench(tmp_path, ["2"], ckpt_root, "--budget", "0", "--texts", "short", "--sidecars", "1,4")
     cells = result["cells"]
     kinds = sorted({c["kind"] for c in cells})
-    assert kinds == ["batch", "mps", "overhead", "sidecars", "stream", "throughput", "voice_cache"]
+    assert kinds == ["batch", "floor", "mps", "overhead", "sidecars", "stream", "throughput", "voice_cache"]
     spent = [c for c in cells if c.get("reason") == "time budget spent"]
     assert {c["kind"] for c in spent} == set(kinds)
     assert {c["sidecars"] for c in cells if c["kind"] == "sidecars"} == {1, 4}

@@ -106,14 +106,17 @@ def batch_sizes(events: list[ProgressEvent]) -> list[str]:
     return [e.message for e in events if e.message.startswith("in a batch of")]
 
 
-@pytest.mark.parametrize("name", GITHUB + PYPI)
+@pytest.mark.parametrize(("name", "stages"), [(name, "auto") for name in GITHUB + PYPI] + [("2.5", "all")])
 async def test_each_request_of_a_batch_sounds_as_it_does_alone(
-    name: str, checkpoints: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    name: str, stages: str, checkpoints: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One sidecar (loading costs most of the time): alone, then batched, then a batch with a bad request.
 
     The PyPI repackagings run the same way: their model calls are intercepted like the GitHub
     code's, and every batched call runs as one batch (no load warning, no batch retried row by row).
+    ``batch_stages``: ``auto`` is ``gpt`` on the CPU (the GPT's calls batched, each request's CFM and
+    vocoder alone as its codes are ready); ``all`` batches them too.  Each request's ``done``
+    says which ran.
     """
     caplog.set_level(logging.WARNING, logger="indextts_client.sidecar")
     flavour = flavour_named(name)
@@ -121,7 +124,7 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(
     jobs = requests(ckpt, name)
     junk = tmp_path / "junk.wav"
     junk.write_bytes(b"RIFF but not audio at all")
-    async with batching_client(flavour, ckpt) as c:
+    async with batching_client(flavour, ckpt, batch_stages=stages) as c:
         await c.load()
         assert c.info.max_batch == 4
         alone = []
@@ -135,6 +138,7 @@ async def test_each_request_of_a_batch_sounds_as_it_does_alone(
             assert isinstance(result, Audio), result
             assert batch_sizes(events_of[i]) == ["in a batch of 3"], [e.message for e in events_of[i]]
             assert_equal_audio(alone[i], result)
+            assert result.facts["batch_stages"] == ("gpt" if stages == "auto" else stages), result.facts
         # Segments are streamed as they come: the three-segment request reports each one.
         ready = [e.message for e in events_of[1] if " ready (" in e.message]
         assert len(ready) >= 2, ready

@@ -33,7 +33,7 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batch_run import BatchRun, one_after_another
+from ._batch_run import BatchRun, one_after_another, resolve_stages
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
@@ -53,7 +53,7 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
-from ._segments import SegmentTexts
+from ._segments import SegmentTexts, first_length
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
     StageTimes,
@@ -129,7 +129,12 @@ class IndexTTSEngine(Engine[Any, Any]):
             "module": flavour.module,
             "model_dir": os.path.abspath(self.options.model_dir),
             "voice_cache": self._voices.stats(),
+            "batch_stages": self.batch_stages(),
         }
+
+    def batch_stages(self) -> str:
+        """The engine option ``batch_stages`` resolved (``_batch_run.resolve_stages``)."""
+        return resolve_stages(self.options.batch_stages, getattr(self._model, "device", None) or self.options.device)
 
     # ---------------------------------------------------------- check
 
@@ -434,7 +439,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
-        self._segment_texts.start()
+        self._segment_texts.start(first_length(request.options, self.options))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
             heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL),
@@ -503,6 +508,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             batch_vocoder=bool(self.options.batch_vocoder),
             max_batch=self.max_batch,
             join=join,
+            batch_stages=self.batch_stages(),
+            first_segment_tokens=lambda request: first_length(request.options, self.options),
         )
         try:
             for index, value in batch.run(hooks):

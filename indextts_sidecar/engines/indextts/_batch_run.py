@@ -6,6 +6,13 @@ runs upstream's ``infer`` to its end, one thread at a time.  Requests may join a
 batch (continuous batching): at the top of each round, when every request is parked on a
 model call, the sidecar's ``join`` hands over those that arrived meanwhile; each is prepared
 as the first ones were, runs until it parks, and its call runs in that round with the others.
+
+Which stages run batched is the engine option ``batch_stages`` (:data:`ROW_WISE`): with
+``"all"`` every parked call of a round runs grouped with its like; with ``"gpt"`` only the
+GPT's (its decoding and its latent pass) do, and a request parked on the s2mel CFM or the
+vocoder runs that call alone and goes on at once, until its audio is out and it parks on its
+next GPT call, before the next request's CFM: each request's audio leaves as soon as its own
+work is done, instead of after the whole batch's.
 """
 
 from __future__ import annotations
@@ -25,9 +32,20 @@ from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, Tally, failed_refer
 from ._upstream import StageTimes
 from ._voice_cache import VoiceCache
 
-__all__ = ["BatchMember", "BatchRun", "one_after_another"]
+__all__ = ["ROW_WISE", "BatchMember", "BatchRun", "one_after_another", "resolve_stages"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
+
+#: Per ``batch_stages`` (resolved: ``auto`` is not a key): the kinds of parked call that run one
+#: request at a time, as each request reaches them, instead of grouped with the others'.
+ROW_WISE: dict[str, frozenset[str]] = {"all": frozenset(), "gpt": frozenset({"cfm", "vocoder"})}
+
+
+def resolve_stages(chosen: str, device: Any) -> str:
+    """``batch_stages`` resolved for the model's device: ``auto`` is ``gpt`` on a CPU, ``all`` elsewhere."""
+    if chosen != "auto":
+        return str(chosen)
+    return "gpt" if str(device or "").startswith("cpu") else "all"
 
 
 class BatchMember:
@@ -96,6 +114,8 @@ class BatchRun:
         batch_vocoder: bool,
         max_batch: int,
         join: Union[Join, None] = None,
+        batch_stages: str = "all",
+        first_segment_tokens: Callable[[SynthesisRequest[Any]], Union[int, None]] = lambda request: None,
     ) -> None:
         self.model = model
         self.flavour = flavour
@@ -103,6 +123,9 @@ class BatchRun:
         self.voices = voices
         self.segment_texts = segment_texts
         self.batch_vocoder = batch_vocoder
+        self.batch_stages = batch_stages
+        self.first_segment_tokens = first_segment_tokens
+        self.row_wise = ROW_WISE[batch_stages]
         self.max_batch = max_batch
         self.join = join
         self.members: dict[int, BatchMember] = {}
@@ -158,7 +181,11 @@ class BatchRun:
         member = self.members.get(index)
         if member is None or not member.started:
             return {}
-        return {"voice_cache": "hit" if member.restored else "miss", "stages": dict(member.times.stages)}
+        return {
+            "voice_cache": "hit" if member.restored else "miss",
+            "stages": dict(member.times.stages),
+            "batch_stages": self.batch_stages,
+        }
 
     def close(self) -> None:
         self.lockstep.close()
@@ -189,7 +216,7 @@ class BatchRun:
         live.append(index)
         member.started = True
         member.restored = self.voices.restore(self.model, member.voice)
-        self.segment_texts.start()
+        self.segment_texts.start(self.first_segment_tokens(member.item.request))
         if note is not None:
             member.item.progress("prepare", None, note)
         member.item.progress("prepare", None, "preparing the references and the first segment")
@@ -220,24 +247,48 @@ class BatchRun:
     def _drain(self, live: list[int], reports: dict[int, Report]) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
         """Every worker that is not parked on a model call moves on until it is (or ends)."""
         for index in list(live):
-            member = self.members[index]
+            yield from self._drain_one(index, live, reports)
+
+    def _drain_one(
+        self, index: int, live: list[int], reports: dict[int, Report]
+    ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        member = self.members[index]
+        report = reports[index]
+        while isinstance(report, Chunk):
+            yield from ((index, pcm) for pcm in member.audio(report.value))
+            if member.item.cancelled():
+                self.lockstep.abort(member.worker)
+                report = End()
+                break
+            report = self._step(index)
+        if isinstance(report, Failed):
+            live.remove(index)
+            yield index, ItemDone(member.failure(report.error))
+        elif isinstance(report, End):
+            live.remove(index)
+            tally = member.tally
+            member.item.progress("synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio")
+            yield index, ItemDone(None)
+        reports[index] = report
+
+    def _alone(
+        self, hooks: Hooks, index: int, live: list[int], reports: dict[int, Report]
+    ) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
+        """Request ``index``'s row-wise calls, one after another, its audio out as soon as it is
+        ready: until it parks on a call that runs grouped (or ends)."""
+        member = self.members[index]
+        while index in live:
             report = reports[index]
-            while isinstance(report, Chunk):
-                yield from ((index, pcm) for pcm in member.audio(report.value))
-                if member.item.cancelled():
-                    self.lockstep.abort(member.worker)
-                    report = End()
-                    break
-                report = self._step(index)
-            if isinstance(report, Failed):
+            if not (isinstance(report, Blocked) and report.call.kind in self.row_wise):
+                return
+            if member.item.cancelled():
+                self.lockstep.abort(member.worker)
                 live.remove(index)
-                yield index, ItemDone(member.failure(report.error))
-            elif isinstance(report, End):
-                live.remove(index)
-                tally = member.tally
-                member.item.progress("synthesize", 1.0, f"{tally.segments} segments, {tally.seconds:.2f} s of audio")
                 yield index, ItemDone(None)
-            reports[index] = report
+                return
+            run_calls(hooks, [report.call], _beat([member.item.progress]))
+            reports[index] = self._step(index)
+            yield from self._drain_one(index, live, reports)
 
     def run(self, hooks: Hooks) -> Iterator[tuple[int, Union[Any, ItemDone]]]:
         yield from self._take_early()
@@ -254,18 +305,17 @@ class BatchRun:
                 yield from self._drain(live, reports)  # a joiner that did not park at once
             if not live:
                 break
-            calls = [cast_blocked(reports[index]).call for index in live]
-            progresses = [self.members[index].item.progress for index in live]
-
-            def beat(message: str, progresses: list[ProgressFn] = progresses) -> heartbeat:
-                def fan_out(stage: str, fraction: Union[float, None] = None, text: str = "") -> None:
-                    for progress in progresses:
-                        progress(stage, fraction, text)
-
-                return heartbeat(cast(ProgressFn, fan_out), "synthesize", None, message, HEARTBEAT_INTERVAL)
-
-            run_calls(hooks, calls, beat)
-            for index in list(live):
+            alone = [index for index in live if cast_blocked(reports[index]).call.kind in self.row_wise]
+            for index in alone:
+                yield from self._alone(hooks, index, live, reports)
+            # Every live request is parked on a grouped call now, those that ran alone too: their
+            # next segment's GPT joins the others' in this round.
+            grouped = list(live)
+            if not grouped:
+                break
+            calls = [cast_blocked(reports[index]).call for index in grouped]
+            run_calls(hooks, calls, _beat([self.members[index].item.progress for index in grouped]))
+            for index in grouped:
                 member = self.members[index]
                 if member.item.cancelled():
                     self.lockstep.abort(member.worker)
@@ -273,6 +323,19 @@ class BatchRun:
                     yield index, ItemDone(None)
                     continue
                 reports[index] = self._step(index)
+
+
+def _beat(progresses: list[ProgressFn]) -> Callable[[str], heartbeat]:
+    """``run_calls``'s heartbeat: each message to every request whose call runs."""
+
+    def beat(message: str) -> heartbeat:
+        def fan_out(stage: str, fraction: Union[float, None] = None, text: str = "") -> None:
+            for progress in progresses:
+                progress(stage, fraction, text)
+
+        return heartbeat(cast(ProgressFn, fan_out), "synthesize", None, message, HEARTBEAT_INTERVAL)
+
+    return beat
 
 
 def cast_blocked(report: Report) -> Blocked:

@@ -5,7 +5,7 @@ and which upstream keyword each becomes.  None leaves upstream's own default in 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 
@@ -69,6 +69,16 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: In a batch, run the vocoder (BigVGAN) on the rows of equal length together, rather
     #: than one request at a time.
     batch_vocoder: bool = True
+    #: Which stages of a batch run batched: ``gpt`` batches the GPT (its decoding and latent
+    #: pass) and runs the s2mel CFM and the vocoder one request at a time, as each request's
+    #: codes are ready, so that its audio leaves as soon as its own work is done; ``all``
+    #: batches every stage; ``auto``: ``gpt`` on a CPU (where the CFM is compute-bound at one
+    #: row), ``all`` on other devices (docs/indextts.md, "Batching").
+    batch_stages: Literal["auto", "gpt", "all"] = "auto"
+    #: The first segment of every request cut at this many text tokens (at a word boundary), so
+    #: that streamed audio starts after a few words: the default of the request option of the
+    #: same name.  None or 0: upstream's segments.
+    first_segment_tokens: Union[_NonNegativeInt, None] = None
     #: Continuous batching: requests that arrive while a batch runs join it at its next step
     #: instead of waiting for its end, and a lone request runs as a batch of one.  Effective
     #: only with ``max_batch`` 2 or more and upstream's model calls reachable (not with
@@ -113,6 +123,10 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     more_segment_before: Union[_NonNegativeInt, None] = None
     #: PyPI repackaging only: its counterpart of ``more_segment_before``.
     quick_streaming_tokens: Union[_NonNegativeInt, None] = None
+    #: Cut the first segment at this many text tokens (a word boundary; the rest of it stays one
+    #: segment), for earlier first audio, with every flavour; 0: upstream's segments; None: the
+    #: engine option.
+    first_segment_tokens: Union[_NonNegativeInt, None] = None
     #: Scale an emotion vector as upstream's web UI does; None: the engine option.
     normalize_emotion: Union[bool, None] = None
     # Sampling options of the GPT (upstream's ``generation_kwargs``).

@@ -12,19 +12,28 @@ instance, in front of the segmenter every flavour calls,
   ``model.tokenizer.split_segments(tokens, max_tokens, quick_streaming_tokens=...)``, which
   returns each segment's sentencepiece pieces,
 
-that hands the segmenter's result back unchanged and keeps its text.  Upstream's code and
-class are untouched: the wrapper is an attribute of the one instance.  Where neither
-segmenter exists (another upstream version), nothing is wrapped and segments carry no text.
+that hands the segmenter's result back and keeps its text.  Upstream's code and class are
+untouched: the wrapper is an attribute of the one instance.  Where neither segmenter exists
+(another upstream version), nothing is wrapped and segments carry no text.
+
+With a first-segment length (the ``first_segment_tokens`` option, :meth:`SegmentTexts.start`),
+the wrapper also cuts the first segment short, so that a stream's first audio waits for a few
+words rather than a sentence: upstream's own segmenter cuts the first segment again at that
+many text tokens (at punctuation where it can), the cut is moved back to the word boundary
+before it when it falls inside a word, and what follows the cut stays one segment, as it was.
+(Upstream's own knobs do not do it everywhere: the GitHub checkout's ``split_segments`` takes
+``quick_streaming_tokens`` and never reads it, and 2.5's segmenter has no such parameter.)
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, Union
 
-__all__ = ["SegmentTexts", "pieces_text"]
+__all__ = ["SegmentTexts", "first_length", "pieces_text"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
@@ -42,6 +51,14 @@ def pieces_text(pieces: Any) -> str:
     return _CJK_GAP.sub("", _SPACES.sub(" ", joined).strip())
 
 
+def first_length(request_options: Any, engine_options: Any) -> Union[int, None]:
+    """A request's ``first_segment_tokens``: its own option, else the engine's; None (or 0): upstream's segments."""
+    value = getattr(request_options, "first_segment_tokens", None)
+    if value is None:
+        value = getattr(engine_options, "first_segment_tokens", None)
+    return int(value) if value else None
+
+
 def _plain_text(segment: Any) -> str:
     return _SPACES.sub(" ", str(segment)).strip()
 
@@ -51,10 +68,14 @@ class SegmentTexts:
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        #: The current request's first-segment length in text tokens (None: upstream's segments).
+        self.first_tokens: Union[int, None] = None
 
-    def start(self) -> None:
-        """Forget the last request's segments (call before each request)."""
+    def start(self, first_tokens: Union[int, None] = None) -> None:
+        """Forget the last request's segments (call before each request); ``first_tokens``: cut
+        the first segment at that many text tokens (None or 0: as upstream cuts it)."""
         self.texts = []
+        self.first_tokens = first_tokens or None
 
     def text(self, index: int) -> Union[str, None]:
         """The text of segment ``index`` (0-based), or None when upstream's segmenter gave none."""
@@ -77,6 +98,8 @@ class SegmentTexts:
     def _recording(self, split: Callable[..., Any], text_of: Callable[[Any], str]) -> Callable[..., Any]:
         def recording(*args: Any, **kwargs: Any) -> Any:
             segments = split(*args, **kwargs)
+            if self.first_tokens is not None and isinstance(segments, list) and len(args) >= 2:
+                segments = self._first_short(split, segments, args, kwargs)
             if isinstance(segments, (list, tuple)):  # upstream's are lists: never consume an iterator
                 try:
                     self.texts.extend([text_of(segment) for segment in segments])
@@ -86,3 +109,47 @@ class SegmentTexts:
 
         recording.__wrapped__ = split  # type: ignore[attr-defined]
         return recording
+
+    def _first_short(
+        self, split: Callable[..., Any], segments: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[Any]:
+        """``segments`` with the first one cut at ``first_tokens`` (a word boundary), the rest of it one segment."""
+        first = segments[0] if segments else None
+        if not isinstance(first, (list, str)) or self.first_tokens is None:
+            return segments
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # 2's segmenter warns when it cuts by length
+                parts = split(first, self.first_tokens, *args[2:], **kwargs)
+        except Exception as exc:  # the cut is a nicety: never let it fail the request
+            log.warning("could not cut the first segment short: %s: %s", type(exc).__name__, exc)
+            return segments
+        if not isinstance(parts, list) or len(parts) < 2 or not isinstance(parts[0], type(first)):
+            return segments
+        cut = _word_boundary(first, len(parts[0]))
+        if cut <= 0 or cut >= len(first):
+            return segments
+        return [first[:cut], first[cut:], *segments[1:]]
+
+
+def _word_boundary(segment: Union[list[Any], str], cut: int) -> int:
+    """``cut`` moved back to the start of the word it falls in (0 when the first word has no start before it).
+
+    Pieces (IndexTTS-2): a word starts at a piece with the word mark.  Text (2.5): a cut between
+    two letters of a script that spaces its words is inside a word."""
+    if isinstance(segment, str):
+        while 0 < cut < len(segment) and _spaced_letter(segment[cut - 1]) and _spaced_letter(segment[cut]):
+            cut -= 1
+        return cut
+    while 0 < cut < len(segment) and not _starts_word(segment[cut]):
+        cut -= 1
+    return cut
+
+
+def _spaced_letter(char: str) -> bool:
+    return char.isalnum() and not re.match(f"[{_CJK}]", char)
+
+
+def _starts_word(piece: Any) -> bool:
+    text = str(piece)
+    return text.startswith(_WORD_MARK) or not any(c.isalnum() for c in text)
