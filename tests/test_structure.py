@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,13 +110,20 @@ def test_no_module_takes_a_private_name_from_another() -> None:
 
 # ------------------------------------------------------------------ each layer's allowed imports
 #
-# The client's layers, bottom up (docs/architecture.md): the wire (one protocol connection over
-# any streams), requests, supervision (a sidecar's lifetimes), the facades, and what serves them.
+# The client's layers, bottom up (docs/architecture.md): shared values, text, requests, the wire
+# (one protocol connection over any streams), supervision (a sidecar's lifetimes), the facades,
+# the service core, what serves it, the integrations and the tools.  Every client module stands
+# in exactly one (test_each_client_module_stands_in_one_layer).
 # A layer is a set of name patterns (below ``indextts_client.``), so that a module split out later
 # (``_deadlines``, ``_transports``...) or moved into its layer's folder (``_wire/``,
 # ``_supervision/``) falls under its layer's rule the day it lands.
 
 WIRE = ("_connection", "_exchange", "_sender", "_handshake", "_deadline*", "_wire", "_wire.*")
+#: What a caller holds: the request methods and a request's run (an SSML request's too).  They
+#: stand on the request seam alone (``_exchange``'s Channel); ``Connection`` is a Requester.
+REQUESTS = ("_request", "_request_run", "_ssml._run")
+#: Text in, text out: the sentence splitter and the SSML reader, planner and cutter (no I/O).
+TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", "_ssml._render", "_ssml._cut")
 SUPERVISION = (
     "_supervisor",
     "_supervision",
@@ -131,9 +139,26 @@ FACADES = ("_client", "_pool", "_pool_cli", "_pool_routing", "_pool_stream", "_b
 SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
 SERVICE = ("_service", "_service.*")
-TOOLS = ("_cli", "_doctor", "_engines", "__main__")
-#: Where the public names are defined: values every layer shares.
-SHARED = ("_audio", "_types", "_exceptions", "_defaults")
+#: Agent frameworks' services: public names only, like any application.
+INTEGRATIONS = ("integrations", "integrations.*")
+#: The top floor: command-line verbs (``setup`` and ``envs`` run a Client and the doctor).
+TOOLS = ("_cli", "_doctor", "_engines", "__main__", "_setup", "_setup.*")
+#: Where the public names are defined: values every layer shares; and the registry of engine
+#: environments, which Client asks and setup writes (standard library and msgspec only).
+SHARED = ("_audio", "_types", "_exceptions", "_defaults", "_registry")
+LAYERS = {
+    "wire": WIRE,
+    "requests": REQUESTS,
+    "text": TEXT,
+    "supervision": SUPERVISION,
+    "facades": FACADES,
+    "service": SERVICE,
+    "serving": SERVING,
+    "integrations": INTEGRATIONS,
+    "tools": TOOLS,
+    "shared": SHARED,
+}
+BELOW_TOOLS = tuple(pattern for name, layer in LAYERS.items() if name != "tools" for pattern in layer)
 
 
 def _in(module: str, layer: tuple[str, ...]) -> bool:
@@ -179,18 +204,56 @@ def _public_names() -> set[str]:
 
 def test_each_layer_pattern_names_modules_that_exist() -> None:
     modules = set(_statements())
-    for layer in (WIRE, SUPERVISION, FACADES, SERVING, SERVICE, TOOLS, SHARED):
-        assert any(_in(module, layer) for module in modules), layer
+    for name, layer in LAYERS.items():
+        assert any(_in(module, layer) for module in modules), name
+
+
+def test_each_client_module_stands_in_one_layer() -> None:
+    # The package's __init__ is its public face, above every layer it re-exports.
+    modules = sorted(m for m in _statements() if m.startswith("indextts_client."))
+    placed = {m: [name for name, layer in LAYERS.items() if _in(m, layer)] for m in modules}
+    assert {m: names for m, names in placed.items() if len(names) != 1} == {}
 
 
 def test_the_wire_imports_neither_supervision_nor_the_facades() -> None:
-    above = SUPERVISION + FACADES + SERVING + SERVICE + TOOLS
+    above = SUPERVISION + FACADES + SERVING + SERVICE + INTEGRATIONS + TOOLS
     assert _breaches(_statements(), WIRE, lambda _m, target, _n: not _in(target, above)) == set()
 
 
+def _requests_may_import(_module: str, target: str, _name: str) -> bool:
+    """The request layer: the request seam (``_exchange``), text, shared values, each other."""
+    if not target.startswith("indextts_client"):
+        return True
+    return target == "indextts_client._exchange" or _in(target, REQUESTS + TEXT + SHARED)
+
+
+def test_a_request_uses_its_connection_only_through_the_request_seam() -> None:
+    assert _breaches(_statements(), REQUESTS, _requests_may_import) == set()
+
+
+def test_text_imports_only_text_and_shared_values() -> None:
+    def allowed(_module: str, target: str, _name: str) -> bool:
+        return not target.startswith("indextts_client") or _in(target, TEXT + SHARED)
+
+    assert _breaches(_statements(), TEXT, allowed) == set()
+
+
 def test_supervision_imports_no_facade() -> None:
-    above = FACADES + SERVING + SERVICE + TOOLS
+    above = FACADES + SERVING + SERVICE + INTEGRATIONS + TOOLS
     assert _breaches(_statements(), SUPERVISION, lambda _m, target, _n: not _in(target, above)) == set()
+
+
+def test_only_a_tool_imports_a_tool() -> None:
+    # setup runs a Client; Client never reaches back into setup (the registry is a floor down).
+    assert _breaches(_statements(), BELOW_TOOLS, lambda _m, target, _n: not _in(target, TOOLS)) == set()
+
+
+def test_the_registry_imports_only_the_standard_library_and_msgspec() -> None:
+    # Client imports it on every start: no third-party import but msgspec (platformdirs, lazily,
+    # where the cli extra installed it), nothing of ours.
+    imports = _statements()["indextts_client._registry"]
+    tops = {target.split(".")[0] for target, _ in imports} - {"__future__", "msgspec", "platformdirs"}
+    assert {top for top in tops if top not in sys.stdlib_module_names} == set()
 
 
 def _serving_may_import(module: str, target: str, name: str) -> bool:
@@ -230,6 +293,21 @@ def _service_statements() -> set[str]:
     }
 
 
+def _integrations_may_import(module: str, target: str, name: str) -> bool:
+    """integrations/: its own modules, public modules and public names, as an application would."""
+    if not target.startswith("indextts_client"):
+        return True  # the sidecar's modules: test_the_client_imports_only_the_public_sidecar_modules
+    if target.split(".")[:2] == module.split(".")[:2]:
+        return True
+    if target == "indextts_client":
+        return name in _public_names()
+    return not any(part.startswith("_") for part in target.split(".")[1:])
+
+
+def test_the_integrations_import_only_public_names() -> None:
+    assert _breaches(_statements(), INTEGRATIONS, _integrations_may_import) == set()
+
+
 def test_the_service_core_imports_no_front_end_and_no_web_library() -> None:
     assert _service_statements() == set()
 
@@ -267,7 +345,18 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
         "indextts_client._audio": set(),
         "indextts_client.ray": {("indextts_client._request", "_resolve"), ("indextts_client._request", "Synthesis")},
         "indextts_client._request": set(),
+        "indextts_client._request_run": {("indextts_client._connection", "Connection")},
+        "indextts_client._setup._command": {("indextts_client._client", "Client")},
+        "indextts_client._registry": set(),
+        "indextts_client.integrations.pipecat": {
+            ("indextts_client._pool", "Pool"),
+            ("indextts_client", "Pool"),
+            ("indextts_client.integrations._socket", "Timeline"),
+        },
+        "indextts_client.integrations._socket": set(),
+        "indextts_client._pool": set(),
     }
+    statements["indextts_client._client"] = {("indextts_client._setup._command", "setup_command_main")}
     above = SUPERVISION + FACADES + SERVING + TOOLS
     assert _breaches(statements, WIRE, lambda _m, target, _n: not _in(target, above)) == {
         "indextts_client._connection imports indextts_client._client.Client",
@@ -275,6 +364,15 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
     }
     assert _breaches(statements, SERVING, _serving_may_import) == {
         "indextts_client.ray imports indextts_client._request._resolve"
+    }
+    assert _breaches(statements, REQUESTS, _requests_may_import) == {
+        "indextts_client._request_run imports indextts_client._connection.Connection"
+    }
+    assert _breaches(statements, INTEGRATIONS, _integrations_may_import) == {
+        "indextts_client.integrations.pipecat imports indextts_client._pool.Pool"
+    }
+    assert _breaches(statements, BELOW_TOOLS, lambda _m, target, _n: not _in(target, TOOLS)) == {
+        "indextts_client._client imports indextts_client._setup._command.setup_command_main"
     }
 
 

@@ -29,6 +29,7 @@ import msgspec
 from indextts_sidecar import __version__
 
 from .._doctor import QWEN_EMO_DIR
+from .._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 from ._build import (
     InstallPlan,
     SetupError,
@@ -51,7 +52,6 @@ from ._preflight import (
     usable_home,
     works,
 )
-from ._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 
 __all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "registered_for_doctor", "setup_command_main"]
 
