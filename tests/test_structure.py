@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -463,3 +464,95 @@ def test_a_long_function_is_found_when_there_is_one() -> None:
     body = "".join(f"    x{i} = {i}\n" for i in range(3))
     assert _long_functions(f"def f():\n{body}", 3) == ["f (4 lines)"]
     assert _long_functions(f"def f():\n{body}", 4) == []
+
+
+# ------------------------------------------------------------------ the drawing names every module
+
+
+def _drawing() -> dict[str, list[tuple[str, str]]]:
+    """docs/architecture.md's first drawing: package folder -> its entries as (name column, text).
+
+    An entry is a line with a name in its first 30 columns and the lines below it that have none.
+    """
+    text = (Path(REPO) / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("```\n", 2)[1]
+    sections: dict[str, list[tuple[str, str]]] = {}
+    entries: list[tuple[str, str]] = []
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            entries = sections.setdefault(line.split()[0], [])
+            entries.append(("", line))
+        elif line[:30].strip():
+            entries.append((line[:30].strip(), line))
+        elif entries:
+            name, body = entries[-1]
+            entries[-1] = (name, f"{body}\n{line}")
+    return sections
+
+
+def _unnamed(modules: list[str], sections: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """The modules (``package/folder/module.py``) the drawing does not name.
+
+    One at the root of its section is named as ``module.py``; one in a folder by its stem, in the
+    entry of its innermost folder (``_service/``: backend, facts...).
+    """
+    missing = []
+    for module in modules:
+        section = max((s for s in sections if module.startswith(s)), key=len, default=None)
+        if section is None:
+            missing.append(module)
+            continue
+        *folders, name = module[len(section) :].split("/")
+        stem = name.removesuffix(".py")
+        if not folders:
+            texts = [body for _, body in sections[section]]
+            pattern = rf"(?<![\w.]){re.escape(name)}\b"
+        else:
+            texts = [body for entry, body in sections[section] if entry.startswith(f"{folders[-1]}/")]
+            pattern = rf"(?<![\w.]){re.escape(stem)}(\.py)?\b"
+        if not any(re.search(pattern, body) for body in texts):
+            missing.append(module)
+    return missing
+
+
+def test_the_drawing_names_every_module() -> None:
+    # docs/architecture.md draws each package's modules: a module that lands without a line there
+    # is a room missing from the plan.  __init__ and __main__ are the folder's own.
+    modules = [str(path.relative_to(REPO)) for path in _modules() if path.name not in ("__init__.py", "__main__.py")]
+    assert _unnamed(modules, _drawing()) == []
+
+
+def test_an_unnamed_module_is_found_when_there_is_one() -> None:
+    sections = {
+        "pkg/": [("", "pkg/   the package"), ("_a.py, _b.py", "  _a.py, _b.py   two"), ("sub/", "  sub/   _c (one)")]
+    }
+    modules = ["pkg/_a.py", "pkg/_b.py", "pkg/_ab.py", "pkg/sub/_c.py", "pkg/sub/_d.py", "pkg/_c.py", "other/x.py"]
+    assert _unnamed(modules, sections) == ["pkg/_ab.py", "pkg/sub/_d.py", "pkg/_c.py", "other/x.py"]
+
+
+def test_every_bench_helper_is_named_in_the_docs() -> None:
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in (Path(REPO) / "docs").glob("*.md"))
+    helpers = sorted(p.name for p in (Path(REPO) / "bench").glob("_*.py"))
+    assert [name for name in helpers if name not in docs] == []
+
+
+def _docstring_gaps(doc: str, modules: list[str]) -> list[str]:
+    """The modules a package docstring leaves out, when it lists them (names half or more)."""
+    named = [m for m in modules if re.search(rf"(?<!\w){re.escape(m)}\b", doc)]
+    return [m for m in modules if m not in named] if 2 * len(named) >= len(modules) else []
+
+
+def test_a_package_docstring_that_lists_its_modules_lists_them_all() -> None:
+    gaps = {}
+    for init in sorted(p for p in _modules() if p.name == "__init__.py"):
+        folder = init.parent
+        modules = sorted(p.stem for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+        modules += sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file())
+        if missing := _docstring_gaps(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or "", modules):
+            gaps[str(init.relative_to(REPO))] = missing
+    assert gaps == {}
+
+
+def test_a_docstring_gap_is_found_when_there_is_one() -> None:
+    assert _docstring_gaps("``_a``, :mod:`.b` and ``_ab``", ["_a", "b", "_c"]) == ["_c"]
+    assert _docstring_gaps("``_a`` only", ["_a", "b", "_c"]) == []  # not a listing

@@ -18,7 +18,8 @@ Every name is importable from here, as it always was; they live in:
     the ``error`` frame for a message that failed to decode, and :func:`field_of`.
 
 Beside them: ``framing`` and ``streams`` (frames over byte streams), ``auth`` and
-``address`` (the socket transport), ``options``, ``doctor``, ``engine_info`` and ``defaults``.
+``address`` (the socket transport), ``options``, ``doctor``, ``engine_info``, ``defaults`` and
+``segments`` (the text span a synthesize progress announces).
 """
 
 from __future__ import annotations
