@@ -38,6 +38,7 @@ from ._codec import (
 from ._peek import Peek, peek
 from .errors import describe_invalid, field_of
 from .messages import (
+    EMOTION_CAPABILITIES,
     EMOTION_NAMES,
     MAX_DEPTH,
     MAX_ID,
@@ -74,6 +75,7 @@ from .messages import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "EMOTION_CAPABILITIES",
     "EMOTION_NAMES",
     "HEADER",
     "MAX_DEPTH",
