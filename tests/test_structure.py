@@ -433,8 +433,12 @@ def test_test_files_have_unique_names() -> None:
     assert sorted({name for name in names if names.count(name) > 1}) == []
 
 
-#: The longest function the sidecar's modules may hold (the IndexTTS adapter's folder has its own owner).
-MAX_SIDECAR_FUNCTION_LINES = 80
+#: The longest function the sidecar's modules (the IndexTTS adapter's folder has its own owner)
+#: and the client's may hold.
+MAX_FUNCTION_LINES = 80
+#: Client functions over the bound that another change is rewriting (the integrations' typed
+#: events): each may stay long until then, no new one may join.
+LONG_CLIENT_FUNCTIONS_PENDING = {"indextts_client/integrations/livekit.py: _speak"}
 
 
 def _long_functions(source: str, limit: int) -> list[str]:
@@ -455,9 +459,19 @@ def test_no_sidecar_function_is_over_80_lines() -> None:
         f"{path.relative_to(REPO)}: {name}"
         for path in sorted(sidecar.rglob("*.py"))
         if (sidecar / "engines" / "indextts") not in path.parents
-        for name in _long_functions(path.read_text(encoding="utf-8"), MAX_SIDECAR_FUNCTION_LINES)
+        for name in _long_functions(path.read_text(encoding="utf-8"), MAX_FUNCTION_LINES)
     ]
     assert long == []
+
+
+def test_no_client_function_is_over_80_lines() -> None:
+    client = Path(REPO) / "indextts_client"
+    long = [
+        f"{path.relative_to(REPO)}: {name.split(' ')[0]}"
+        for path in sorted(client.rglob("*.py"))
+        for name in _long_functions(path.read_text(encoding="utf-8"), MAX_FUNCTION_LINES)
+    ]
+    assert [entry for entry in long if entry not in LONG_CLIENT_FUNCTIONS_PENDING] == []
 
 
 def test_a_long_function_is_found_when_there_is_one() -> None:
