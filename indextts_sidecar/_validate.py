@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores vo
 
 __all__ = ["DEFAULT_MAX_TEXT", "RequestLimits", "validate_synthesis"]
 
-#: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
 #: Output rates a request may ask for, in Hz.
 MIN_SAMPLE_RATE = 1000
 MAX_SAMPLE_RATE = 384000
