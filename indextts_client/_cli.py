@@ -389,8 +389,8 @@ def _doctor(args: argparse.Namespace) -> int:
     if python is None and args.engine is not None and not is_indextts(args.engine):
         return doctor_command(sys.executable, model_dir, args.engine)  # espeak, fake: this interpreter runs them
     if python is None:
+        from ._registry import setup_command
         from ._setup._command import registered_for_doctor
-        from ._setup._registry import setup_command
 
         record = registered_for_doctor(args.engine)
         if record is None:

@@ -33,9 +33,9 @@ from ._defaults import (
 )
 from ._exceptions import RestartLimitError
 from ._process import Redactor
+from ._registry import discover
 from ._request import Requester
 from ._settings import SidecarSettings
-from ._setup._registry import discover
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
 from ._transports import (

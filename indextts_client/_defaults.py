@@ -13,9 +13,14 @@ __all__ = [
     "DEFAULT_HEARTBEAT_MISSES",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BUFFERED",
+    "DEFAULT_MAX_OUTSTANDING",
     "DEFAULT_MAX_RESTARTS",
     "DEFAULT_MAX_RESTART_BACKOFF",
+    "DEFAULT_MAX_REVIVE_AFTER",
     "DEFAULT_MAX_SILENCE",
+    "DEFAULT_PER_DEVICE",
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_POOL_TIMEOUT",
     "DEFAULT_READY_TIMEOUT",
     "DEFAULT_RESTART_BACKOFF",
     "DEFAULT_RESTART_WINDOW",
@@ -42,3 +47,15 @@ DEFAULT_RESTART_BACKOFF: Final = 0.5
 DEFAULT_MAX_RESTART_BACKOFF: Final = 10.0
 #: Missed heartbeats in a row after which the sidecar counts as hung.
 DEFAULT_HEARTBEAT_MISSES: Final = 3
+
+# A pool's (Pool's keywords, and serve's and wyoming's options, _pool_cli.py).
+#: Sidecars a pool spawns when given neither size nor devices (nor only urls).
+DEFAULT_POOL_SIZE: Final = 1
+#: Sidecars on each of the devices.
+DEFAULT_PER_DEVICE: Final = 1
+#: Requests in flight on one member before the next waits for room.
+DEFAULT_MAX_OUTSTANDING: Final = 4
+#: Seconds a request waits for room on a pool's members (None: no bound).
+DEFAULT_POOL_TIMEOUT: Final[Union[float, None]] = 30.0
+#: The longest pause between tries to revive a dead member, in seconds.
+DEFAULT_MAX_REVIVE_AFTER: Final = 600.0

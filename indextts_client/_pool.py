@@ -42,6 +42,14 @@ import anyio
 
 from ._audio import Audio
 from ._client import Client
+from ._defaults import (
+    DEFAULT_MAX_OUTSTANDING,
+    DEFAULT_MAX_REVIVE_AFTER,
+    DEFAULT_PER_DEVICE,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_POOL_TIMEOUT,
+    DEFAULT_RESTART_WINDOW,
+)
 from ._detached import spawn_detached
 from ._exceptions import ClosedError, EngineError, SidecarError, StartError, unwrap
 from ._mps import MpsDaemon
@@ -127,17 +135,17 @@ class Pool:
         *,
         size: Union[int, None] = None,
         devices: Union[Sequence[str], None] = None,
-        per_device: int = 1,
+        per_device: int = DEFAULT_PER_DEVICE,
         mps: bool = False,
-        max_outstanding: int = 4,
-        pool_timeout: Union[float, None] = 30.0,
+        max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+        pool_timeout: Union[float, None] = DEFAULT_POOL_TIMEOUT,
         retries: int = 1,
         affinity_slack: int = 2,
         urls: Sequence[str] = (),
         token: Union[str, bytes, None] = None,
         ssl_context: Any = None,
         revive_after: Union[float, None] = None,
-        max_revive_after: float = 600.0,
+        max_revive_after: float = DEFAULT_MAX_REVIVE_AFTER,
         load_on_start: bool = True,
         **client_kwargs: Any,
     ) -> None:
@@ -154,7 +162,8 @@ class Pool:
             raise ValueError("give size or devices, or a size equal to len(devices) * per_device")
         if devices is not None and not devices:
             raise ValueError("devices is empty")
-        count = len(devices) if devices is not None else (size if size is not None else (0 if urls else 1))
+        spawned = size if size is not None else (0 if urls else DEFAULT_POOL_SIZE)
+        count = len(devices) if devices is not None else spawned
         if mps and count < 1:
             raise ValueError("mps=True shares a GPU between sidecars the pool spawns; this pool spawns none")
         if count < 0 or count + len(urls) < 1:
@@ -164,7 +173,7 @@ class Pool:
         if retries < 0 or affinity_slack < 0:
             raise ValueError("retries and affinity_slack must be >= 0")
         if revive_after is None:
-            revive_after = float(client_kwargs.get("restart_window", 60.0))
+            revive_after = float(client_kwargs.get("restart_window", DEFAULT_RESTART_WINDOW))
         if not revive_after > 0 or not max_revive_after >= revive_after:
             raise ValueError("revive_after must be > 0 and max_revive_after >= revive_after")
         members = []

@@ -8,6 +8,8 @@ from typing import Any, NoReturn
 
 from indextts_sidecar.protocol.options import parse_options
 
+from ._defaults import DEFAULT_MAX_OUTSTANDING, DEFAULT_PER_DEVICE, DEFAULT_POOL_SIZE, DEFAULT_POOL_TIMEOUT
+
 __all__ = ["DefaultsFormatter", "ServerParser", "add_pool_arguments", "pool_kwargs"]
 
 
@@ -34,10 +36,14 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     """The pool options: engine, size or devices, interpreter, engine options, queue bounds."""
     parser.add_argument("--engine", default="espeak", help="engine name (default: espeak)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--size", type=int, help="sidecars (default 1)")
+    group.add_argument("--size", type=int, help=f"sidecars (default {DEFAULT_POOL_SIZE})")
     group.add_argument("--devices", help="one sidecar per device: cuda:0,cuda:1")
     parser.add_argument(
-        "--per-device", type=int, default=1, metavar="N", help="with --devices: N sidecars on each device (default 1)"
+        "--per-device",
+        type=int,
+        default=DEFAULT_PER_DEVICE,
+        metavar="N",
+        help=f"with --devices: N sidecars on each device (default {DEFAULT_PER_DEVICE})",
     )
     parser.add_argument(
         "--mps",
@@ -46,8 +52,12 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--python", help="the engine venv's interpreter")
     parser.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE", help="engine option")
-    parser.add_argument("--max-outstanding", type=int, default=4, help="requests in flight per sidecar")
-    parser.add_argument("--pool-timeout", type=float, default=30.0, help="seconds a request waits for room")
+    parser.add_argument(
+        "--max-outstanding", type=int, default=DEFAULT_MAX_OUTSTANDING, help="requests in flight per sidecar"
+    )
+    parser.add_argument(
+        "--pool-timeout", type=float, default=DEFAULT_POOL_TIMEOUT, help="seconds a request waits for room"
+    )
 
 
 def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -72,7 +82,7 @@ def pool_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
         if args.per_device > 1:
             kwargs["per_device"] = args.per_device
     else:
-        kwargs["size"] = args.size or 1
+        kwargs["size"] = args.size or DEFAULT_POOL_SIZE
     if args.mps:
         kwargs["mps"] = True
     if args.python:

@@ -17,14 +17,13 @@ from . import protocol
 from ._defaults import DEFAULT_MAX_TEXT
 from ._paths import PathPolicy
 from .engines import Engine, EngineError, RequestError, SynthesisRequest
-from .protocol import REGISTERED_PREFIX, Emotion, EmotionAudio, EmotionText, EmotionVector, Synthesize
+from .protocol import REGISTERED_PREFIX, Emotion, EmotionAudio, Synthesize
 
 if TYPE_CHECKING:  # hashlib and tempfile load only for a sidecar that stores voices
     from ._voices import RegisteredVoices
 
 __all__ = ["DEFAULT_MAX_TEXT", "RequestLimits", "validate_synthesis"]
 
-#: Longest ``text`` of a request, in characters (``--max-text``): about 1.5 hours of speech.
 #: Output rates a request may ask for, in Hz.
 MIN_SAMPLE_RATE = 1000
 MAX_SAMPLE_RATE = 384000
@@ -110,16 +109,9 @@ def _registered(voices: Union[RegisteredVoices, None], value: str, field: str) -
 
 
 #: Each kind of emotion, the capability an engine declares for it and what it is called.
-_EMOTION_NEEDS = {
-    EmotionVector: ("emotion_vector", "emotion weights"),
-    EmotionAudio: ("emotion_audio", "emotion from a reference clip"),
-    EmotionText: ("emotion_text", "emotion from a description"),
-}
-
-
 def _check_emotion_capability(engine: Engine[Any, Any], emotion: Emotion) -> None:
     """An emotion the engine cannot apply is refused, never silently dropped (the HTTP server
     refuses it the same way, before it reaches a sidecar)."""
-    capability, what = _EMOTION_NEEDS[type(emotion)]
+    capability, what = protocol.EMOTION_CAPABILITIES[type(emotion)]
     if capability not in type(engine).capabilities:
         raise EngineError(f"engine {type(engine).name!r} has no {what}", code="unsupported", field="$.emotion")

@@ -3,7 +3,7 @@
 :class:`SpeechFields` is what a request *gives* (a field it leaves out is ``UNSET``): the HTTP
 body and the WebSocket's ``session.config``/``context.config`` events are this struct plus their
 own fields.  :class:`SpeechSettings` is what a request *means* once the front end's defaults
-fill in what it left out (:meth:`SpeechSettings.merged`); :func:`~._prepare.prepare` takes it.
+fill in what it left out (:meth:`SpeechSettings.merged`); :func:`~.prepare.prepare` takes it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from indextts_sidecar import protocol
 from indextts_sidecar.protocol import EMOTION_NAMES, Emotion, EmotionAudio, EmotionText, EmotionVector
 
 from .._client import Client
@@ -100,15 +101,16 @@ def speed_options(speed: float, options: Mapping[str, Any], facts: EngineFacts) 
     return {control.option: value}
 
 
-_NEEDS = {
-    "instructions": ("emotion_text", "emotion from a description"),
-    "emotion": ("emotion_vector", "emotion weights"),
-    "emotion_reference": ("emotion_audio", "emotion from a reference clip"),
+#: Each field that asks for an emotion, and the kind it becomes (whose capability the engine needs).
+_EMOTION_FIELDS: dict[str, type[Emotion]] = {
+    "instructions": EmotionText,
+    "emotion": EmotionVector,
+    "emotion_reference": EmotionAudio,
 }
 
 
 async def _emotion(settings: SpeechSettings, facts: EngineFacts, voices: VoiceSources) -> Union[Emotion, None]:
-    given = [name for name in _NEEDS if getattr(settings, name) is not None]
+    given = [name for name in _EMOTION_FIELDS if getattr(settings, name) is not None]
     if len(given) > 1:
         raise Refusal(
             Kind.INVALID, f"give one of instructions, emotion, emotion_reference, not {given}", param=given[1]
@@ -123,7 +125,7 @@ async def _emotion(settings: SpeechSettings, facts: EngineFacts, voices: VoiceSo
             )
         return None
     (name,) = given
-    capability, what = _NEEDS[name]
+    capability, what = protocol.EMOTION_CAPABILITIES[_EMOTION_FIELDS[name]]
     if capability not in facts.capabilities:
         raise Refusal(Kind.INVALID, f"engine {facts.name!r} has no {what} ({name})", param=name, code="unsupported")
     if settings.instructions is not None:

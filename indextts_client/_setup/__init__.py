@@ -1,9 +1,9 @@
 """``indextts-client setup``: build an IndexTTS engine venv, fetch its checkpoints, register it.
 
-``_registry``
-    the environments set up so far (one record per engine under ``INDEXTTS_HOME``) and the
-    discovery every entry point uses when given no interpreter and no checkpoint directory;
-    imports only the standard library and msgspec, so that ``Client`` can use it.
+A tool on the top floor: it runs a ``Client`` and the doctor.  The records it writes and the
+discovery ``Client`` asks live one floor down, in ``indextts_client._registry``, so that
+nothing below the tools imports this folder.
+
 ``_build``
     the interpreter, the venv, upstream's code, torch and this distribution (uv or pip, in
     subprocesses);

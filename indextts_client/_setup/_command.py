@@ -29,6 +29,7 @@ import msgspec
 from indextts_sidecar import __version__
 
 from .._doctor import QWEN_EMO_DIR
+from .._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 from ._build import (
     InstallPlan,
     SetupError,
@@ -43,6 +44,7 @@ from ._build import (
 from ._envs import add_envs_parser, envs_command, os_error, registered_for_doctor
 from ._preflight import (
     VERSION_OF,
+    Plan,
     check_checkpoints,
     missing,
     need_hub,
@@ -51,7 +53,6 @@ from ._preflight import (
     usable_home,
     works,
 )
-from ._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 
 __all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "registered_for_doctor", "setup_command_main"]
 
@@ -310,48 +311,72 @@ def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord
     log = logs / f"setup-{engine}.log"
 
     # 1. The venv.
+    python = _venv(args, reporter, run, record, plan, uv, home, log)
+    record.python = python
+    run.save(record)
+
+    # 2. The checkpoints.
+    model_dir = _checkpoints(args, reporter, plan, record)
+    run.save(record)
+
+    # 3. Verify, then register as ready.
+    _verify_and_register(args, reporter, run, record, python, model_dir)
+    return record
+
+
+def _venv(
+    args: argparse.Namespace,
+    reporter: Reporter,
+    run: _Run,
+    record: EnvRecord,
+    plan: Plan,
+    uv: Union[str, None],
+    home: Path,
+    log: Path,
+) -> str:
+    """Setup's first step: the venv adopted (this distribution installed into it) or built; its python."""
     if plan.adopt is not None:
         python = plan.adopt
         record.source, record.venv = "adopted", None
         if args.force or _installed_version(python, "indextts-sidecar") != __version__:
             with reporter.step(f"installing indextts-sidecar {__version__} into {python}"):
                 install(InstallPlan(Path(python), [self_requirement()], "none", uv, log=log))
-    else:
-        venv = plan.venv
-        assert venv is not None
-        if plan.replace:
-            if run.kept is not None and run.kept.venv and Path(run.kept.venv) == venv:
-                run.kept = None  # the ready environment goes with its venv
-                run.save(record)
-            with reporter.step(f"removing {venv} (--force)" if args.force else f"removing {venv} (no working venv)"):
-                shutil.rmtree(venv)
-        fresh = not works(venv_python(venv))
-        with reporter.step(f"preparing the venv {venv} ({'uv' if uv else 'venv + pip'})"):
-            python = str(create_venv(venv, args.base_python, uv, log))
-        if fresh:
-            write_marker(venv, engine, home)
-        constraints = [Path(c).absolute() for c in args.constraint]
-        if plan.checkout is not None:
-            lock = lock_constraints(plan.checkout, uv, logs, log, constraints)
-            if lock is not None:
-                constraints.append(lock)
-        what = f"upstream ({args.source}), torch ({plan.torch}) and indextts-sidecar {__version__}"
-        with reporter.step(f"installing {what}"):
-            install(
-                InstallPlan(Path(python), [plan.upstream, self_requirement()], plan.torch, uv, constraints, log=log)
-            )
-        upstream = plan.upstream
-        record.source = f"github@{upstream.rpartition('@')[2][:7]}" if args.source == "github" else args.source
-        if plan.checkout is not None:
-            record.source = str(plan.checkout)
-        record.venv = str(venv)
-        record.device = "cuda" if plan.torch in ("cuda", "pypi") and detect_gpu() else "cpu"
-    record.python = python
-    run.save(record)
+        return python
+    venv = plan.venv
+    assert venv is not None
+    if plan.replace:
+        if run.kept is not None and run.kept.venv and Path(run.kept.venv) == venv:
+            run.kept = None  # the ready environment goes with its venv
+            run.save(record)
+        with reporter.step(f"removing {venv} (--force)" if args.force else f"removing {venv} (no working venv)"):
+            shutil.rmtree(venv)
+    fresh = not works(venv_python(venv))
+    with reporter.step(f"preparing the venv {venv} ({'uv' if uv else 'venv + pip'})"):
+        python = str(create_venv(venv, args.base_python, uv, log))
+    if fresh:
+        write_marker(venv, args.engine, home)
+    constraints = [Path(c).absolute() for c in args.constraint]
+    if plan.checkout is not None:
+        lock = lock_constraints(plan.checkout, uv, log.parent, log, constraints)
+        if lock is not None:
+            constraints.append(lock)
+    what = f"upstream ({args.source}), torch ({plan.torch}) and indextts-sidecar {__version__}"
+    with reporter.step(f"installing {what}"):
+        install(InstallPlan(Path(python), [plan.upstream, self_requirement()], plan.torch, uv, constraints, log=log))
+    upstream = plan.upstream
+    record.source = f"github@{upstream.rpartition('@')[2][:7]}" if args.source == "github" else args.source
+    if plan.checkout is not None:
+        record.source = str(plan.checkout)
+    record.venv = str(venv)
+    record.device = "cuda" if plan.torch in ("cuda", "pypi") and detect_gpu() else "cpu"
+    return python
 
-    # 2. The checkpoints.
+
+def _checkpoints(args: argparse.Namespace, reporter: Reporter, plan: Plan, record: EnvRecord) -> Path:
+    """Setup's second step: the checkpoints and the auxiliary models, downloaded where missing."""
     from ._hub import download_aux, download_model
 
+    engine: str = args.engine
     model_dir = plan.model_dir
     record.model = plan.repo_id
     if plan.repo_id is None:
@@ -372,10 +397,15 @@ def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord
         # from text is refused and everything else works.
         record.engine_options["use_qwen_emo"] = False
         reporter.say(f"  no {QWEN_EMO_DIR}/ there: use_qwen_emo is off (no emotion from text)")
-    run.save(record)
+    return model_dir
 
-    # 3. Verify, then register as ready.  Verifying the very environment registered as ready
-    # (its interpreter and checkpoints) judges it: a failure there demotes it, honestly.
+
+def _verify_and_register(
+    args: argparse.Namespace, reporter: Reporter, run: _Run, record: EnvRecord, python: str, model_dir: Path
+) -> None:
+    """Setup's last step: verify, then register as ready.  Verifying the very environment
+    registered as ready (its interpreter and checkpoints) judges it: a failure there demotes it,
+    honestly."""
     kept = run.kept
     if kept is not None and (kept.python, kept.model_dir) == (python, str(model_dir)) and not args.no_verify:
         run.kept = None
@@ -385,13 +415,12 @@ def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord
     else:
         with reporter.step("verifying: the doctor, then one short synthesis"):
             record.device, record.versions = anyio.run(
-                _verify, engine, python, model_dir, record.engine_options, reporter
+                _verify, args.engine, python, model_dir, record.engine_options, reporter
             )
         record.verified = True
     record.status, record.error = "ready", None
     write_record(record)
     run.kept = None
-    return record
 
 
 def setup_command_main(args: argparse.Namespace) -> int:

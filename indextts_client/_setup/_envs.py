@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import msgspec
 
-from ._registry import (
+from .._registry import (
     INDEXTTS_ENGINES,
     SETUP_ENGINES,
     EnvRecord,

@@ -18,6 +18,7 @@ from typing import Union
 
 import msgspec
 
+from .._registry import home_problem, indextts_home, marker_problem
 from ._build import (
     SUPPORTED_PYTHONS,
     SetupError,
@@ -27,7 +28,6 @@ from ._build import (
     upstream_requirement,
     venv_python,
 )
-from ._registry import home_problem, indextts_home, marker_problem
 
 __all__ = [
     "VENV_BYTES",

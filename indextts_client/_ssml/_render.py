@@ -153,55 +153,8 @@ def render(
             close()
             steps.append(item)
             continue
-        extra: dict[str, Any] = {}
-        segment_voice = voice
-        if item.rate != 1:
-            value = speed.value(float(item.rate)) if speed is not None else None
-            if value is not None:
-                extra[speed.option] = value  # type: ignore[union-attr]
-            elif strict:
-                why = "has no speed control" if speed is None else f"takes speeds {speed.speed_range()}"
-                raise _refuse(
-                    f"prosody rate {float(item.rate):g}: {engine} {why}", item, item.rate_at, "prosody", "rate"
-                )
-        if item.lang is not None:
-            base = item.lang.lower().split("-")[0]
-            known = profile.languages is None or base in profile.languages
-            if not known:
-                if strict:
-                    raise _refuse(
-                        f"language {item.lang!r}: {engine} does not speak it", item, item.lang_at, "lang", "xml:lang"
-                    )
-            elif profile.lang_option is not None and (item.lang != plan.lang or profile.lang_option not in caller):
-                extra[profile.lang_option] = base
-            elif profile.lang_voice and (item.lang != plan.lang or voice is None):
-                segment_voice = item.lang.lower()
-        text = item.text
-        exact = item.rewrite is None
-        if profile.alphabets and profile.phoneme is _mark and item.phoneme is None and ("<" in text or ">" in text):
-            # This engine reads <word|PH> in its text as a pronunciation: text (an &lt; written
-            # in the SSML, a <sub> alias) must not make one.
-            if strict:
-                line, column = (item.line, item.column) if item.line else _place(plan, item)
-                raise SsmlError(
-                    f"{engine} would read the < or > in {text[:40]!r} as a pronunciation mark: use <phoneme>",
-                    code="unsupported",
-                    line=line,
-                    column=column,
-                )
-            text = text.replace("<", "\u2039").replace(">", "\u203a")
-        if item.phoneme is not None:
-            written = profile.phoneme(text, item.phoneme) if item.phoneme.alphabet in profile.alphabets else None
-            if written is None and strict:
-                raise _refuse(
-                    f"phoneme alphabet {item.phoneme.alphabet}: {engine} cannot read it here",
-                    item,
-                    (item.line, item.column),
-                    "phoneme",
-                    "alphabet",
-                )
-            if written is not None:
-                text, exact = written, False
+        extra, segment_voice = _settings(item, plan, profile, engine, speed, strict, voice, caller)
+        text, exact = _text(item, plan, profile, engine, strict)
         run_key = (tuple(sorted(extra.items())), segment_voice)
         if key is not None and run_key != key:
             close()
@@ -211,3 +164,69 @@ def render(
         size += len(text)
     close()
     return steps
+
+
+def _settings(
+    item: TextRun,
+    plan: SsmlPlan,
+    profile: EngineSsml,
+    engine: str,
+    speed: Union[SpeedControl, None],
+    strict: bool,
+    voice: Union[str, None],
+    caller: Mapping[str, Any],
+) -> tuple[dict[str, Any], Union[str, None]]:
+    """A run's own options (its rate, its language) and voice, beside the caller's."""
+    extra: dict[str, Any] = {}
+    segment_voice = voice
+    if item.rate != 1:
+        value = speed.value(float(item.rate)) if speed is not None else None
+        if value is not None:
+            extra[speed.option] = value  # type: ignore[union-attr]
+        elif strict:
+            why = "has no speed control" if speed is None else f"takes speeds {speed.speed_range()}"
+            raise _refuse(f"prosody rate {float(item.rate):g}: {engine} {why}", item, item.rate_at, "prosody", "rate")
+    if item.lang is not None:
+        base = item.lang.lower().split("-")[0]
+        known = profile.languages is None or base in profile.languages
+        if not known:
+            if strict:
+                raise _refuse(
+                    f"language {item.lang!r}: {engine} does not speak it", item, item.lang_at, "lang", "xml:lang"
+                )
+        elif profile.lang_option is not None and (item.lang != plan.lang or profile.lang_option not in caller):
+            extra[profile.lang_option] = base
+        elif profile.lang_voice and (item.lang != plan.lang or voice is None):
+            segment_voice = item.lang.lower()
+    return extra, segment_voice
+
+
+def _text(item: TextRun, plan: SsmlPlan, profile: EngineSsml, engine: str, strict: bool) -> tuple[str, bool]:
+    """A run's text as the engine reads it, and whether it is the run's own characters (not a rewrite)."""
+    text = item.text
+    exact = item.rewrite is None
+    if profile.alphabets and profile.phoneme is _mark and item.phoneme is None and ("<" in text or ">" in text):
+        # This engine reads <word|PH> in its text as a pronunciation: text (an &lt; written
+        # in the SSML, a <sub> alias) must not make one.
+        if strict:
+            line, column = (item.line, item.column) if item.line else _place(plan, item)
+            raise SsmlError(
+                f"{engine} would read the < or > in {text[:40]!r} as a pronunciation mark: use <phoneme>",
+                code="unsupported",
+                line=line,
+                column=column,
+            )
+        text = text.replace("<", "\u2039").replace(">", "\u203a")
+    if item.phoneme is not None:
+        written = profile.phoneme(text, item.phoneme) if item.phoneme.alphabet in profile.alphabets else None
+        if written is None and strict:
+            raise _refuse(
+                f"phoneme alphabet {item.phoneme.alphabet}: {engine} cannot read it here",
+                item,
+                (item.line, item.column),
+                "phoneme",
+                "alphabet",
+            )
+        if written is not None:
+            text, exact = written, False
+    return text, exact

@@ -16,8 +16,8 @@ request body), :mod:`._encoders`, :mod:`._voices` (the voice routes), :mod:`._li
 (bounds, deadlines), :mod:`._origins` (Origin, Host, CORS), :mod:`._speech` (the speech
 route), :mod:`._ws_events` and :mod:`._websocket` (the WebSocket route), :mod:`._errors`
 (a refusal as OpenAI's error JSON), :mod:`._app` (them together), :mod:`._serve` (the
-command), :mod:`._timing` (timing headers and latency histograms), :mod:`._playground`
-(the page at ``/``).
+command), :mod:`._timing` (timing headers and latency histograms), :mod:`._metrics` (``/metrics``),
+:mod:`._alignment` (word timings as both routes' events), :mod:`._playground` (the page at ``/``).
 """
 
 from __future__ import annotations

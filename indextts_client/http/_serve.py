@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Any, Union
 
+from .._defaults import DEFAULT_PER_DEVICE
 from .._pool_cli import DefaultsFormatter, ServerParser, add_pool_arguments
 from .._service import ServeSettings, add_ssml_arguments, add_voice_arguments, positive
 from ._limits import Limits, header_deadline_protocol
@@ -214,7 +215,8 @@ def main(argv: Union[list[str], None] = None, prog: str = "python -m indextts_cl
     )
     server = uvicorn.Server(config)
     sock, url = _listen(parser, args)
-    sidecars = len(kwargs["devices"]) * kwargs.get("per_device", 1) if "devices" in kwargs else kwargs["size"]
+    per_device = kwargs.get("per_device", DEFAULT_PER_DEVICE)
+    sidecars = len(kwargs["devices"]) * per_device if "devices" in kwargs else kwargs["size"]
     print(
         f"{prog}: listening on {url} (engine {args.engine}, starting {sidecars} sidecar(s))",
         file=sys.stderr,

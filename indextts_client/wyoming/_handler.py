@@ -17,6 +17,7 @@ from .._defaults import DEFAULT_MAX_SILENCE
 from .._exceptions import SidecarError
 from .._pool import Pool
 from .._service import (
+    PCM_RATE,
     Backend,
     PoolBackend,
     Prepared,
@@ -341,7 +342,8 @@ class Handler:
                 async for chunk in chunks:
                     await self._audio(chunk.sample_rate, chunk.samples.tobytes(), first=not self._audio_open)
             if not self._audio_open:  # no audio at all: an empty cycle (its rate is moot)
-                await self.write_event(AudioStart(rate=prepared.sample_rate or 24000, width=_WIDTH, channels=1).event())
+                rate = prepared.sample_rate or PCM_RATE
+                await self.write_event(AudioStart(rate=rate, width=_WIDTH, channels=1).event())
             await self.write_event(AudioStop().event())
         except SidecarError as exc:
             await self._failed(exc)

@@ -18,7 +18,8 @@ Every name is importable from here, as it always was; they live in:
     the ``error`` frame for a message that failed to decode, and :func:`field_of`.
 
 Beside them: ``framing`` and ``streams`` (frames over byte streams), ``auth`` and
-``address`` (the socket transport), ``options``, ``doctor``, ``engine_info`` and ``defaults``.
+``address`` (the socket transport), ``options``, ``doctor``, ``engine_info``, ``defaults`` and
+``segments`` (the text span a synthesize progress announces).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ._codec import (
 from ._peek import Peek, peek
 from .errors import describe_invalid, field_of
 from .messages import (
+    EMOTION_CAPABILITIES,
     EMOTION_NAMES,
     MAX_DEPTH,
     MAX_ID,
@@ -73,6 +75,7 @@ from .messages import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "EMOTION_CAPABILITIES",
     "EMOTION_NAMES",
     "HEADER",
     "MAX_DEPTH",

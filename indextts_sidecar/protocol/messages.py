@@ -8,6 +8,8 @@ those rules bumps :data:`PROTOCOL_VERSION`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal, Union, get_args
 
 import msgspec
@@ -15,6 +17,7 @@ import msgspec
 from .engine_info import SpeedControl
 
 __all__ = [
+    "EMOTION_CAPABILITIES",
     "EMOTION_NAMES",
     "MAX_DEPTH",
     "MAX_ID",
@@ -136,6 +139,17 @@ class EmotionText(msgspec.Struct, tag_field="kind", tag="text", kw_only=True, fo
 
 
 Emotion = Union[EmotionVector, EmotionAudio, EmotionText]
+
+#: The capability an engine declares (``ready.capabilities``) for each kind of emotion, and
+#: what a refusal calls it.  The one table: the sidecar checks a request against it before
+#: queueing, the serving core before sending.
+EMOTION_CAPABILITIES: Mapping[type[Emotion], tuple[str, str]] = MappingProxyType(
+    {
+        EmotionVector: ("emotion_vector", "emotion weights"),
+        EmotionAudio: ("emotion_audio", "emotion from a reference clip"),
+        EmotionText: ("emotion_text", "emotion from a description"),
+    }
+)
 
 # ---------------------------------------------------------- parent -> sidecar
 

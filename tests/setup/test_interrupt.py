@@ -45,7 +45,7 @@ MOMENTS = [
     "indextts_client._client",
     "indextts_client._cli",
     "indextts_client._setup._command",
-    "indextts_client._setup._registry",
+    "indextts_client._registry",
 ]
 
 

@@ -15,8 +15,8 @@ import pytest
 from conftest import run_cli
 from harness import REPO, make_checkpoints
 
+from indextts_client._registry import read_record
 from indextts_client._setup._build import find_uv, lock_constraints
-from indextts_client._setup._registry import read_record
 from indextts_sidecar import __version__
 
 UPSTREAM = Path(REPO).parent / "shared" / "upstream" / "index-tts"

@@ -20,7 +20,7 @@ import pytest
 from conftest import CLI_LIMIT, run_cli
 from hub_support import Hub, Stall, standin_repos
 
-from indextts_client._setup._registry import read_record
+from indextts_client._registry import read_record
 from indextts_sidecar.engines.indextts import AUX_FILES, AUX_FILES_25, CHECKPOINT_FILES
 
 ADOPT = ["--python", sys.executable, "--no-verify"]

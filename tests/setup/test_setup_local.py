@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import run_cli
 from harness import make_checkpoints
 
-from indextts_client._setup._registry import read_record
+from indextts_client._registry import read_record
 from indextts_sidecar import __version__
 
 

@@ -17,7 +17,7 @@ from conftest import run_cli
 from harness import make_checkpoints
 from hub_support import Hub, standin_repos
 
-from indextts_client._setup._registry import MARKER, EnvRecord, read_record, write_marker, write_record
+from indextts_client._registry import MARKER, EnvRecord, read_record, write_marker, write_record
 
 ADOPT = ["--python", sys.executable, "--no-verify"]
 

@@ -10,7 +10,14 @@ from indextts_sidecar._paths import PathPolicy
 from indextts_sidecar._validate import UPLOADS_ONLY, RequestLimits, validate_synthesis
 from indextts_sidecar.engines import EngineError
 from indextts_sidecar.engines.fake import FakeEngine, FakeOptions
-from indextts_sidecar.protocol import EmotionAudio, EmotionVector, Synthesize
+from indextts_sidecar.protocol import (
+    EMOTION_CAPABILITIES,
+    Emotion,
+    EmotionAudio,
+    EmotionText,
+    EmotionVector,
+    Synthesize,
+)
 
 ENGINE = FakeEngine(FakeOptions())
 DEFAULT_LIMITS = RequestLimits()
@@ -74,3 +81,24 @@ def test_the_engines_own_check_runs_last() -> None:
         validate_synthesis(engine, Synthesize(id=1, text="x", voice="missing:alice"), RequestLimits())
     assert (caught.value.code, caught.value.field) == ("invalid_input", "$.voice")
     assert str(caught.value) == "voice 'missing:alice' does not exist"
+
+
+@pytest.mark.parametrize(
+    ("emotion", "what"),
+    [
+        (EmotionVector(happy=0.5), "emotion weights"),
+        (EmotionAudio(path="/nowhere.wav"), "emotion from a reference clip"),
+        (EmotionText(text="calm"), "emotion from a description"),
+    ],
+)
+def test_an_emotion_the_engine_cannot_apply_is_refused(emotion: Emotion, what: str) -> None:
+    # The capability each kind needs comes from protocol.EMOTION_CAPABILITIES, the table the
+    # serving core reads too; this engine declares none of them.
+    class NoEmotion(FakeEngine):
+        capabilities = ("streaming",)
+
+    with pytest.raises(EngineError) as caught:
+        validate_synthesis(NoEmotion(FakeOptions()), Synthesize(id=1, text="x", emotion=emotion), DEFAULT_LIMITS)
+    assert (caught.value.code, caught.value.field) == ("unsupported", "$.emotion")
+    assert str(caught.value) == f"engine 'fake' has no {what}"
+    assert set(EMOTION_CAPABILITIES) == {EmotionVector, EmotionAudio, EmotionText}

@@ -20,6 +20,14 @@ torch and numpy are imported.  Its modules:
     engine and request options, and the upstream keyword each becomes;
 ``_adapter``
     the engine: checks, load, synthesize, memory;
+``_checks``
+    a request's cheap checks before it is queued: text upstream can speak, readable clips;
+``_stream``, ``_segments``
+    upstream's stream read segment by segment (``Tally``, for a lone request and each request
+    of a batch alike), and the text span of each segment upstream cuts;
+``_lockstep``, ``_batched``, ``_batch_run``
+    batches: upstream's generators stepped in lockstep, its three model calls intercepted on
+    the loaded instance and run together, and the batch's coordinator (requests join it);
 ``_emotion``, ``_pcm``, ``_voice_cache``, ``_upstream``
     emotion mapping, int16 conversion, the voice conditioning cache, and the guards and
     introspection that living with upstream's code in this process needs.

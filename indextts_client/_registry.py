@@ -5,7 +5,8 @@
 :func:`discover` is what ``Client`` (and so ``Pool``, ``BlockingClient``, ``say``, ``serve``,
 ``wyoming``) and the doctor ask when they are given no interpreter and no ``model_dir``.
 
-Standard library and msgspec only: ``Client`` imports it.  The data directory is
+Standard library and msgspec only: ``Client`` imports it, and so does ``setup`` (``_setup/``, a
+tool above ``Client``), which is why it lives here and not in that folder.  The data directory is
 ``INDEXTTS_HOME``, else platformdirs' user data directory (the ``cli`` extra), else the same
 rule written out for a venv without platformdirs.
 """
