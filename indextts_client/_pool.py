@@ -487,14 +487,18 @@ class Pool:
         return results
 
     @same_parameters(CLIENT.stream_text)
-    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        **kwargs: Any,
+    ) -> TextStream:
         """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``
         (its conditioning stays warm); that member counts it as one request until the stream ends.
         A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
         from ._stream_text import TextStream, pool_session
-
-        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
-        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
 
         def open_on(client: Client) -> Any:
             def open_sentence(text: str) -> Any:

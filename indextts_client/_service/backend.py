@@ -113,8 +113,7 @@ class Backend(Protocol):
 
 
 def _arguments(prepared: Prepared) -> dict[str, Any]:
-    """The client's keyword arguments for ``prepared``: the engine options are checked by
-    :func:`~.prepare.prepare` never to take one of the client's own names."""
+    """The client's named arguments for ``prepared``, the engine options in one mapping."""
     return {
         "voice": prepared.voice,
         "emotion": prepared.emotion,
@@ -124,7 +123,7 @@ def _arguments(prepared: Prepared) -> dict[str, Any]:
             if prepared.text_format != "text"
             else {}
         ),
-        **prepared.options,
+        "options": prepared.options,
     }
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -53,7 +54,7 @@ import numpy as np
 from .._audio import SAMPLE_DTYPE, Audio
 from .._client import Client
 from .._exceptions import CrashedError
-from .._signature import CLIENT, REQUESTER, same_parameters
+from .._signature import CLIENT, REQUESTER, merge_options, same_parameters
 from .._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
 
 try:
@@ -437,7 +438,8 @@ class RayClient:
     @same_parameters(REQUESTER.synthesize)
     async def synthesize(self, text: str, **kwargs: Any) -> Audio:
         """As :meth:`Client.synthesize`, on the replica Serve picks (``on_progress`` is not available)."""
-        handle = self._for(_remote(kwargs))
+        kwargs = _remote(kwargs)
+        handle = self._for(kwargs)
         for attempt in range(self._retries + 1):
             try:
                 result = await resolved(handle.synthesize.remote(text, **kwargs))
@@ -476,15 +478,21 @@ class RayClient:
         replica is lost after it delivered audio raises :class:`CrashedError`: audio is never
         replayed twice.  Once it ended, the stream holds the request's ``words``, ``timings``
         and ``facts``, as a Client's does."""
-        return RayStream(self._for(_remote(kwargs)).options(stream=True), text, kwargs, self._retries)
+        kwargs = _remote(kwargs)
+        return RayStream(self._for(kwargs).options(stream=True), text, kwargs, self._retries)
 
     @same_parameters(CLIENT.stream_text)
-    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        **kwargs: Any,
+    ) -> TextStream:
         """As :meth:`Client.stream_text`: each sentence is one streamed call on the deployment, sent as
         soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
-        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
-        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
-        _remote(kwargs)  # refused here, before any sentence is sent
+        kwargs = _remote(kwargs)  # refused here, before any sentence is sent
 
         def open_sentence(text: str) -> Any:
             return self.stream(text, **kwargs)
@@ -498,9 +506,18 @@ class RayClient:
         )
 
 
+#: The request methods' own parameters: every other keyword is an engine option.
+_NAMED = frozenset(inspect.signature(REQUESTER.stream).parameters)
+
+
 def _remote(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request's arguments, refusing those that cannot cross to a replica."""
+    """The request's arguments as they cross to a replica: the engine options in one plain dict
+    (``options`` and the keywords merged here, so a name given twice fails at the caller), refusing
+    what cannot cross."""
     if kwargs.get("on_progress") is not None:
         # Pickled to the replica, the callback would run there and the caller would see nothing.
         raise TypeError("RayClient does not take on_progress: the callback would run in the replica")
-    return kwargs
+    named = {k: v for k, v in kwargs.items() if k in _NAMED and k != "options"}
+    keywords = {k: v for k, v in kwargs.items() if k not in _NAMED}
+    options = merge_options(kwargs.get("options"), keywords)
+    return {**named, "options": options} if options else named

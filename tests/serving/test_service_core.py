@@ -148,5 +148,5 @@ async def test_the_ray_backend_takes_the_engines_facts_from_the_replica(anyio_ba
         got = [chunk async for chunk in chunks]
     served = backend.stream("hi", Prepared())
     assert len(got) == 1 and (served.timings, served.facts, served.member_index) == ({}, {}, None)
-    assert replica.asked == {"text": "hi", "voice": "v", "emotion": None, "sample_rate": None, "rate": 200}
+    assert replica.asked == {"text": "hi", "voice": "v", "emotion": None, "sample_rate": None, "options": {"rate": 200}}
     assert (await backend.health()).ok
