@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, Union
@@ -31,7 +30,17 @@ from .._types import ProgressCallback, SidecarInfo
 from .facts import EngineFacts, EngineVoice
 from .prepare import Prepared
 
-__all__ = ["Backend", "HealthReport", "MemberReport", "PoolBackend", "RayBackend", "RayLike", "ServedStream"]
+__all__ = [
+    "Backend",
+    "HealthReport",
+    "MemberReport",
+    "PoolBackend",
+    "RayBackend",
+    "RayLike",
+    "ReplicaInfo",
+    "ReplicaPing",
+    "ServedStream",
+]
 
 log = logging.getLogger("indextts_client.service")
 
@@ -185,42 +194,37 @@ class PoolBackend:
         return HealthReport(ok=any(m.state == "ready" for m in members), members=reports)
 
 
-class _RayStream:
-    """A Ray stream as a :class:`ServedStream`: words, timings and facts as the replica reported
-    them once the stream ended (none from an older replica); behind Ray no member comes back."""
+class ReplicaInfo(msgspec.Struct, frozen=True):
+    """A Ray replica's sidecar facts, as its ``info`` answers them."""
 
-    def __init__(self, opened: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]) -> None:
-        self._opened = opened
-        self.timings: Mapping[str, float] = {}
-        self.facts: Mapping[str, Any] = {}
-        self.words: tuple[WordTiming, ...] = ()
-        self.member_index: Union[int, None] = None
+    engine: str
+    capabilities: tuple[str, ...]
+    sample_rate: Union[int, None]
+    #: The engine's speed control (None: none).
+    speed: Union[SpeedControl, None] = None
 
-    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
-        return await self._opened.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> Union[bool, None]:
-        await self._opened.__aexit__(exc_type, exc, tb)
-        # A RayClient's stream holds what the replica reported once it ended.
-        self.words = tuple(getattr(self._opened, "words", ()))
-        self.timings = dict(getattr(self._opened, "timings", {}))
-        self.facts = dict(getattr(self._opened, "facts", {}))
-        return None
+class ReplicaPing(msgspec.Struct, frozen=True):
+    """A Ray replica's answer to ``ping``: its sidecar's health and pid, its Ray node and the
+    audio seconds it holds."""
+
+    pid: Union[int, None]
+    loaded: bool
+    queue_depth: int
+    memory: dict[str, int]
+    round_trip: float
+    node_id: str
+    audio_seconds: float
 
 
 class RayLike(Protocol):
     """What :class:`RayBackend` needs of :class:`indextts_client.ray.RayClient`."""
 
-    async def info(self) -> dict[str, Any]: ...
+    async def info(self) -> ReplicaInfo: ...
 
-    async def ping(self) -> dict[str, Any]: ...
+    async def ping(self) -> ReplicaPing: ...
 
-    def stream(self, text: str, **kwargs: Any) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]: ...
+    def stream(self, text: str, **kwargs: Any) -> ServedStream: ...
 
     def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream: ...
 
@@ -234,12 +238,7 @@ class RayBackend:
 
     async def start(self) -> None:
         info = await self.client.info()
-        speed = info.get("speed")  # a replica that reports its engine's speed control
-        self.facts = EngineFacts(
-            str(info["engine"]),
-            tuple(info["capabilities"]),
-            msgspec.convert(speed, SpeedControl) if isinstance(speed, dict) else None,
-        )
+        self.facts = EngineFacts(info.engine, info.capabilities, info.speed)
 
     async def aclose(self) -> None:
         pass
@@ -248,7 +247,7 @@ class RayBackend:
         self, text: str, prepared: Prepared, *, on_progress: Union[ProgressCallback, None] = None
     ) -> ServedStream:
         # A callback would run on the replica, not here: behind Ray a request reports no progress.
-        return _RayStream(self.client.stream(text, **_arguments(prepared)))
+        return self.client.stream(text, **_arguments(prepared))
 
     def stream_text(self, texts: TextInput, prepared: Prepared) -> TextStream:
         return self.client.stream_text(texts, **_arguments(prepared))
@@ -259,4 +258,4 @@ class RayBackend:
         except Exception as exc:
             log.warning("health: the deployment did not answer: %s: %s", type(exc).__name__, exc)
             return HealthReport(ok=False, error=type(exc).__name__)
-        return HealthReport(ok=True, replica=replica)
+        return HealthReport(ok=True, replica=msgspec.to_builtins(replica))

@@ -145,8 +145,8 @@ async def test_a_ray_client_sends_the_engine_options_as_one_mapping(ray_client: 
     class Response:
         """A DeploymentResponse already answered: awaited on asyncio, ``result()`` on trio."""
 
-        def result(self) -> dict[str, Any]:
-            return {"samples": b"\0\0", "sample_rate": 22050, "timings": {}}
+        def result(self) -> SynthesisResult:
+            return SynthesisResult(samples=b"\0\0", sample_rate=22050, timings={}, facts={}, words=[], pid=1)
 
         def __await__(self) -> Any:
             yield from ()
@@ -161,6 +161,7 @@ async def test_a_ray_client_sends_the_engine_options_as_one_mapping(ray_client: 
         synthesize = Method()
 
     client = ray_client(Handle())
+    SynthesisResult = importlib.import_module("indextts_client.ray._calls").SynthesisResult
     with anyio.fail_after(TIMEOUT):
         await client.synthesize("hello", timeout=5, options={"seconds": 1.0}, delay=0.5)
         with pytest.raises(TypeError, match="'delay' given both in options and as a keyword argument"):
