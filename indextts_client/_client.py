@@ -47,7 +47,7 @@ from ._transports import (
     child_environment,
     sidecar_command,
 )
-from ._types import RestartCallback, SidecarInfo
+from ._types import RestartCallback, ServedStream, SidecarInfo
 
 if TYPE_CHECKING:
     from ._request import EmotionLike, TextFormat, TimeoutArg
@@ -403,7 +403,7 @@ class Client(Requester):
 
         engine_options = merge_options(options, keywords)
 
-        def open_sentence(text: str) -> Any:
+        def open_sentence(text: str) -> ServedStream:
             return self.stream(
                 text,
                 voice=voice,

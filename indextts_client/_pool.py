@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -49,7 +49,7 @@ from ._pool_routing import Member, Router, device_env
 from ._pool_stream import RETRYABLE, PoolStream
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._types import Health, LoadInfo
+from ._types import Health, LoadInfo, ServedStream
 
 if TYPE_CHECKING:
     from ._stream_text import TextInput, TextStream
@@ -500,8 +500,8 @@ class Pool:
         A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
         from ._stream_text import TextStream, pool_session
 
-        def open_on(client: Client) -> Any:
-            def open_sentence(text: str) -> Any:
+        def open_on(client: Client) -> Callable[[str], ServedStream]:
+            def open_sentence(text: str) -> ServedStream:
                 return client.stream(text, **kwargs)
 
             return open_sentence

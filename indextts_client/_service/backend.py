@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Protocol, Union
 
 import msgspec
 
 from indextts_sidecar.protocol.engine_info import SpeedControl
 
-from .._audio import AudioChunk, WordTiming
 from .._client import Client
 from .._exceptions import SidecarError
 from .._pool import Pool
 from .._stream_text import TextInput, TextStream
-from .._types import ProgressCallback, SidecarInfo
+from .._types import ProgressCallback, ServedStream, SidecarInfo
 from .facts import EngineFacts, EngineVoice
 from .prepare import Prepared
 
@@ -43,36 +41,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("indextts_client.service")
-
-
-class ServedStream(Protocol):
-    """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
-
-    After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
-    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``), and the
-    pool member that served it (None behind Ray).
-    """
-
-    @property
-    def timings(self) -> Mapping[str, float]: ...
-
-    @property
-    def facts(self) -> Mapping[str, Any]: ...
-
-    @property
-    def words(self) -> tuple[WordTiming, ...]: ...
-
-    @property
-    def member_index(self) -> Union[int, None]: ...
-
-    async def __aenter__(self) -> AsyncIterator[AudioChunk]: ...
-
-    async def __aexit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> Union[bool, None]: ...
 
 
 @dataclass(frozen=True)

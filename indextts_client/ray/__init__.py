@@ -509,7 +509,7 @@ class RayClient:
         soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
         kwargs = _remote(kwargs)  # refused here, before any sentence is sent
 
-        def open_sentence(text: str) -> Any:
+        def open_sentence(text: str) -> RayStream:
             return self.stream(text, **kwargs)
 
         return TextStream(
