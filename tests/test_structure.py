@@ -133,7 +133,7 @@ SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 SERVICE = ("_service", "_service.*")
 TOOLS = ("_cli", "_doctor", "_engines", "__main__")
 #: Where the public names are defined: values every layer shares.
-SHARED = ("_audio", "_types", "_exceptions", "_defaults")
+SHARED = ("_audio", "_types", "_exceptions", "_defaults", "_socket_events")
 
 
 def _in(module: str, layer: tuple[str, ...]) -> bool:
