@@ -19,6 +19,7 @@ __all__ = [
     "AudioStart",
     "ContextCancelled",
     "ContextDone",
+    "ContextEvent",
     "MalformedEvent",
     "ServerError",
     "ServerEvent",
@@ -59,19 +60,21 @@ class ServerError(_Event, tag="error", kw_only=True, frozen=True, omit_defaults=
     context_id: Union[str, None] = None
 
 
-class _ContextEvent(_Event, kw_only=True, frozen=True):
+class ContextEvent(_Event, kw_only=True, frozen=True):
+    """An event of one context (every event but ``session.ready`` and ``error``)."""
+
     context_id: str
 
 
-class ContextDone(_ContextEvent, tag="context.done", kw_only=True, frozen=True):
+class ContextDone(ContextEvent, tag="context.done", kw_only=True, frozen=True):
     """Every sentence of the context was delivered."""
 
 
-class ContextCancelled(_ContextEvent, tag="context.cancelled", kw_only=True, frozen=True):
+class ContextCancelled(ContextEvent, tag="context.cancelled", kw_only=True, frozen=True):
     """The context ended on the client's ``context.cancel``."""
 
 
-class AudioStart(_ContextEvent, tag="audio.start", kw_only=True, frozen=True):
+class AudioStart(ContextEvent, tag="audio.start", kw_only=True, frozen=True):
     """A sentence's audio follows, in binary frames."""
 
     sentence: int = 0
@@ -81,7 +84,7 @@ class AudioStart(_ContextEvent, tag="audio.start", kw_only=True, frozen=True):
     sample_rate: int = 0
 
 
-class AudioAlignment(_ContextEvent, tag="audio.alignment", kw_only=True, frozen=True):
+class AudioAlignment(ContextEvent, tag="audio.alignment", kw_only=True, frozen=True):
     """A sentence's words (``granularity`` ``segment``: segments stand in for them)."""
 
     sentence: int = 0
@@ -89,7 +92,7 @@ class AudioAlignment(_ContextEvent, tag="audio.alignment", kw_only=True, frozen=
     words: list[AlignedWord] = []
 
 
-class AudioDone(_ContextEvent, tag="audio.done", kw_only=True, frozen=True):
+class AudioDone(ContextEvent, tag="audio.done", kw_only=True, frozen=True):
     """A sentence's audio has all been sent."""
 
     sentence: int = 0
@@ -106,6 +109,7 @@ _encoder = msgspec.json.Encoder()
 
 class _Typed(msgspec.Struct):
     type: Union[str, None] = None
+    context_id: object = None
 
 
 _typed = msgspec.json.Decoder(_Typed)
@@ -116,7 +120,12 @@ _KNOWN = frozenset(
 
 
 class MalformedEvent(ValueError):
-    """A server event that is not JSON, or an event of a known type whose fields are wrong."""
+    """A server event that is not JSON, or an event of a known type whose fields are wrong;
+    ``context_id``: the context it names, if it names one."""
+
+    def __init__(self, message: str, context_id: Union[str, None] = None) -> None:
+        super().__init__(message)
+        self.context_id = context_id
 
 
 def encode_event(event: ServerEvent) -> str:
@@ -128,14 +137,17 @@ def decode_server_event(text: Union[str, bytes]) -> Union[ServerEvent, None]:
     """The event ``text`` holds; None for one of a type this client does not know (a newer
     server's); :class:`MalformedEvent` for anything else."""
     try:
-        kind = _typed.decode(text).type
+        typed = _typed.decode(text)
     except msgspec.DecodeError as exc:  # not a JSON object (ValidationError is one)
         raise MalformedEvent(f"a server event is one JSON object: {exc}") from None
+    kind = typed.type
     if kind not in _KNOWN:
         return None
     try:
         return _decoder.decode(text)
     except msgspec.ValidationError as exc:
+        context_id = typed.context_id if isinstance(typed.context_id, str) else None
         if str(exc).endswith((".start`", ".end`")) and "$.words[" in str(exc):
-            raise MalformedEvent(f"{kind}: a word's time is not a number of seconds ({exc})") from None
-        raise MalformedEvent(f"{kind}: {exc}") from None
+            reason = f"a word's time is not a number of seconds ({exc})"
+            raise MalformedEvent(f"{kind}: {reason}", context_id) from None
+        raise MalformedEvent(f"{kind}: {exc}", context_id) from None
