@@ -33,7 +33,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Final, Union
@@ -348,7 +348,8 @@ class BlockingClient:
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
         text_format: TextFormat = "text",
-        **options: Any,
+        options: Union[Mapping[str, object], None] = None,
+        **keywords: Any,
     ) -> BlockingTextStream:
         """``for chunk in client.stream_text(fragments): ...`` (see :meth:`Client.stream_text`).
 
@@ -372,7 +373,8 @@ class BlockingClient:
                 lookahead=lookahead,
                 max_sentence_chars=max_sentence_chars,
                 text_format=text_format,
-                **options,
+                options=options,
+                **keywords,
             )
         )
         return BlockingTextStream(portal, stream)

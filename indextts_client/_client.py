@@ -34,7 +34,7 @@ from ._defaults import (
 from ._exceptions import RestartLimitError
 from ._process import Redactor
 from ._registry import discover
-from ._request import Requester
+from ._request import Requester, merge_options
 from ._settings import SidecarSettings
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
 from ._supervisor import Supervisor
@@ -47,7 +47,7 @@ from ._transports import (
     child_environment,
     sidecar_command,
 )
-from ._types import RestartCallback, SidecarInfo
+from ._types import RestartCallback, ServedStream, SidecarInfo
 
 if TYPE_CHECKING:
     from ._request import EmotionLike, TextFormat, TimeoutArg
@@ -383,7 +383,8 @@ class Client(Requester):
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
         text_format: TextFormat = "text",
-        **options: Any,
+        options: Union[Mapping[str, object], None] = None,
+        **keywords: Any,
     ) -> TextStream:
         """Speak text as it is written (an LLM's tokens), sentence by sentence, in one audio stream.
 
@@ -395,11 +396,14 @@ class Client(Requester):
         delivered; ``timeout``/``idle_timeout`` bound each.  Leaving the block cancels them all.
         Needs the ``[realtime]`` extra.  ``text_format="ssml"``: the fragments are one SSML text,
         cut only where no tag or element is open, each piece a ``<speak>`` document of its own.
+        ``options`` and other keyword arguments: the engine's request options, as :meth:`stream`'s.
         See :mod:`indextts_client._stream_text`.
         """
         from ._stream_text import TextStream, client_session
 
-        def open_sentence(text: str) -> Any:
+        engine_options = merge_options(options, keywords)
+
+        def open_sentence(text: str) -> ServedStream:
             return self.stream(
                 text,
                 voice=voice,
@@ -408,7 +412,7 @@ class Client(Requester):
                 timeout=timeout,
                 idle_timeout=idle_timeout,
                 text_format=text_format,
-                **options,
+                options=engine_options,
             )
 
         return TextStream(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -57,7 +57,7 @@ from ._pool_routing import Member, Router, device_env
 from ._pool_stream import RETRYABLE, PoolStream
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._types import Health, LoadInfo
+from ._types import Health, LoadInfo, ServedStream
 
 if TYPE_CHECKING:
     from ._stream_text import TextInput, TextStream
@@ -496,17 +496,21 @@ class Pool:
         return results
 
     @same_parameters(CLIENT.stream_text)
-    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        **kwargs: Any,
+    ) -> TextStream:
         """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``
         (its conditioning stays warm); that member counts it as one request until the stream ends.
         A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
         from ._stream_text import TextStream, pool_session
 
-        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
-        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
-
-        def open_on(client: Client) -> Any:
-            def open_sentence(text: str) -> Any:
+        def open_on(client: Client) -> Callable[[str], ServedStream]:
+            def open_sentence(text: str) -> ServedStream:
                 return client.stream(text, **kwargs)
 
             return open_sentence

@@ -24,7 +24,7 @@ from ._exchange import Channel
 from ._request_run import Call, Synthesis
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
-__all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg"]
+__all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg", "merge_options"]
 
 #: What ``emotion=`` accepts: a protocol struct, or a dict of the eight named weights
 #: (plus optional ``alpha``), or a dict with a ``kind`` of ``vector``/``audio``/``text``.
@@ -65,6 +65,24 @@ def _emotion(value: EmotionLike) -> Union[Emotion, None]:
     raise TypeError(
         f"emotion must be an EmotionVector, EmotionAudio, EmotionText or a dict, not {type(value).__name__}"
     )
+
+
+def merge_options(options: Union[Mapping[str, object], None], keywords: dict[str, Any]) -> dict[str, Any]:
+    """The engine's request options: the ``options`` mapping and the keyword arguments together.
+
+    A name given both ways is a :class:`TypeError` (neither silently wins), as is an ``options``
+    that is not a mapping of str keys.
+    """
+    if options is None:
+        return keywords
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a mapping, not {type(options).__name__}")
+    for name in options:
+        if not isinstance(name, str):
+            raise TypeError(f"options keys must be str, not {type(name).__name__}")
+        if name in keywords:
+            raise TypeError(f"option {name!r} given both in options and as a keyword argument")
+    return {**options, **keywords}
 
 
 def _synthesize_builder(
@@ -213,13 +231,15 @@ class Requester:
         text_format: TextFormat = "text",
         ssml_strict: bool = True,
         max_silence: float = MAX_SILENCE,
-        **options: Any,
+        options: Union[Mapping[str, object], None] = None,
+        **keywords: Any,
     ) -> Synthesis:
         """A synthesis whose progress events and audio chunks can be iterated, then its :class:`Audio`.
 
         ``async with client.request(text) as req: async for event in req.events(): ...``
-        then ``audio = await req.result()``.  Keyword arguments beyond those named are
-        engine request options (for ``fake``: ``seconds``, ``delay``...).
+        then ``audio = await req.result()``.  ``options`` (a mapping) and keyword arguments beyond
+        those named are the engine's request options (for ``fake``: ``seconds``, ``delay``...),
+        merged; a name given both ways raises :class:`TypeError`.
         """
         return self._synthesis(
             True,
@@ -230,7 +250,7 @@ class Requester:
             on_progress,
             timeout,
             idle_timeout,
-            options,
+            merge_options(options, keywords),
             text_format=text_format,
             ssml_strict=ssml_strict,
             max_silence=max_silence,
@@ -249,7 +269,8 @@ class Requester:
         text_format: TextFormat = "text",
         ssml_strict: bool = True,
         max_silence: float = MAX_SILENCE,
-        **options: Any,
+        options: Union[Mapping[str, object], None] = None,
+        **keywords: Any,
     ) -> Synthesis:
         """Stream the audio: ``async with client.stream(text) as chunks: async for chunk in chunks: ...``.
 
@@ -265,7 +286,7 @@ class Requester:
             on_progress,
             timeout,
             idle_timeout,
-            options,
+            merge_options(options, keywords),
             text_format=text_format,
             ssml_strict=ssml_strict,
             max_silence=max_silence,
@@ -284,7 +305,8 @@ class Requester:
         text_format: TextFormat = "text",
         ssml_strict: bool = True,
         max_silence: float = MAX_SILENCE,
-        **options: Any,
+        options: Union[Mapping[str, object], None] = None,
+        **keywords: Any,
     ) -> Audio:
         """Speak ``text`` and return the whole :class:`Audio`.
 
@@ -294,7 +316,8 @@ class Requester:
         client's default; None: no limit); either raises :class:`RequestTimeoutError`
         after cancelling the request.  ``text_format="ssml"`` reads ``text`` as SSML
         (``ssml_strict``: refuse what the engine cannot honour; ``max_silence``: the
-        seconds its breaks may add up to).  Other keyword arguments are engine request options.
+        seconds its breaks may add up to).  ``options`` (a mapping) and other keyword arguments
+        are the engine's request options, merged (a name given both ways: :class:`TypeError`).
         """
         synthesis = self._synthesis(
             True,
@@ -305,7 +328,7 @@ class Requester:
             on_progress,
             timeout,
             idle_timeout,
-            options,
+            merge_options(options, keywords),
             assemble_in_reader=True,
             text_format=text_format,
             ssml_strict=ssml_strict,

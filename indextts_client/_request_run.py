@@ -380,6 +380,9 @@ class Synthesis(_RequestRun):
     nothing would cancel the request, which would occupy the engine to its end.
     """
 
+    #: A client's request is served by no pool member (a :class:`ServedStream`'s attribute).
+    member_index: Union[int, None] = None
+
     def __init__(
         self,
         opener: _Opener,

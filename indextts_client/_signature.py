@@ -2,14 +2,15 @@
 
 ``Requester`` (``_request.py``) writes the parameters of ``synthesize``, ``stream`` and
 ``request`` once, and ``Client`` those of ``stream_text``.  :class:`Pool`, :class:`BlockingClient`
-and :class:`RayClient` forward those calls and declare only the first positional parameter
-and ``**kwargs``; :func:`same_parameters` gives them the source's parameters, for the type
-checker (a ``ParamSpec``) and for :func:`inspect.signature` and ``help()`` alike, so that a
-parameter added to ``Requester`` reaches every facade and none drifts.
+and :class:`RayClient` forward those calls and declare only the first positional parameter,
+the keyword-only parameters they use themselves (``stream_text``'s ``lookahead``) and
+``**kwargs``; :func:`same_parameters` gives them the source's parameters, for the type checker
+(a ``ParamSpec``) and for :func:`inspect.signature` and ``help()`` alike, so that a parameter
+added to ``Requester`` reaches every facade and none drifts.
 
 The sources are bound methods of the two instances below: a bound method's signature has no
 ``self``, which is what a facade borrows (an unbound function's named ``self`` together with
-its ``**options`` cannot be typed as "any first argument, then these").
+its ``**keywords`` cannot be typed as "any first argument, then these").
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, TypeVar
 
 from ._client import Client
-from ._request import Requester
+from ._request import Requester, merge_options
 
-__all__ = ["CLIENT", "REQUESTER", "same_parameters"]
+__all__ = ["CLIENT", "REQUESTER", "merge_options", "same_parameters"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,13 +47,19 @@ def same_parameters(
         own = inspect.signature(method)
         self_parameter, *forwarded = own.parameters.values()
         # The method must accept at run time what its borrowed signature promises: the source's
-        # positional parameters by name, and everything else through its **kwargs.
+        # positional parameters by name, and everything else through its **kwargs, except the
+        # keyword-only ones it names itself (a pipeline's settings), each with the source's default.
         positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
-        shape = ["**" if p.kind is p.VAR_KEYWORD else p.name for p in forwarded]
+        source = {p.name: p for p in parameters}
+        named = [p for p in forwarded if p.kind is p.KEYWORD_ONLY]
+        shape = ["**" if p.kind is p.VAR_KEYWORD else p.name for p in forwarded if p.kind is not p.KEYWORD_ONLY]
         if shape != [*positional, "**"]:
             raise TypeError(
                 f"{method.__qualname__} must take (self, {', '.join(positional)}, **kwargs) to forward them"
             )
+        for p in named:
+            if p.name not in source or source[p.name].default != p.default:
+                raise TypeError(f"{method.__qualname__}'s {p.name} must be the source's, with its default")
         signature = own.replace(parameters=[self_parameter, *parameters])
         method.__signature__ = signature  # type: ignore[attr-defined]
         return method

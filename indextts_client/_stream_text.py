@@ -42,6 +42,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ._audio import AudioChunk, HasSamples, Samples, WordTiming
 from ._sentences import PIECE, SentenceSplitter
 from ._ssml._cut import SsmlSplitter
+from ._types import ServedStream
 
 __all__ = [
     "FLUSH",
@@ -50,6 +51,7 @@ __all__ = [
     "Flush",
     "SentenceChunk",
     "SentenceEnd",
+    "SentenceOpener",
     "TextFeed",
     "TextStream",
     "TextInput",
@@ -81,8 +83,17 @@ FLUSH: Final = Flush()
 Fragment = Union[str, Flush]
 #: What ``stream_text`` reads: fragments of text (any split, mid-word included), maybe FLUSH.
 TextInput = Union[AsyncIterable[Fragment], Iterable[Fragment]]
-#: Opens one sentence's streamed request: an async context manager over its audio chunks.
-Opener = Callable[[str], AbstractAsyncContextManager[AsyncIterator[AudioChunk]]]
+#: Opens one sentence's streamed request: a :class:`ServedStream` over its audio chunks.
+Opener = Callable[[str], ServedStream]
+
+
+@dataclass(frozen=True)
+class SentenceOpener:
+    """What a stream's session lends it: how to open a sentence's request, and the pool member
+    they run on (None: a client's, or a deployment's, where no member comes back)."""
+
+    open: Opener
+    member_index: Union[int, None] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,7 +156,7 @@ class _Sentence:
     index: int
     text: str
     flushed: bool
-    context: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]
+    context: ServedStream
     chunks: AsyncIterator[AudioChunk]
     sent_at: float = 0.0  # time.perf_counter() when its request was opened
     first_at: Union[float, None] = None
@@ -201,7 +212,7 @@ class TextStream:
 
     def __init__(
         self,
-        session: Callable[[], AbstractAsyncContextManager[Opener]],
+        session: Callable[[], AbstractAsyncContextManager[SentenceOpener]],
         texts: TextInput,
         *,
         lookahead: int = DEFAULT_LOOKAHEAD,
@@ -227,8 +238,8 @@ class TextStream:
         self._current: Union[_Sentence, None] = None
         self._count = 0
         self._task_group: Union[TaskGroup, None] = None
-        self._session_cm: Union[AbstractAsyncContextManager[Opener], None] = None
-        self._opener: Union[Opener, None] = None
+        self._session_cm: Union[AbstractAsyncContextManager[SentenceOpener], None] = None
+        self._opener: Union[SentenceOpener, None] = None
         #: new -> open -> done | failed | closed
         self._state = "new"
         self._failure: Union[BaseException, None] = None
@@ -339,7 +350,7 @@ class TextStream:
         await self._slots.acquire()
         sent_at = time.perf_counter()
         try:
-            context = self._opener(text)
+            context = self._opener.open(text)
             chunks = await context.__aenter__()
         except BaseException:
             self._slots.release()
@@ -428,12 +439,12 @@ class TextStream:
             sentence.text,
             sentence.samples,
             sentence.flushed,
-            timings=dict(getattr(sentence.context, "timings", {})),
-            facts=dict(getattr(sentence.context, "facts", {})),
+            timings=dict(sentence.context.timings),
+            facts=dict(sentence.context.facts),
             time_to_first_audio=first,
             total_time=time.perf_counter() - sentence.sent_at,
-            member_index=getattr(self._opener, "member_index", None),
-            words=tuple(getattr(sentence.context, "words", ())),
+            member_index=None if self._opener is None else self._opener.member_index,
+            words=sentence.context.words,
         )
 
 
@@ -518,12 +529,12 @@ class TextFeed:
             raise StopAsyncIteration from None
 
 
-def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[Opener]]:
+def client_session(opener: Opener) -> Callable[[], AbstractAsyncContextManager[SentenceOpener]]:
     """A session that always opens its sentences with ``opener``."""
 
     @asynccontextmanager
-    async def session() -> AsyncIterator[Opener]:
-        yield opener
+    async def session() -> AsyncIterator[SentenceOpener]:
+        yield SentenceOpener(opener)
 
     return session
 
@@ -550,23 +561,13 @@ class Leases(Protocol[_Client]):
 
 def pool_session(
     pool: Leases[_C], voice: Union[str, None], open_on: Callable[[_C], Opener]
-) -> Callable[[], AbstractAsyncContextManager[Opener]]:
+) -> Callable[[], AbstractAsyncContextManager[SentenceOpener]]:
     """One member of ``pool`` for the whole stream (the one routing picks for ``voice``, whose
     conditioning is warm), counted as one request in flight there until the end."""
 
     @asynccontextmanager
-    async def session() -> AsyncIterator[Opener]:
+    async def session() -> AsyncIterator[SentenceOpener]:
         async with pool.lease(voice) as lease:
-            yield _MemberOpener(open_on(lease.client), lease.index)
+            yield SentenceOpener(open_on(lease.client), lease.index)
 
     return session
-
-
-class _MemberOpener:
-    """A pool member's opener, which tells the stream the member's index."""
-
-    def __init__(self, opener: Opener, member_index: int) -> None:
-        self.opener, self.member_index = opener, member_index
-
-    def __call__(self, text: str) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]:
-        return self.opener(text)

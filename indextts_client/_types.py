@@ -2,14 +2,57 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from indextts_sidecar.protocol import Ready
 from indextts_sidecar.protocol.engine_info import SpeedControl
 
-__all__ = ["Health", "LoadInfo", "ProgressCallback", "ProgressEvent", "RestartCallback", "SidecarInfo"]
+if TYPE_CHECKING:
+    from ._audio import AudioChunk, WordTiming
+
+__all__ = [
+    "Health",
+    "LoadInfo",
+    "ProgressCallback",
+    "ProgressEvent",
+    "RestartCallback",
+    "ServedStream",
+    "SidecarInfo",
+]
+
+
+class ServedStream(Protocol):
+    """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
+
+    After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
+    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``), and the
+    pool member that served it (None for a Client's, or behind Ray).  A Client's, a Pool's and a
+    RayClient's ``stream()`` are each one; the service core and ``stream_text`` read them so.
+    """
+
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+
+    @property
+    def facts(self) -> Mapping[str, Any]: ...
+
+    @property
+    def words(self) -> tuple[WordTiming, ...]: ...
+
+    @property
+    def member_index(self) -> Union[int, None]: ...
+
+    async def __aenter__(self) -> AsyncIterator[AudioChunk]: ...
+
+    async def __aexit__(
+        self,
+        exc_type: Union[type[BaseException], None],
+        exc: Union[BaseException, None],
+        tb: Union[TracebackType, None],
+    ) -> Union[bool, None]: ...
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ INTEGRATIONS = ("integrations", "integrations.*")
 TOOLS = ("_cli", "_doctor", "_engines", "__main__", "_setup", "_setup.*")
 #: Where the public names are defined: values every layer shares; and the registry of engine
 #: environments, which Client asks and setup writes (standard library and msgspec only).
-SHARED = ("_audio", "_types", "_exceptions", "_defaults", "_registry")
+SHARED = ("_audio", "_types", "_exceptions", "_defaults", "_socket_events", "_registry")
 LAYERS = {
     "wire": WIRE,
     "requests": REQUESTS,
@@ -295,8 +295,10 @@ def _service_statements() -> set[str]:
 
 
 def _integrations_may_import(module: str, target: str, name: str) -> bool:
-    """integrations/: its own modules, public modules and public names, as an application would."""
-    if not target.startswith("indextts_client"):
+    """integrations/: its own modules, public modules and public names, as an application would;
+    and the WebSocket route's event structs (``_socket_events``, msgspec only), which the route
+    writes and both services decode, so that the wire's events are defined once."""
+    if not target.startswith("indextts_client") or target == "indextts_client._socket_events":
         return True  # the sidecar's modules: test_the_client_imports_only_the_public_sidecar_modules
     if target.split(".")[:2] == module.split(".")[:2]:
         return True

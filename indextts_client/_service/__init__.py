@@ -47,7 +47,17 @@ as the ``error`` event.
 
 from __future__ import annotations
 
-from .backend import Backend, HealthReport, MemberReport, PoolBackend, RayBackend, RayLike, ServedStream
+from .backend import (
+    Backend,
+    HealthReport,
+    MemberReport,
+    PoolBackend,
+    RayBackend,
+    RayLike,
+    ReplicaInfo,
+    ReplicaPing,
+    ServedStream,
+)
 from .depth import MAX_DEPTH, check_depth, depth_of
 from .facts import EngineFacts, EngineVoice
 from .fields import FORMATS, SampleRate, SpeechFields, SpeechSettings, Speed, Strength, VoiceRef
@@ -81,6 +91,8 @@ __all__ = [
     "RayBackend",
     "RayLike",
     "Refusal",
+    "ReplicaInfo",
+    "ReplicaPing",
     "Resolved",
     "SampleRate",
     "ServeSettings",

@@ -12,58 +12,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Protocol, Union
 
 import msgspec
 
 from indextts_sidecar.protocol.engine_info import SpeedControl
 
-from .._audio import AudioChunk, WordTiming
 from .._client import Client
 from .._exceptions import SidecarError
 from .._pool import Pool
 from .._stream_text import TextInput, TextStream
-from .._types import ProgressCallback, SidecarInfo
+from .._types import ProgressCallback, ServedStream, SidecarInfo
 from .facts import EngineFacts, EngineVoice
 from .prepare import Prepared
 
-__all__ = ["Backend", "HealthReport", "MemberReport", "PoolBackend", "RayBackend", "RayLike", "ServedStream"]
+__all__ = [
+    "Backend",
+    "HealthReport",
+    "MemberReport",
+    "PoolBackend",
+    "RayBackend",
+    "RayLike",
+    "ReplicaInfo",
+    "ReplicaPing",
+    "ServedStream",
+]
 
 log = logging.getLogger("indextts_client.service")
-
-
-class ServedStream(Protocol):
-    """One streamed request: ``async with stream as chunks: async for chunk in chunks``.
-
-    After it ends: the sidecar's seconds per phase (``timings``), the engine's facts about the
-    request (``facts``: ``voice_cache``...), its words (``words``, as ``Audio.words``), and the
-    pool member that served it (None behind Ray).
-    """
-
-    @property
-    def timings(self) -> Mapping[str, float]: ...
-
-    @property
-    def facts(self) -> Mapping[str, Any]: ...
-
-    @property
-    def words(self) -> tuple[WordTiming, ...]: ...
-
-    @property
-    def member_index(self) -> Union[int, None]: ...
-
-    async def __aenter__(self) -> AsyncIterator[AudioChunk]: ...
-
-    async def __aexit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> Union[bool, None]: ...
 
 
 @dataclass(frozen=True)
@@ -113,8 +90,7 @@ class Backend(Protocol):
 
 
 def _arguments(prepared: Prepared) -> dict[str, Any]:
-    """The client's keyword arguments for ``prepared``: the engine options are checked by
-    :func:`~.prepare.prepare` never to take one of the client's own names."""
+    """The client's named arguments for ``prepared``, the engine options in one mapping."""
     return {
         "voice": prepared.voice,
         "emotion": prepared.emotion,
@@ -124,7 +100,7 @@ def _arguments(prepared: Prepared) -> dict[str, Any]:
             if prepared.text_format != "text"
             else {}
         ),
-        **prepared.options,
+        "options": prepared.options,
     }
 
 
@@ -186,42 +162,37 @@ class PoolBackend:
         return HealthReport(ok=any(m.state == "ready" for m in members), members=reports)
 
 
-class _RayStream:
-    """A Ray stream as a :class:`ServedStream`: words, timings and facts as the replica reported
-    them once the stream ended (none from an older replica); behind Ray no member comes back."""
+class ReplicaInfo(msgspec.Struct, frozen=True):
+    """A Ray replica's sidecar facts, as its ``info`` answers them."""
 
-    def __init__(self, opened: AbstractAsyncContextManager[AsyncIterator[AudioChunk]]) -> None:
-        self._opened = opened
-        self.timings: Mapping[str, float] = {}
-        self.facts: Mapping[str, Any] = {}
-        self.words: tuple[WordTiming, ...] = ()
-        self.member_index: Union[int, None] = None
+    engine: str
+    capabilities: tuple[str, ...]
+    sample_rate: Union[int, None]
+    #: The engine's speed control (None: none).
+    speed: Union[SpeedControl, None] = None
 
-    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
-        return await self._opened.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: Union[type[BaseException], None],
-        exc: Union[BaseException, None],
-        tb: Union[TracebackType, None],
-    ) -> Union[bool, None]:
-        await self._opened.__aexit__(exc_type, exc, tb)
-        # A RayClient's stream holds what the replica reported once it ended.
-        self.words = tuple(getattr(self._opened, "words", ()))
-        self.timings = dict(getattr(self._opened, "timings", {}))
-        self.facts = dict(getattr(self._opened, "facts", {}))
-        return None
+class ReplicaPing(msgspec.Struct, frozen=True):
+    """A Ray replica's answer to ``ping``: its sidecar's health and pid, its Ray node and the
+    audio seconds it holds."""
+
+    pid: Union[int, None]
+    loaded: bool
+    queue_depth: int
+    memory: dict[str, int]
+    round_trip: float
+    node_id: str
+    audio_seconds: float
 
 
 class RayLike(Protocol):
     """What :class:`RayBackend` needs of :class:`indextts_client.ray.RayClient`."""
 
-    async def info(self) -> dict[str, Any]: ...
+    async def info(self) -> ReplicaInfo: ...
 
-    async def ping(self) -> dict[str, Any]: ...
+    async def ping(self) -> ReplicaPing: ...
 
-    def stream(self, text: str, **kwargs: Any) -> AbstractAsyncContextManager[AsyncIterator[AudioChunk]]: ...
+    def stream(self, text: str, **kwargs: Any) -> ServedStream: ...
 
     def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream: ...
 
@@ -235,12 +206,7 @@ class RayBackend:
 
     async def start(self) -> None:
         info = await self.client.info()
-        speed = info.get("speed")  # a replica that reports its engine's speed control
-        self.facts = EngineFacts(
-            str(info["engine"]),
-            tuple(info["capabilities"]),
-            msgspec.convert(speed, SpeedControl) if isinstance(speed, dict) else None,
-        )
+        self.facts = EngineFacts(info.engine, info.capabilities, info.speed)
 
     async def aclose(self) -> None:
         pass
@@ -249,7 +215,7 @@ class RayBackend:
         self, text: str, prepared: Prepared, *, on_progress: Union[ProgressCallback, None] = None
     ) -> ServedStream:
         # A callback would run on the replica, not here: behind Ray a request reports no progress.
-        return _RayStream(self.client.stream(text, **_arguments(prepared)))
+        return self.client.stream(text, **_arguments(prepared))
 
     def stream_text(self, texts: TextInput, prepared: Prepared) -> TextStream:
         return self.client.stream_text(texts, **_arguments(prepared))
@@ -260,4 +226,4 @@ class RayBackend:
         except Exception as exc:
             log.warning("health: the deployment did not answer: %s: %s", type(exc).__name__, exc)
             return HealthReport(ok=False, error=type(exc).__name__)
-        return HealthReport(ok=True, replica=replica)
+        return HealthReport(ok=True, replica=msgspec.to_builtins(replica))

@@ -7,7 +7,6 @@ emotion, the speed and the engine options, the sample rate; the first thing wron
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,14 +15,13 @@ from typing import Any, Union
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import EMOTION_NAMES, Emotion, EmotionAudio, EmotionText, EmotionVector
 
-from .._client import Client
 from .._defaults import DEFAULT_MAX_SILENCE
 from .facts import EngineFacts
 from .fields import SpeechSettings
 from .refusal import Kind, Refusal
 from .voices import Resolved, VoiceSources
 
-__all__ = ["PCM_RATE", "Prepared", "check_text", "engine_options", "prepare", "speed_options"]
+__all__ = ["CLIENT_PARAMETERS", "PCM_RATE", "Prepared", "check_text", "engine_options", "prepare", "speed_options"]
 
 #: The rate OpenAI's ``pcm`` format is defined at.
 PCM_RATE = 24000
@@ -48,24 +46,33 @@ class Prepared:
     max_silence: float = DEFAULT_MAX_SILENCE
 
 
-def _client_parameters() -> frozenset[str]:
-    """The names the client's ``stream`` and ``stream_text`` take for themselves (``timeout``,
-    ``voice``...): the engine options reach the client as keyword arguments beside them."""
-    names: set[str] = set()
-    for method in (Client.stream, Client.stream_text):
-        parameters = inspect.signature(method).parameters.values()
-        names.update(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
-    return frozenset(names)
-
-
-_CLIENT_PARAMETERS = _client_parameters()
+#: The names the client's request methods take for themselves (``timeout``, ``voice``,
+#: ``stream_text``'s ``lookahead``...): an engine option never takes one, so that nobody reading
+#: a request's options confuses it with the client's own argument (tests/client/test_signature.py
+#: keeps this set equal to those methods' keyword-only parameters).
+CLIENT_PARAMETERS = frozenset(
+    {
+        "voice",
+        "emotion",
+        "sample_rate",
+        "on_progress",
+        "timeout",
+        "idle_timeout",
+        "text_format",
+        "ssml_strict",
+        "max_silence",
+        "options",
+        "lookahead",
+        "max_sentence_chars",
+    }
+)
 
 
 def engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` as the engine's request options; a name the client takes itself is refused
     (it would set the client's own argument: ``timeout``, ``idle_timeout``, the server's bounds)."""
     for name in options:
-        if name in _CLIENT_PARAMETERS:
+        if name in CLIENT_PARAMETERS:
             raise Refusal(Kind.INVALID, f"options.{name} is not an engine option", param=f"options.{name}")
     return dict(options)
 

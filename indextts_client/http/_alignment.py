@@ -12,19 +12,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._audio import WordTiming
+from .._socket_events import AlignedWord
 
 __all__ = ["alignment_words"]
 
 
-def alignment_words(words: Sequence[WordTiming]) -> list[dict[str, object]]:
-    """The words as JSON-ready entries (seconds rounded to the microsecond)."""
+def alignment_words(words: Sequence[WordTiming]) -> list[AlignedWord]:
+    """The words as the events' entries (seconds rounded to the microsecond)."""
     return [
-        {
-            "word": word.word,
-            "start": round(word.start, 6),
-            "end": round(word.end, 6),
-            "char_start": None if word.span is None else word.span[0],
-            "char_end": None if word.span is None else word.span[1],
-        }
+        AlignedWord(
+            word=word.word,
+            start=round(word.start, 6),
+            end=round(word.end, 6),
+            char_start=None if word.span is None else word.span[0],
+            char_end=None if word.span is None else word.span[1],
+        )
         for word in words
     ]

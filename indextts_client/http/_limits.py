@@ -22,7 +22,7 @@ from .._defaults import DEFAULT_MAX_SILENCE
 from .._service import Kind, Refusal, check_max_silence
 from ._errors import HTTPError
 
-__all__ = ["UNCOUNTED", "Limits", "LimitsMiddleware", "header_deadline_protocol", "reset"]
+__all__ = ["UNCOUNTED", "Limits", "LimitsMiddleware", "WriteStall", "header_deadline_protocol", "reset"]
 
 _CLOSE = {"Connection": "close"}
 
@@ -181,6 +181,36 @@ def reset(transport: asyncio.Transport) -> None:
     transport.abort()
 
 
+class WriteStall(asyncio.Protocol):
+    """The one write-stall timer of the server's protocols (a base before uvicorn's protocol):
+    writes that stay paused ``_write_timeout`` seconds (None: no bound) call ``_write_stalled``;
+    resumed writes or a lost connection disarm it."""
+
+    _write_timeout: Union[float, None] = None
+    _stall: Union[asyncio.TimerHandle, None] = None
+
+    def _write_stalled(self) -> None:
+        raise NotImplementedError
+
+    def _disarm_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timeout is not None and self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(self._write_timeout, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_stall()
+
+    def connection_lost(self, exc: Union[Exception, None]) -> None:
+        self._disarm_stall()
+        super().connection_lost(exc)
+
+
 def header_deadline_protocol(seconds: float, write_timeout: Union[float, None] = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request head has not arrived
     within ``seconds`` of the connection (or of the previous response): uvicorn has a
@@ -188,9 +218,12 @@ def header_deadline_protocol(seconds: float, write_timeout: Union[float, None] =
     response whose client takes no bytes for that long (writes stay paused) is reset: the
     app sees a disconnect, which ends its stream and cancels the work on the sidecar."""
 
-    class HeaderDeadline(H11Protocol):
+    class HeaderDeadline(WriteStall, H11Protocol):
         _deadline: Union[asyncio.TimerHandle, None] = None
-        _stalled: Union[asyncio.TimerHandle, None] = None
+        _write_timeout = write_timeout
+
+        def _write_stalled(self) -> None:
+            reset(self.transport)
 
         def _arm(self) -> None:
             if self._deadline is not None:
@@ -212,22 +245,10 @@ def header_deadline_protocol(seconds: float, write_timeout: Union[float, None] =
             if not self.transport.is_closing():
                 self._arm()
 
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if write_timeout is not None and self._stalled is None:
-                self._stalled = self.loop.call_later(write_timeout, reset, self.transport)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._stalled is not None:
-                self._stalled.cancel()
-                self._stalled = None
-
         def connection_lost(self, exc: Union[Exception, None]) -> None:
-            for timer in (self._deadline, self._stalled):
-                if timer is not None:
-                    timer.cancel()
-            self._deadline = self._stalled = None
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
             super().connection_lost(exc)
 
     return HeaderDeadline

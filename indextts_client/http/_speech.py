@@ -17,6 +17,7 @@ from functools import partial
 from typing import Union
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
@@ -221,7 +222,7 @@ class SpeechRoute:
                     left = True
                     await stream.__aexit__(None, None, None)
                 self._served(stream, clock)
-                words = alignment_words(stream.words)
+                words = msgspec.to_builtins(alignment_words(stream.words))
                 alignment = {"type": "speech.audio.alignment", "granularity": self.backend.facts.granularity}
                 yield _sse({**alignment, "words": words})
                 done = {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0}}

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Protocol, Union
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -38,6 +37,17 @@ from .._service import (
     VoiceSources,
     prepare,
     refusal_of,
+)
+from .._socket_events import (
+    AudioAlignment,
+    AudioDone,
+    AudioStart,
+    ContextCancelled,
+    ContextDone,
+    ServerError,
+    ServerEvent,
+    SessionReady,
+    encode_event,
 )
 from .._stream_text import Fragment, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._alignment import alignment_words
@@ -141,8 +151,8 @@ class _Session:
 
     # -------------------------------------------------------------- sending
 
-    async def send_json(self, event: Mapping[str, object]) -> None:
-        await self._send({"type": "websocket.send", "text": msgspec.json.encode(event).decode()})
+    async def send_event(self, event: ServerEvent) -> None:
+        await self._send({"type": "websocket.send", "text": encode_event(event)})
 
     async def send_bytes(self, data: bytes) -> None:
         await self._send({"type": "websocket.send", "bytes": data})
@@ -161,12 +171,7 @@ class _Session:
     async def error(
         self, code: str, message: str, context_id: Union[str, None] = None, param: Union[str, None] = None
     ) -> None:
-        event: dict[str, object] = {"type": "error", "code": code, "message": message}
-        if param is not None:
-            event["param"] = param
-        if context_id is not None:
-            event["context_id"] = context_id
-        await self.send_json(event)
+        await self.send_event(ServerError(code=code, message=message, param=param, context_id=context_id))
 
     # -------------------------------------------------------------- receiving
 
@@ -181,7 +186,7 @@ class _Session:
 
     async def run(self) -> None:
         try:
-            await self.send_json({"type": "session.ready"})
+            await self.send_event(SessionReady())
             async with anyio.create_task_group() as tg:
                 self.task_group = tg
                 try:
@@ -346,8 +351,8 @@ class _Session:
             if failure is not None:
                 await self.error(failure.code, failure.message, context.id, failure.param)
             else:
-                end = "context.cancelled" if context.cancelled else "context.done"
-                await self.send_json({"type": end, "context_id": context.id})
+                end = ContextCancelled if context.cancelled else ContextDone
+                await self.send_event(end(context_id=context.id))
         except (_WriteTimeout, WebSocketDisconnect, OSError):
             self.abort()
 
@@ -378,25 +383,26 @@ class _Session:
                         await self.send_bytes(context.prefix + tail)
                     encoder = None
                     self.route.served(event, chunk_rate, arrivals)  # before audio.done: who saw it sees them
-                    done = {"type": "audio.done", "context_id": context.id, "sentence": event.sentence}
                     words = alignment_words(event.words)
                     granularity = self.route.service.backend.facts.granularity
-                    await self.send_json(
-                        {**done, "type": "audio.alignment", "granularity": granularity, "words": words}
+                    cid, sentence = context.id, event.sentence
+                    aligned = AudioAlignment(context_id=cid, sentence=sentence, granularity=granularity, words=words)
+                    await self.send_event(aligned)
+                    done = AudioDone(
+                        context_id=cid, sentence=sentence, samples=event.samples, bytes=sent, flushed=event.flushed
                     )
-                    await self.send_json({**done, "samples": event.samples, "bytes": sent, "flushed": event.flushed})
+                    await self.send_event(done)
                     sent, chunk_rate, arrivals = 0, 0, []
 
     async def start(self, context: _Context, sentence: int, text: str, rate: int) -> None:
-        await self.send_json(
-            {
-                "type": "audio.start",
-                "context_id": context.id,
-                "sentence": sentence,
-                "text": text,
-                "response_format": context.settings.response_format,
-                "sample_rate": rate,
-            }
+        await self.send_event(
+            AudioStart(
+                context_id=context.id,
+                sentence=sentence,
+                text=text,
+                response_format=context.settings.response_format,
+                sample_rate=rate,
+            )
         )
 
 
@@ -448,9 +454,7 @@ async def close(ws: WebSocket, limits: WebSocketLimits, fatal: Union[Fatal, None
                 await ws.send(
                     {
                         "type": "websocket.send",
-                        "text": msgspec.json.encode(
-                            {"type": "error", "code": fatal.code, "message": fatal.message}
-                        ).decode(),
+                        "text": encode_event(ServerError(code=fatal.code, message=fatal.message)),
                     }
                 )
             await ws.close(code, reason)

@@ -16,7 +16,7 @@ from typing import Union
 import msgspec
 
 from .._service import Refusal, SpeechFields, check_depth
-from ._limits import reset
+from ._limits import WriteStall, reset
 from ._schema import param_of
 
 __all__ = [
@@ -167,8 +167,11 @@ def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type
 
     bounds = limits or WebSocketLimits()
 
-    class StallAborting(WebSocketsSansIOProtocol):
-        _stalled: Union[asyncio.TimerHandle, None] = None
+    class StallAborting(WriteStall, WebSocketsSansIOProtocol):
+        _write_timeout = bounds.write_timeout
+
+        def _write_stalled(self) -> None:
+            self._abort_if_stalled()
 
         def _abort_if_stalled(self) -> None:
             if not self.writable.is_set() and not self.disconnected:
@@ -181,23 +184,6 @@ def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             self._check_unsent()  # the pongs (and close frames) written in answer to this data
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._stalled is None:
-                self._stalled = self.loop.call_later(bounds.write_timeout, self._abort_if_stalled)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._stalled is not None:
-                self._stalled.cancel()
-                self._stalled = None
-
-        def connection_lost(self, exc: Union[Exception, None]) -> None:
-            if self._stalled is not None:
-                self._stalled.cancel()
-                self._stalled = None
-            super().connection_lost(exc)
 
         async def run_asgi(self) -> None:
             await super().run_asgi()

@@ -1,6 +1,7 @@
 """``serve``'s WebSocket route as a voice-agent service drives it (docs/serving.md, "/v1/audio/speech/stream").
 
-Framework-free: the client events a service sends, the binary frame's layout, and the one piece
+Framework-free: the client events a service sends (the server's it reads are
+:mod:`indextts_client._socket_events`), the binary frame's layout, and the one piece
 of state a turn needs to place word timings on its own timeline (the route times each word from
 its sentence's first sample; a framework wants them from the turn's first sample).
 """
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from .._socket_events import AudioAlignment, AudioStart
 
 __all__ = ["STREAM_PATH", "Timeline", "WordTime", "event", "split_frame", "stream_url"]
 
@@ -56,27 +59,27 @@ class Timeline:
     samples: int = 0  # received so far
     sentence_start: int = 0  # the current sentence's first sample
 
-    def start_sentence(self, event: dict[str, Any]) -> None:
+    def start_sentence(self, event: AudioStart) -> None:
         """At ``audio.start``."""
-        self.sample_rate = int(event.get("sample_rate") or self.sample_rate)
+        self.sample_rate = event.sample_rate or self.sample_rate
         self.sentence_start = self.samples
 
     def add_audio(self, nbytes: int) -> None:
         """A binary frame of 16-bit pcm."""
         self.samples += nbytes // 2
 
-    def words(self, event: dict[str, Any]) -> list[WordTime]:
+    def words(self, event: AudioAlignment) -> list[WordTime]:
         """An ``audio.alignment``'s words on the turn's timeline.  Segment stand-ins (an engine
         without word timings) are split at spaces, every word of a segment at its start: the
         framework then holds a segment as heard once it began."""
         offset = self.sentence_start / self.sample_rate if self.sample_rate else 0.0
         out: list[WordTime] = []
-        for word in event.get("words") or ():
-            text: Union[str, None] = word.get("word")
+        for word in event.words:
+            text = word.word
             if not text:
                 continue
-            start, end = offset + float(word["start"]), offset + float(word["end"])
-            if event.get("granularity") == "segment":
+            start, end = offset + word.start, offset + word.end
+            if event.granularity == "segment":
                 out.extend((part, start, end) for part in text.split())
             else:
                 out.append((text, start, end))

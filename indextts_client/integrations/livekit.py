@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 import aiohttp
+import msgspec
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
     APIConnectionError,
@@ -49,6 +50,20 @@ from livekit.agents import (
 )
 from livekit.agents.types import TimedString
 
+from .._socket_events import (
+    AlignedWord,
+    AudioAlignment,
+    AudioDone,
+    AudioStart,
+    ContextCancelled,
+    ContextDone,
+    ContextEvent,
+    MalformedEvent,
+    ServerError,
+    ServerEvent,
+    SessionReady,
+    decode_server_event,
+)
 from ._socket import split_frame, stream_url
 
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
@@ -77,30 +92,28 @@ class _InputDone:
 
 # What a context's inbox holds: a JSON event, a binary frame's audio, the failure that ends it,
 # or the sender's word that the input is done.
-_Item = Union[dict[str, Any], bytes, APIError, _InputDone]
+_Item = Union[ServerEvent, bytes, APIError, _InputDone]
 
 
 class _Flush:
     """A flush of the stream's text, in the order of its pieces."""
 
 
-def _status_error(event: Mapping[str, Any], request_id: Union[str, None]) -> APIStatusError:
-    code = str(event.get("code", "error"))
-    message = str(event.get("message", "the server refused the request"))
+def _status_error(event: ServerError, request_id: Union[str, None]) -> APIStatusError:
+    code, message = event.code, event.message or "the server refused the request"
     return APIStatusError(
         f"indextts: {message} ({code})",
         status_code=_STATUS.get(code, 400),
         request_id=request_id,
-        body=dict(event),
+        body=msgspec.to_builtins(event),
     )
 
 
-def _connection_error(event: Mapping[str, Any]) -> APIError:
+def _connection_error(event: ServerError) -> APIError:
     """An ``error`` event without a context: the server is ending the connection."""
-    if event.get("code") == "invalid_api_key":
+    if event.code == "invalid_api_key":
         return _status_error(event, None)
-    code, message = event.get("code", "error"), event.get("message", "")
-    return APIConnectionError(f"indextts: the server ended the connection: {message} ({code})")
+    return APIConnectionError(f"indextts: the server ended the connection: {event.message} ({event.code})")
 
 
 class _Socket:
@@ -135,10 +148,10 @@ class _Socket:
             raise APITimeoutError(f"indextts: no session.ready from {url} within {timeout} s") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise APIConnectionError(f"indextts: cannot connect to {url}") from exc
-        event = _json(first.data) if first.type is aiohttp.WSMsgType.TEXT else None
-        if event is None or event.get("type") != "session.ready":
+        event = _decoded(first.data) if first.type is aiohttp.WSMsgType.TEXT else None
+        if not isinstance(event, SessionReady):
             await ws.close()
-            if event is not None and event.get("type") == "error":
+            if isinstance(event, ServerError):
                 raise _status_error(event, None)
             raise APIConnectionError(f"indextts: {url} did not answer with session.ready")
         return cls(ws)
@@ -186,16 +199,20 @@ class _Socket:
                     if inbox is not None:
                         inbox.put_nowait(pcm)
                 elif message.type is aiohttp.WSMsgType.TEXT:
-                    event = _json(message.data)
-                    if event is None:
+                    try:
+                        event = decode_server_event(message.data)
+                    except MalformedEvent as exc:  # the context it names fails; any other, none
+                        if exc.context_id is not None and (inbox := self._inboxes.get(exc.context_id)) is not None:
+                            inbox.put_nowait(APIError(f"indextts: {exc}", retryable=False))
                         continue
-                    context_id = event.get("context_id")
-                    if context_id is None and event.get("type") == "error":
+                    if isinstance(event, ServerError) and event.context_id is None:
                         # the connection's end (an idle timeout...): the close follows; a stream
                         # starting now must not take this socket
                         self._fail(_connection_error(event))
-                    elif isinstance(context_id, str) and (inbox := self._inboxes.get(context_id)) is not None:
-                        inbox.put_nowait(event)
+                    elif isinstance(event, (ServerError, ContextEvent)):
+                        inbox = self._inboxes.get(event.context_id or "")
+                        if inbox is not None:
+                            inbox.put_nowait(event)
         except (aiohttp.ClientError, OSError) as exc:
             self._fail(APIConnectionError(f"indextts: the connection was lost ({type(exc).__name__})"))
         finally:
@@ -207,31 +224,25 @@ class _Socket:
         await utils.aio.cancel_and_wait(self._reader)
 
 
-def _json(data: object) -> Union[dict[str, Any], None]:
+def _decoded(data: object) -> Union[ServerEvent, None]:
+    """A text message's event; None for one that is none (or of a type this client does not know)."""
     try:
-        event = json.loads(data) if isinstance(data, (str, bytes)) else None
-    except ValueError:
+        return decode_server_event(data) if isinstance(data, (str, bytes)) else None
+    except MalformedEvent:
         return None
-    return event if isinstance(event, dict) else None
 
 
-def _seconds(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-        raise APIError(f"indextts: a word's time is not a number of seconds: {value!r}", retryable=False)
-    return float(value)
-
-
-def _pieces(text: str, words: list[dict[str, Any]]) -> list[str]:
+def _pieces(text: str, words: list[AlignedWord]) -> list[str]:
     """``text`` cut into one piece per word, adding up to it.
 
     With the words' character offsets (given and in order): each word with what follows it up to
     the next one.  Without (IndexTTS's segments carry the engine's own text): cut in proportion to
     the words' lengths, at the nearest space where the text has spaces near the cut.
     """
-    starts = [c for w in words if isinstance(c := w.get("char_start"), int) and not isinstance(c, bool)]
+    starts = [w.char_start for w in words if w.char_start is not None]
     if len(starts) == len(words) and starts == sorted(starts) and starts[0] >= 0 and starts[-1] <= len(text):
         return [text[a:b] for a, b in itertools.pairwise([0, *starts[1:], len(text)])]
-    lengths = [max(1, len(str(w.get("word", "")))) for w in words]
+    lengths = [max(1, len(w.word)) for w in words]
     cuts, done = [0], 0
     for length in lengths[:-1]:
         done += length
@@ -245,22 +256,20 @@ def _pieces(text: str, words: list[dict[str, Any]]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(cuts)]
 
 
-def _words(event: Mapping[str, Any], text: str, *, lead: str, offset: float, duration: float) -> list[TimedString]:
+def _words(event: AudioAlignment, text: str, *, lead: str, offset: float, duration: float) -> list[TimedString]:
     """A sentence's ``audio.alignment`` as LiveKit words, seconds from the stream's first sample.
 
     The words' texts add up to ``lead`` and the sentence's text (:func:`_pieces`), so that the
     transcript LiveKit builds from them is the text that was sent.  Without words (an engine
-    that gives none), the sentence is one timed piece.  An ``event`` whose words are not a list
-    of objects with numeric times raises :class:`APIError`.
+    that gives none), the sentence is one timed piece.  (An event whose words are not objects
+    with times in seconds failed to decode: the context got an :class:`APIError`.)
     """
-    words = event.get("words") or []
-    if not isinstance(words, list) or not all(isinstance(w, dict) for w in words):
-        raise APIError("indextts: audio.alignment's words are not a list of objects", retryable=False)
+    words = event.words
     if not words:
         return [TimedString(lead + text, start_time=offset, end_time=offset + duration)] if text else []
     out = []
     for i, (word, piece) in enumerate(zip(words, _pieces(text, words), strict=True)):
-        start, end = _seconds(word.get("start")), _seconds(word.get("end"))
+        start, end = word.start, word.end
         out.append(TimedString((lead if i == 0 else "") + piece, start_time=offset + start, end_time=offset + end))
     return out
 
@@ -461,13 +470,12 @@ async def _speak(
                 emitter.push(item)
                 received += len(item)
                 continue
-            kind = item.get("type")
-            if kind == "audio.start":
+            if isinstance(item, AudioStart):
                 if streaming and not segment:
                     emitter.start_segment(segment_id=context_id)
                     segment = True
-                sentence_start, sentence_text = received, str(item.get("text") or "")
-            elif kind == "audio.alignment":
+                sentence_start, sentence_text = received, item.text
+            elif isinstance(item, AudioAlignment):
                 words = _words(
                     item,
                     sentence_text,
@@ -477,17 +485,17 @@ async def _speak(
                 )
                 sentences += 1
                 emitter.push_timed_transcript(words)
-            elif kind == "audio.done":
-                if streaming and not (item.get("flushed") and input_done):
+            elif isinstance(item, AudioDone):
+                if streaming and not (item.flushed and input_done):
                     # more audio may follow, and not soon (the LLM's next sentence): the words
                     # go out now, with the sentence's last audio, not with the next frame
                     emitter.flush()
-            elif kind in ("context.done", "context.cancelled"):
+            elif isinstance(item, (ContextDone, ContextCancelled)):
                 ended = True
                 if segment:
                     emitter.end_segment()
                 return
-            elif kind == "error":
+            elif isinstance(item, ServerError):
                 ended = True
                 raise _status_error(item, request_id)
     finally:

@@ -33,7 +33,6 @@ docs/agents.md has the walk-through; tests/agents/pipecat/ runs both in Pipecat'
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -47,6 +46,16 @@ from websockets.protocol import State
 
 from indextts_client import Client, Pool, SentenceChunk, SentenceEnd, TextFeed
 
+from .._socket_events import (
+    AudioAlignment,
+    AudioStart,
+    ContextCancelled,
+    ContextDone,
+    ServerError,
+    ServerEvent,
+    SessionReady,
+    decode_server_event,
+)
 from ._socket import Timeline, event, split_frame, stream_url
 
 __all__ = [
@@ -175,9 +184,9 @@ class IndexTTSService(WebsocketTTSService):
             self._websocket = await self._websocket_connect(
                 self._url, additional_headers=headers, open_timeout=CONNECT_TIMEOUT
             )
-            ready = json.loads(await asyncio.wait_for(self._websocket.recv(), CONNECT_TIMEOUT))
-            if ready.get("type") != "session.ready":
-                raise ConnectionError(f"the server answered {ready.get('type')!r}, not session.ready")
+            ready = decode_server_event(await asyncio.wait_for(self._websocket.recv(), CONNECT_TIMEOUT))
+            if not isinstance(ready, SessionReady):
+                raise ConnectionError(f"the server answered {type(ready).__name__}, not session.ready")
             self._timelines.clear()  # contexts do not outlive their connection
             self._failed.clear()
             self._cancelling.clear()
@@ -273,8 +282,8 @@ class IndexTTSService(WebsocketTTSService):
         async for message in self._websocket:
             if isinstance(message, bytes):
                 await self._on_audio(message)
-            else:
-                await self._on_event(json.loads(message))
+            elif (event := decode_server_event(message)) is not None:
+                await self._on_event(event)
 
     async def _on_audio(self, message: bytes) -> None:
         context_id, audio = split_frame(message)
@@ -285,14 +294,14 @@ class IndexTTSService(WebsocketTTSService):
         frame = TTSAudioRawFrame(audio=audio, sample_rate=self.sample_rate, num_channels=1, context_id=context_id)
         await self.append_to_audio_context(context_id, frame)
 
-    async def _on_event(self, message: dict[str, Any]) -> None:
-        kind, context_id = message.get("type"), message.get("context_id")
-        if kind == "error":
-            await self._on_error(message)
+    async def _on_event(self, event: ServerEvent) -> None:
+        if isinstance(event, ServerError):
+            await self._on_error(event)
             return
-        if not isinstance(context_id, str):
+        if isinstance(event, SessionReady):
             return
-        if kind == "context.cancelled":
+        context_id = event.context_id
+        if isinstance(event, ContextCancelled):
             if context_id in self._cancelling:
                 self._cancelling.discard(context_id)
                 await self._call_event_handler("on_context_cancelled", context_id)
@@ -300,21 +309,22 @@ class IndexTTSService(WebsocketTTSService):
         timeline = self._timelines.get(context_id)
         if timeline is None or not self.audio_context_available(context_id):
             return
-        if kind == "audio.start":
-            timeline.start_sentence(message)
-        elif kind == "audio.alignment":
-            words = [(word, start) for word, start, _ in timeline.words(message)]
-            if words:
-                await self.add_word_timestamps(words, context_id)
-        elif kind == "context.done":
-            del self._timelines[context_id]
-            await self.stop_ttfb_metrics()
-            await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
-            await self.remove_audio_context(context_id)
+        match event:
+            case AudioStart():
+                timeline.start_sentence(event)
+            case AudioAlignment():
+                words = [(word, start) for word, start, _ in timeline.words(event)]
+                if words:
+                    await self.add_word_timestamps(words, context_id)
+            case ContextDone():
+                del self._timelines[context_id]
+                await self.stop_ttfb_metrics()
+                await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
+                await self.remove_audio_context(context_id)
 
-    async def _on_error(self, message: dict[str, Any]) -> None:
-        context_id = message.get("context_id")
-        text = f"{self}: {message.get('code', 'error')}: {message.get('message', '')}"
+    async def _on_error(self, message: ServerError) -> None:
+        context_id = message.context_id
+        text = f"{self}: {message.code}: {message.message}"
         if not isinstance(context_id, str):
             await self.push_error(error_msg=text)  # the connection's own (its key, its end)
             return

@@ -40,20 +40,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import anyio
-import msgspec
 import numpy as np
 
 from .._audio import SAMPLE_DTYPE, Audio
 from .._client import Client
 from .._exceptions import CrashedError
-from .._signature import CLIENT, REQUESTER, same_parameters
+from .._signature import CLIENT, REQUESTER, merge_options, same_parameters
 from .._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS, TextInput, TextStream, client_session
 
 try:
@@ -63,7 +63,28 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(f"indextts_client.ray needs the [ray] extra: pip install 'ray[serve]>=2.60' ({exc})") from exc
 
-from ._calls import RETRYABLE, RayStream, lost, resolved, word_rows, words_from_rows
+from .._service import ReplicaInfo, ReplicaPing
+from ._calls import (
+    RETRYABLE,
+    RayStream,
+    StreamChunk,
+    StreamEnd,
+    SynthesisResult,
+    lost,
+    resolved,
+    word_rows,
+    words_from_rows,
+)
+
+T = TypeVar("T")
+
+
+def _expect(answer: object, kind: type[T]) -> T:
+    """A replica's answer, which must be a ``kind`` (a replica of another version answers otherwise)."""
+    if not isinstance(answer, kind):
+        raise TypeError(f"a replica answered with a {type(answer).__name__}, not a {kind.__name__}")
+    return answer
+
 
 __all__ = [
     "AudioAutoscaling",
@@ -251,63 +272,59 @@ class SidecarReplica:
             if voice:
                 await self._warm(voice)
 
-    async def synthesize(self, text: str, **kwargs: Any) -> dict[str, Any]:
+    async def synthesize(self, text: str, **kwargs: Any) -> SynthesisResult:
         client = await self._ready()
         await self._note_voice()
         with self._load.track(text):
             audio = await client.synthesize(text, **kwargs)
-        return {
-            "samples": audio.samples.tobytes(),
-            "sample_rate": audio.sample_rate,
-            "timings": audio.timings,
-            "facts": audio.facts,
-            "words": word_rows(audio.words),
-            "pid": client.pid,
-        }
+        return SynthesisResult(
+            samples=audio.samples.tobytes(),
+            sample_rate=audio.sample_rate,
+            timings=dict(audio.timings),
+            facts=dict(audio.facts),
+            words=word_rows(audio.words),
+            pid=client.pid,
+        )
 
-    async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[Union[StreamChunk, StreamEnd]]:
         client = await self._ready()
         await self._note_voice()
         with self._load.track(text):
             synthesis = client.stream(text, **kwargs)
             async with synthesis as chunks:
                 async for chunk in chunks:
-                    yield {
-                        "samples": chunk.samples.tobytes(),
-                        "sample_rate": chunk.sample_rate,
-                        "seq": chunk.seq,
-                        "offset_samples": chunk.offset_samples,
-                        "words": word_rows(chunk.words),
-                    }
-            # The end: what the caller reads off a finished stream (every word, segment stand-ins
-            # included, which no chunk carries).
-            words = word_rows(synthesis.words)
-            yield {"end": True, "words": words, "timings": synthesis.timings, "facts": synthesis.facts}
+                    yield StreamChunk(
+                        samples=chunk.samples.tobytes(),
+                        sample_rate=chunk.sample_rate,
+                        seq=chunk.seq,
+                        offset_samples=chunk.offset_samples,
+                        words=word_rows(chunk.words),
+                    )
+            yield StreamEnd(
+                words=word_rows(synthesis.words), timings=dict(synthesis.timings), facts=dict(synthesis.facts)
+            )
 
-    async def info(self) -> dict[str, Any]:
+    async def info(self) -> ReplicaInfo:
         """The sidecar's ready facts: engine, capabilities, native rate, speed control (None: none)."""
         client = await self._ready()
         info = client.info
-        return {
-            "engine": info.engine,
-            "capabilities": list(info.capabilities),
-            "sample_rate": info.sample_rate,
-            "speed": msgspec.to_builtins(info.speed),
-        }
+        return ReplicaInfo(
+            engine=info.engine, capabilities=tuple(info.capabilities), sample_rate=info.sample_rate, speed=info.speed
+        )
 
-    async def ping(self) -> dict[str, Any]:
+    async def ping(self) -> ReplicaPing:
         """The sidecar's health, its pid, and the Ray node and audio load of this replica."""
         client = await self._ready()
         health = await client.ping()
-        return {
-            "pid": client.pid,
-            "loaded": health.loaded,
-            "queue_depth": health.queue_depth,
-            "memory": health.memory,
-            "round_trip": health.round_trip,
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "audio_seconds": self._load.seconds,
-        }
+        return ReplicaPing(
+            pid=client.pid,
+            loaded=health.loaded,
+            queue_depth=health.queue_depth,
+            memory=dict(health.memory),
+            round_trip=health.round_trip,
+            node_id=str(ray.get_runtime_context().get_node_id()),
+            audio_seconds=self._load.seconds,
+        )
 
     async def check_health(self) -> None:
         """Serve's health check: the sidecar must be alive and answer a ping."""
@@ -437,7 +454,8 @@ class RayClient:
     @same_parameters(REQUESTER.synthesize)
     async def synthesize(self, text: str, **kwargs: Any) -> Audio:
         """As :meth:`Client.synthesize`, on the replica Serve picks (``on_progress`` is not available)."""
-        handle = self._for(_remote(kwargs))
+        kwargs = _remote(kwargs)
+        handle = self._for(kwargs)
         for attempt in range(self._retries + 1):
             try:
                 result = await resolved(handle.synthesize.remote(text, **kwargs))
@@ -448,25 +466,24 @@ class RayClient:
                         raise CrashedError(lost(exc, 0)) from exc
                     raise
                 log.warning("a request lost its replica (%s); sending it again", type(exc).__name__)
-        samples = np.frombuffer(result["samples"], dtype=SAMPLE_DTYPE).copy()
+        result = _expect(result, SynthesisResult)
+        samples = np.frombuffer(result.samples, dtype=SAMPLE_DTYPE).copy()
         return Audio(
             samples=samples,
-            sample_rate=int(result["sample_rate"]),
-            timings=dict(result["timings"]),
-            facts=dict(result.get("facts") or {}),
-            words=words_from_rows(result.get("words")),
+            sample_rate=result.sample_rate,
+            timings=dict(result.timings),
+            facts=dict(result.facts),
+            words=words_from_rows(result.words),
         )
 
-    async def info(self) -> dict[str, Any]:
-        """A replica's sidecar facts: engine, capabilities, native rate."""
-        result: dict[str, Any] = await resolved(self._handle.info.remote())
-        return result
+    async def info(self) -> ReplicaInfo:
+        """A replica's sidecar facts: engine, capabilities, native rate, speed control."""
+        return _expect(await resolved(self._handle.info.remote()), ReplicaInfo)
 
-    async def ping(self) -> dict[str, Any]:
+    async def ping(self) -> ReplicaPing:
         """One replica's answer (which one is Serve's choice): pid, loaded, queue depth, memory,
         its Ray node (``node_id``) and the audio seconds it holds."""
-        result: dict[str, Any] = await resolved(self._handle.ping.remote())
-        return result
+        return _expect(await resolved(self._handle.ping.remote()), ReplicaPing)
 
     @same_parameters(REQUESTER.stream)
     def stream(self, text: str, **kwargs: Any) -> RayStream:
@@ -476,17 +493,23 @@ class RayClient:
         replica is lost after it delivered audio raises :class:`CrashedError`: audio is never
         replayed twice.  Once it ended, the stream holds the request's ``words``, ``timings``
         and ``facts``, as a Client's does."""
-        return RayStream(self._for(_remote(kwargs)).options(stream=True), text, kwargs, self._retries)
+        kwargs = _remote(kwargs)
+        return RayStream(self._for(kwargs).options(stream=True), text, kwargs, self._retries)
 
     @same_parameters(CLIENT.stream_text)
-    def stream_text(self, texts: TextInput, **kwargs: Any) -> TextStream:
+    def stream_text(
+        self,
+        texts: TextInput,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        **kwargs: Any,
+    ) -> TextStream:
         """As :meth:`Client.stream_text`: each sentence is one streamed call on the deployment, sent as
         soon as it is cut (Serve picks its replica: a voice is not held to one).  ``kwargs`` go to each."""
-        lookahead: int = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
-        max_sentence_chars: int = kwargs.pop("max_sentence_chars", DEFAULT_MAX_SENTENCE_CHARS)
-        _remote(kwargs)  # refused here, before any sentence is sent
+        kwargs = _remote(kwargs)  # refused here, before any sentence is sent
 
-        def open_sentence(text: str) -> Any:
+        def open_sentence(text: str) -> RayStream:
             return self.stream(text, **kwargs)
 
         return TextStream(
@@ -498,9 +521,18 @@ class RayClient:
         )
 
 
+#: The request methods' own parameters: every other keyword is an engine option.
+_NAMED = frozenset(inspect.signature(REQUESTER.stream).parameters)
+
+
 def _remote(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request's arguments, refusing those that cannot cross to a replica."""
+    """The request's arguments as they cross to a replica: the engine options in one plain dict
+    (``options`` and the keywords merged here, so a name given twice fails at the caller), refusing
+    what cannot cross."""
     if kwargs.get("on_progress") is not None:
         # Pickled to the replica, the callback would run there and the caller would see nothing.
         raise TypeError("RayClient does not take on_progress: the callback would run in the replica")
-    return kwargs
+    named = {k: v for k, v in kwargs.items() if k in _NAMED and k != "options"}
+    keywords = {k: v for k, v in kwargs.items() if k not in _NAMED}
+    options = merge_options(kwargs.get("options"), keywords)
+    return {**named, "options": options} if options else named

@@ -12,15 +12,61 @@ from collections.abc import AsyncIterator
 from typing import Any, Union
 
 import anyio
+import msgspec
 import numpy as np
 from ray.exceptions import RayActorError
 
 from .._audio import SAMPLE_DTYPE, AudioChunk, WordTiming
 from .._exceptions import CrashedError, RestartLimitError, StartError
 
-__all__ = ["RETRYABLE", "RayStream", "lost", "next_item", "resolved", "word_rows", "words_from_rows"]
+__all__ = [
+    "RETRYABLE",
+    "RayStream",
+    "StreamChunk",
+    "StreamEnd",
+    "SynthesisResult",
+    "lost",
+    "next_item",
+    "resolved",
+    "word_rows",
+    "words_from_rows",
+]
 
 log = logging.getLogger("indextts_client")
+
+
+#: A word timing as the replica sends it: word, span (None or [start, end]), start, end, segment.
+WordRow = list[Any]
+
+
+class StreamChunk(msgspec.Struct, frozen=True, tag="chunk"):
+    """One audio chunk of a replica's stream."""
+
+    samples: bytes
+    sample_rate: int
+    seq: int
+    offset_samples: int
+    words: list[WordRow] = []
+
+
+class StreamEnd(msgspec.Struct, frozen=True, tag="end"):
+    """A replica's stream's last item: what the caller reads off a finished stream (every word,
+    segment stand-ins included, which no chunk carries)."""
+
+    words: list[WordRow]
+    timings: dict[str, float]
+    facts: dict[str, Any]
+
+
+class SynthesisResult(msgspec.Struct, frozen=True):
+    """A replica's answer to ``synthesize``: the whole audio and what the sidecar said of it."""
+
+    samples: bytes
+    sample_rate: int
+    timings: dict[str, float]
+    facts: dict[str, Any]
+    words: list[WordRow]
+    pid: Union[int, None]
 
 
 class RayStream:
@@ -34,6 +80,8 @@ class RayStream:
         self.words: tuple[WordTiming, ...] = ()
         self.timings: dict[str, float] = {}
         self.facts: dict[str, Any] = {}
+        #: Behind Ray no pool member comes back (a :class:`~indextts_client._service.ServedStream`'s).
+        self.member_index: Union[int, None] = None
 
     async def __aenter__(self) -> AsyncIterator[AudioChunk]:
         if self._iterator is not None:
@@ -65,29 +113,32 @@ class RayStream:
                 log.warning("a stream lost its replica before any audio (%s); sending it again", type(exc).__name__)
                 self._current = self._handle.stream.remote(self._text, **self._kwargs)
                 continue
-            if item is None:
-                return
-            if item.get("end"):
-                self.words = words_from_rows(item.get("words"))
-                self.timings, self.facts = dict(item.get("timings") or {}), dict(item.get("facts") or {})
-                continue
-            delivered += 1
-            yield AudioChunk(
-                samples=np.frombuffer(item["samples"], dtype=SAMPLE_DTYPE),
-                sample_rate=int(item["sample_rate"]),
-                seq=int(item["seq"]),
-                offset_samples=int(item["offset_samples"]),
-                words=words_from_rows(item.get("words")),
-            )
+            match item:
+                case None:
+                    return
+                case StreamEnd():
+                    self.words = words_from_rows(item.words)
+                    self.timings, self.facts = dict(item.timings), dict(item.facts)
+                case StreamChunk():
+                    delivered += 1
+                    yield AudioChunk(
+                        samples=np.frombuffer(item.samples, dtype=SAMPLE_DTYPE),
+                        sample_rate=item.sample_rate,
+                        seq=item.seq,
+                        offset_samples=item.offset_samples,
+                        words=words_from_rows(item.words),
+                    )
+                case _:
+                    raise TypeError(f"a replica's stream sent a {type(item).__name__}, not a chunk or its end")
 
 
-def word_rows(words: tuple[WordTiming, ...]) -> list[list[Any]]:
+def word_rows(words: tuple[WordTiming, ...]) -> list[WordRow]:
     """Word timings as plain lists, for Ray's serializer (compact, and no class to import)."""
     return [[w.word, None if w.span is None else list(w.span), w.start, w.end, w.segment] for w in words]
 
 
-def words_from_rows(rows: Any) -> tuple[WordTiming, ...]:
-    """The replica's word rows as timings (none from an older replica)."""
+def words_from_rows(rows: list[WordRow]) -> tuple[WordTiming, ...]:
+    """The replica's word rows as timings."""
     if not rows:
         return ()
     return tuple(

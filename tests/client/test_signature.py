@@ -17,6 +17,7 @@ import pytest
 import indextts_client
 from indextts_client import BlockingClient, Client, Pool, RequestTimeoutError
 from indextts_client._request import Requester
+from indextts_client._service.prepare import CLIENT_PARAMETERS
 from indextts_client._signature import same_parameters
 from indextts_sidecar.engines.fake import render_bytes
 
@@ -119,6 +120,57 @@ def test_a_forwarding_method_must_take_what_its_signature_promises() -> None:
                 pass
 
 
+def test_a_forwarding_method_names_only_the_sources_keywords_with_their_defaults() -> None:
+    with pytest.raises(TypeError, match="lookahead must be the source's"):
+
+        class Drifted:
+            @same_parameters(Client.__new__(Client).stream_text)
+            def stream_text(self, texts: Any, *, lookahead: int = 99, **kwargs: Any) -> None:
+                pass
+
+
+def test_the_service_core_knows_the_clients_own_parameters() -> None:
+    """The names an engine option may not take are the request methods' keyword-only parameters."""
+    names: set[str] = set()
+    for method in (Client.stream, Client.synthesize, Client.request, Client.stream_text):
+        parameters = inspect.signature(method).parameters.values()
+        names.update(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    assert names == CLIENT_PARAMETERS
+
+
+@pytest.mark.anyio
+async def test_a_ray_client_sends_the_engine_options_as_one_mapping(ray_client: Any) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Response:
+        """A DeploymentResponse already answered: awaited on asyncio, ``result()`` on trio."""
+
+        def result(self) -> SynthesisResult:
+            return SynthesisResult(samples=b"\0\0", sample_rate=22050, timings={}, facts={}, words=[], pid=1)
+
+        def __await__(self) -> Any:
+            yield from ()
+            return self.result()
+
+    class Method:
+        def remote(self, *args: Any, **kwargs: Any) -> Response:
+            calls.append((args, kwargs))
+            return Response()
+
+    class Handle:
+        synthesize = Method()
+
+    client = ray_client(Handle())
+    SynthesisResult = importlib.import_module("indextts_client.ray._calls").SynthesisResult
+    with anyio.fail_after(TIMEOUT):
+        await client.synthesize("hello", timeout=5, options={"seconds": 1.0}, delay=0.5)
+        with pytest.raises(TypeError, match="'delay' given both in options and as a keyword argument"):
+            await client.synthesize("hello", options={"delay": 1.0}, delay=0.5)
+    with pytest.raises(TypeError, match="'delay' given both"):
+        client.stream_text(["hello."], options={"delay": 1.0}, delay=0.5)
+    assert calls == [(("hello",), {"timeout": 5, "options": {"seconds": 1.0, "delay": 0.5}})]
+
+
 @pytest.mark.anyio
 async def test_a_ray_client_refuses_on_progress_before_calling_the_deployment(ray_client: Any) -> None:
     calls: list[tuple[Any, ...]] = []
@@ -159,6 +211,21 @@ async def test_a_pools_timeout_reaches_its_members_request() -> None:
             assert audio.samples.tobytes() == render_bytes("after")
             [health] = await pool.health()
             assert (health.outstanding, health.served, health.restarts) == (0, 1, 0)
+
+
+@pytest.mark.anyio
+async def test_a_pools_engine_options_reach_its_member_as_a_mapping() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with fake_pool() as pool:
+            # hang_at=0 given in the mapping: only the deadline ends the request, so it arrived.
+            with pytest.raises(RequestTimeoutError):
+                await pool.synthesize("abcdefghij", timeout=0.5, options={"hang_at": 0})
+            with pytest.raises(TypeError, match="'hang_at' given both in options and as a keyword argument"):
+                await pool.synthesize("abcdefghij", options={"hang_at": 0}, hang_at=1)
+            with pytest.raises(TypeError, match="options must be a mapping, not list"):
+                await pool.synthesize("abcdefghij", options=[("hang_at", 0)])  # type: ignore[arg-type]
+            audio = await pool.synthesize("after", options={"chunk_seconds": 0.3})
+            assert audio.samples.tobytes() == render_bytes("after")
 
 
 @pytest.mark.anyio

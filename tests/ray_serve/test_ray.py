@@ -66,8 +66,8 @@ async def test_two_replicas_share_requests_and_stream(cluster: dict[str, Any]) -
 
         async def one(i: int) -> None:
             result = await handle.synthesize.remote(f"text {i}", delay=0.2)
-            assert result["samples"] == render_bytes(f"text {i}")
-            pids.add(result["pid"])
+            assert result.samples == render_bytes(f"text {i}")
+            pids.add(result.pid)
 
         async with anyio.create_task_group() as tg:
             for i in range(4):
@@ -144,13 +144,13 @@ async def test_a_replica_whose_sidecar_died_is_replaced(cluster: dict[str, Any])
     handle = run(app, "replace")
     client = RayClient(handle)
     with anyio.fail_after(TIMEOUT):
-        before = (await client.ping())["pid"]
+        before = (await client.ping()).pid
         os.kill(before, signal.SIGKILL)
         # Serve notices through check_health and starts a new replica with a new sidecar.
         # Waiting for another system to recover is a bounded poll, nothing else to wait on.
         while True:
             try:
-                after = (await client.ping())["pid"]
+                after = (await client.ping()).pid
             except Exception:  # the dying replica answers with its error until replaced
                 after = before
             if after != before:

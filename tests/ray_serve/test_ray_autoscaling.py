@@ -200,14 +200,14 @@ async def test_a_voice_goes_back_to_the_replica_that_has_it_warm(cluster: dict[s
         home = {}
         for voice in voices:
             result = await handle.options(multiplexed_model_id=voice).synthesize.remote("first", voice=voice)
-            assert result["facts"]["voice_cache"] == "miss"
-            home[voice] = result["pid"]
+            assert result.facts["voice_cache"] == "miss"
+            home[voice] = result.pid
         assert len(set(home.values())) == 2  # the router gives a new voice to the replica with fewer
         # Serve's routers learn which replica has which voice a moment later, through its
         # controller: a bounded poll with pings (a ping does not make a voice warm) until
         # every voice's ping reaches its replica.
         while True:
-            probes = {v: (await handle.options(multiplexed_model_id=v).ping.remote())["pid"] for v in voices}
+            probes = {v: (await handle.options(multiplexed_model_id=v).ping.remote()).pid for v in voices}
             if probes == home:
                 break
             await anyio.sleep(0.1)

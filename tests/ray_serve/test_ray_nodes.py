@@ -72,7 +72,7 @@ async def test_a_node_killed_mid_stream_loses_no_request(
     with anyio.fail_after(TIMEOUT):
         nodes = set()
         while len(nodes) < 2:  # which replica answers is Serve's choice: ask until both have
-            nodes.add((await client.ping())["node_id"])
+            nodes.add((await client.ping()).node_id)
         assert len(nodes) == 2
 
         texts = [f"request {i} across two nodes" for i in range(12)]

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -18,6 +17,8 @@ from indextts_client._service import (
     Prepared,
     RayBackend,
     Refusal,
+    ReplicaInfo,
+    ReplicaPing,
     SpeechFields,
     SpeechSettings,
     VoiceSources,
@@ -112,27 +113,43 @@ async def test_prepare_resolves_in_one_order_and_refuses_by_field() -> None:
     assert emotional.emotion == EmotionVector(happy=0.5, alpha=0.5)
 
 
+class _Served:
+    """A stand-in for a RayStream: a ServedStream whose facts are known once it ended."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+        self.words: tuple[Any, ...] = ()
+        self.member_index: Union[int, None] = None
+
+    async def __aenter__(self) -> AsyncIterator[AudioChunk]:
+        async def chunks() -> AsyncIterator[AudioChunk]:
+            yield AudioChunk(samples=np.zeros(4, dtype="<i2"), sample_rate=22050, seq=0, offset_samples=0)
+
+        return chunks()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.timings, self.facts = {"total": 0.5}, {"voice_cache": "hit"}
+
+
 class _Replica:
     """A stand-in for RayClient: what RayBackend needs of it."""
 
     def __init__(self) -> None:
         self.asked: dict[str, Any] = {}
 
-    async def info(self) -> dict[str, Any]:
-        speed = {"option": "rate", "normal": 175.0, "minimum": 80.0, "maximum": 450.0}
-        return {"engine": "espeak", "capabilities": ["streaming"], "sample_rate": 22050, "speed": speed}
+    async def info(self) -> ReplicaInfo:
+        speed = SpeedControl(option="rate", normal=175.0, minimum=80.0, maximum=450.0)
+        return ReplicaInfo(engine="espeak", capabilities=("streaming",), sample_rate=22050, speed=speed)
 
-    async def ping(self) -> dict[str, Any]:
-        return {"pid": 1}
+    async def ping(self) -> ReplicaPing:
+        return ReplicaPing(
+            pid=1, loaded=True, queue_depth=0, memory={}, round_trip=0.001, node_id="n", audio_seconds=0.0
+        )
 
-    @asynccontextmanager
-    async def stream(self, text: str, **kwargs: Any) -> AsyncIterator[AsyncIterator[AudioChunk]]:
+    def stream(self, text: str, **kwargs: Any) -> _Served:
         self.asked = {"text": text, **kwargs}
-
-        async def chunks() -> AsyncIterator[AudioChunk]:
-            yield AudioChunk(samples=np.zeros(4, dtype="<i2"), sample_rate=22050, seq=0, offset_samples=0)
-
-        yield chunks()
+        return _Served()
 
     def stream_text(self, texts: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -144,9 +161,11 @@ async def test_the_ray_backend_takes_the_engines_facts_from_the_replica(anyio_ba
     backend = RayBackend(replica)
     await backend.start()
     assert backend.facts.speed == SpeedControl(option="rate", normal=175.0, minimum=80.0, maximum=450.0)
-    async with backend.stream("hi", Prepared(voice="v", options={"rate": 200})) as chunks:
+    served = backend.stream("hi", Prepared(voice="v", options={"rate": 200}))
+    async with served as chunks:
         got = [chunk async for chunk in chunks]
-    served = backend.stream("hi", Prepared())
-    assert len(got) == 1 and (served.timings, served.facts, served.member_index) == ({}, {}, None)
-    assert replica.asked == {"text": "hi", "voice": "v", "emotion": None, "sample_rate": None, "rate": 200}
-    assert (await backend.health()).ok
+    facts = (served.timings, served.facts, served.member_index)
+    assert len(got) == 1 and facts == ({"total": 0.5}, {"voice_cache": "hit"}, None)
+    assert replica.asked == {"text": "hi", "voice": "v", "emotion": None, "sample_rate": None, "options": {"rate": 200}}
+    health = await backend.health()
+    assert health.ok and health.replica["pid"] == 1 and health.replica["node_id"] == "n"
