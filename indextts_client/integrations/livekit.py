@@ -409,6 +409,37 @@ class TTS(tts.TTS[Any]):
         await self._link.aclose()
 
 
+async def _send_input(
+    socket: _Socket,
+    context_id: str,
+    settings: Mapping[str, Any],
+    texts: AsyncIterable[Union[str, _Flush]],
+    inbox: asyncio.Queue[_Item],
+    on_text: Union[Callable[[], None], None],
+) -> None:
+    """A context's sending half: its config, each text and flush as it comes, then ``input.done``;
+    the inbox hears when the input is done, or the error that stopped it."""
+    try:
+        await socket.send({"type": "context.config", "context_id": context_id, **settings})
+        async for piece in texts:
+            if isinstance(piece, _Flush):
+                await socket.send({"type": "input.flush", "context_id": context_id})
+            elif piece:
+                if on_text is not None:
+                    on_text()
+                await socket.send({"type": "input.text", "context_id": context_id, "text": piece})
+        inbox.put_nowait(_InputDone())
+        await socket.send({"type": "input.done", "context_id": context_id})
+    except APIError as exc:
+        inbox.put_nowait(exc)
+
+
+async def _cancel_context(socket: _Socket, context_id: str, timeout: float) -> None:
+    """An interrupted context: stop the sentence being made and the queued ones, without waiting."""
+    with contextlib.suppress(APIError, asyncio.TimeoutError, TimeoutError):
+        await asyncio.wait_for(socket.send({"type": "context.cancel", "context_id": context_id}), timeout)
+
+
 async def _speak(
     link: _Link,
     settings: Mapping[str, Any],
@@ -431,22 +462,9 @@ async def _speak(
     input_done = False
     rate = int(settings["sample_rate"])
 
-    async def send_input() -> None:
-        try:
-            await socket.send({"type": "context.config", "context_id": context_id, **settings})
-            async for piece in texts:
-                if isinstance(piece, _Flush):
-                    await socket.send({"type": "input.flush", "context_id": context_id})
-                elif piece:
-                    if on_text is not None:
-                        on_text()
-                    await socket.send({"type": "input.text", "context_id": context_id, "text": piece})
-            inbox.put_nowait(_InputDone())
-            await socket.send({"type": "input.done", "context_id": context_id})
-        except APIError as exc:
-            inbox.put_nowait(exc)
-
-    sender = asyncio.create_task(send_input(), name="indextts.livekit.send")
+    sender = asyncio.create_task(
+        _send_input(socket, context_id, settings, texts, inbox, on_text), name="indextts.livekit.send"
+    )
     ended = False  # the server has ended the context (done or failed): nothing to cancel
     try:
         received = 0  # bytes of audio so far
@@ -476,15 +494,10 @@ async def _speak(
                     segment = True
                 sentence_start, sentence_text = received, item.text
             elif isinstance(item, AudioAlignment):
-                words = _words(
-                    item,
-                    sentence_text,
-                    lead=" " if sentences else "",
-                    offset=sentence_start / 2 / rate,
-                    duration=(received - sentence_start) / 2 / rate,
-                )
+                start, length = sentence_start / 2 / rate, (received - sentence_start) / 2 / rate
+                lead = " " if sentences else ""
+                emitter.push_timed_transcript(_words(item, sentence_text, lead=lead, offset=start, duration=length))
                 sentences += 1
-                emitter.push_timed_transcript(words)
             elif isinstance(item, AudioDone):
                 if streaming and not (item.flushed and input_done):
                     # more audio may follow, and not soon (the LLM's next sentence): the words
@@ -502,9 +515,7 @@ async def _speak(
         socket.forget(context_id)
         await utils.aio.cancel_and_wait(sender)
         if not ended and not socket.failed:
-            # interrupted: stop the sentence being made and the queued ones, without waiting
-            with contextlib.suppress(APIError, asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(socket.send({"type": "context.cancel", "context_id": context_id}), timeout)
+            await _cancel_context(socket, context_id, timeout)
 
 
 class ChunkedStream(tts.ChunkedStream):
