@@ -29,9 +29,10 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   (``over_floor``: the GPT's seconds per token for every text, s2mel and BigVGAN for the
   medium text, whose FLOPs the floor counted).  The variants of one model run side by side, interleaved round
   after round.
-* ``stream``: the long text in several segments: when the first chunk arrives, streamed with
-  its first segment cut at ``--first-segment-tokens`` text tokens (default 10; 0: upstream's
-  segments), against when the whole audio is there (``synthesize``, upstream's segments).
+* ``stream``: the long text in several segments: when the first chunk arrives, streamed
+  (``Client.stream``: the engine's default for a stream, its first segment cut at 10 text tokens;
+  ``--first-segment-tokens`` sets another length, 0 upstream's segments), against when the whole
+  audio is there (``synthesize``, upstream's segments).
 * ``voice_cache``: three voices in turn, the adapter's cache (``voice_cache=4``) against
   none (``voice_cache=0``).
 * ``sidecars``: 1, 2 and 4 sidecars of one model on one device, all busy at once: aggregate
@@ -101,6 +102,7 @@ import anyio
 import numpy as np
 
 from indextts_client import Client, MpsUnavailableError, Pool, ProgressEvent, SidecarError
+from indextts_sidecar.engines.indextts._segments import STREAM_FIRST_SEGMENT_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,9 +126,6 @@ TEXTS = {
 #: The long text in segments of at most this many text tokens, for the streaming cell: with the
 #: fixtures' tokenizers, about one sentence each (three with IndexTTS-2's, four with 2.5's).
 STREAM_SEGMENT_TOKENS = 60
-#: The streamed request's first segment, in text tokens (request option ``first_segment_tokens``):
-#: a few words with the real tokenizers, a word or two with the fixtures' tiny 2.5 one.
-STREAM_FIRST_TOKENS = 10
 #: The text the floor cell counts FLOPs on (the batch and overhead cells' text too).
 FLOOR_TEXT = "medium"
 #: Upstream's default beams (its generation config): the rows of a throughput request's GPT step.
@@ -628,9 +627,10 @@ class Run:
         sidecar = await self.sidecar(model, warm, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
-        # The stream's first segment cut short (the engine's first_segment_tokens; 0: upstream's
-        # segments); the whole request keeps upstream's.
-        short = {"first_segment_tokens": self.args.first_segment_tokens}
+        # The stream's first segment as the engine cuts a stream's by default, or at the flag's
+        # length (0: upstream's segments); the whole request (synthesize) keeps upstream's.
+        flag = self.args.first_segment_tokens
+        short = {} if flag is None else {"first_segment_tokens": flag}
         # The budget is per segment: count the segments with a one-token probe first.
         probe = await sidecar.stream(text, warm, 1, **options, first_segment_tokens=0)
         segments = probe["segments"]
@@ -643,14 +643,14 @@ class Run:
                 if way == "stream":
                     streamed.append(await sidecar.stream(text, warm, tokens, **options, **short))
                 else:
-                    whole.append(await sidecar.speak(text, warm, tokens, **options, first_segment_tokens=0))
+                    whole.append(await sidecar.speak(text, warm, tokens, **options))
         first = [s["first"] for s in streamed]
         self.add(
             {
                 **cell,
                 "status": "ok",
                 "segments": segments,
-                "first_segment_tokens": self.args.first_segment_tokens,
+                "first_segment_tokens": STREAM_FIRST_SEGMENT_TOKENS if flag is None else flag,
                 "segments_streamed": streamed[0]["segments"] if streamed else None,
                 "max_mel_tokens_per_segment": tokens,
                 "audio_seconds": summary([s["audio"] for s in streamed]),
@@ -1339,8 +1339,8 @@ def main(argv: Union[list[str], None] = None) -> int:
     parser.add_argument(
         "--first-segment-tokens",
         type=int,
-        default=STREAM_FIRST_TOKENS,
-        help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's)",
+        help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's; "
+        f"default: the engine's for a stream, {STREAM_FIRST_SEGMENT_TOKENS})",
     )
     parser.add_argument("--overhead-rounds", type=int, help="overhead cell's interleaved pairs; default 10, 5 --small")
     parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")

@@ -92,6 +92,7 @@ def _synthesize_builder(
     sample_rate: Union[int, None],
     options: dict[str, Any],
     progress: bool = True,
+    stream: bool = False,
 ) -> Callable[[int], protocol.Synthesize]:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, not {type(text).__name__}")
@@ -108,6 +109,7 @@ def _synthesize_builder(
             sample_rate=sample_rate,
             options=options,
             progress=progress,
+            stream=stream,
         )
 
     return build
@@ -167,7 +169,10 @@ class Requester:
         quiet = assemble_in_reader and on_progress is None and (idle is None or idle >= _QUIET_IDLE_MIN)
         return Synthesis(
             self._connection,
-            _synthesize_builder(text, voice, emotion, sample_rate, options, progress=not quiet),
+            # stream() and request() hand chunks out as they come: ask for early first audio.
+            _synthesize_builder(
+                text, voice, emotion, sample_rate, options, progress=not quiet, stream=not assemble_in_reader
+            ),
             keep_audio=keep_audio,
             timeout=_resolve(timeout, self._default_timeout),
             idle_timeout=idle,

@@ -96,6 +96,7 @@ def validate_synthesis(
         emotion=emotion,
         options=options,
         sample_rate=message.sample_rate,
+        stream=message.stream,
     )
     engine.check(request)
     return request

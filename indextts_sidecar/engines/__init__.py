@@ -119,6 +119,8 @@ class SynthesisRequest(Generic[RequestOptionsT]):
     options: RequestOptionsT
     #: The rate the parent asked for; the sidecar resamples, engines produce their native rate.
     sample_rate: Union[int, None] = None
+    #: The parent streams the audio as it comes (``synthesize.stream``): first audio matters most.
+    stream: bool = False
 
 
 @dataclass(frozen=True)

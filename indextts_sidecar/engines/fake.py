@@ -117,7 +117,7 @@ class FakeRequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     print_lines: _Count = 0
     #: Bytes written to stderr per request (a flood).
     stderr_bytes: _Count = 0
-    #: Write what the engine received (text, voice, emotion, these options, sample rate) as
+    #: Write what the engine received (text, voice, emotion, these options, sample rate, stream) as
     #: JSON to this file before the first chunk: how a test sees a mapping done upstream of it.
     #: In a batch it adds ``batch``: the ids of the requests that shared a step with this one
     #: (itself included), in the batch's order, rewritten when one joins; and for a request
@@ -490,6 +490,7 @@ def _record(
         "emotion": msgspec.to_builtins(request.emotion),
         "options": msgspec.to_builtins(request.options),
         "sample_rate": request.sample_rate,
+        "stream": request.stream,
     }
     if batch is not None:
         received["batch"] = batch

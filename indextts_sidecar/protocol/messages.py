@@ -169,6 +169,9 @@ class Synthesize(_Message, tag="synthesize"):
     #: False: the parent does not want this request's ``progress``; the sidecar sends one only
     #: as a sign of life, when nothing of the request went out for :data:`QUIET_PROGRESS_INTERVAL`.
     progress: bool = True
+    #: True: the parent plays or forwards the audio as it comes (``Client.stream``), so the engine
+    #: may trade a little speed for earlier first audio; False (absent): it waits for the whole.
+    stream: bool = False
 
 
 class Load(_Message, tag="load"):

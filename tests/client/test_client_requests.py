@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 import wave
 from functools import partial
@@ -103,6 +104,21 @@ async def test_stream_yields_chunks_in_order() -> None:
     assert b"".join(chunk.samples.tobytes() for chunk in received) == expected(text)
     with pytest.raises(RuntimeError, match="keeps no audio"):
         await chunks.result()
+
+
+async def test_stream_and_request_tell_the_engine_they_stream_and_synthesize_does_not(tmp_path: Path) -> None:
+    def received(name: str) -> Any:
+        return json.loads((tmp_path / name).read_bytes())["stream"]
+
+    with anyio.fail_after(20):
+        async with fake_client() as client:
+            async with client.stream("streamed", record=str(tmp_path / "s.json")) as chunks:
+                assert b"".join([chunk.samples.tobytes() async for chunk in chunks]) == expected("streamed")
+            async with client.request("requested", record=str(tmp_path / "r.json")) as req:
+                assert (await req.result()).samples.tobytes() == expected("requested")
+            whole = await client.synthesize("whole", record=str(tmp_path / "w.json"))
+            assert whole.samples.tobytes() == expected("whole")
+    assert (received("s.json"), received("r.json"), received("w.json")) == (True, True, False)
 
 
 async def test_a_bare_async_for_is_refused_before_anything_is_sent() -> None:

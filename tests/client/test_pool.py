@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -252,6 +253,16 @@ async def test_a_pool_stream_outside_async_with_is_refused_not_silently_empty() 
                     pass
             infos = await pool.load()
             assert [(type(info), info.loaded) for info in infos] == [(LoadInfo, True)]
+
+
+async def test_a_pool_stream_tells_the_engine_it_streams_and_a_pool_synthesize_does_not(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with Pool("fake", size=1, ready_timeout=TIMEOUT) as pool:
+            async with pool.stream("abc", record=str(tmp_path / "s.json")) as chunks:
+                assert b"".join([chunk.samples.tobytes() async for chunk in chunks]) == render_bytes("abc", 24000)
+            await pool.synthesize("abc", record=str(tmp_path / "w.json"))
+    streamed, whole = (json.loads((tmp_path / name).read_bytes())["stream"] for name in ("s.json", "w.json"))
+    assert (streamed, whole) == (True, False)
 
 
 async def test_a_lease_holds_its_member_as_one_request_in_flight() -> None:

@@ -26,6 +26,17 @@ def test_each_request_op_decodes_to_the_struct_of_that_tag(op: str) -> None:
     assert message.__struct_config__.tag == op and message.id == 9
 
 
+def test_synthesize_sends_stream_only_when_true_and_an_old_frame_decodes_as_not_streaming() -> None:
+    plain = protocol.Synthesize(id=3, text="a")
+    body = protocol.frame(plain)[4:]
+    assert msgspec.msgpack.decode(body) == {"op": "synthesize", "id": 3, "text": "a"}  # as before the field
+    assert protocol.decode_request(body) == plain and plain.stream is False
+    streamed = protocol.frame(protocol.Synthesize(id=3, text="a", stream=True))[4:]
+    assert msgspec.msgpack.decode(streamed) == {"op": "synthesize", "id": 3, "text": "a", "stream": True}
+    decoded = protocol.decode_request(streamed)
+    assert isinstance(decoded, protocol.Synthesize) and decoded.stream is True
+
+
 def test_an_unknown_op_lists_the_request_ops() -> None:
     body = msgspec.msgpack.encode({"op": "sing", "id": 4})
     with pytest.raises(msgspec.ValidationError) as caught:

@@ -124,7 +124,8 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
     for model in ("2", "2.5"):
         (stream,) = [c for c in by_kind["stream"] if c["model"] == model]
         assert stream["status"] == "ok" and stream["segments"] >= 2
-        # Streamed with its first segment cut at 10 text tokens: the same segments or one more.
+        # Streamed with the engine's default for a stream (a first segment of 10 text tokens): the
+        # same segments or one more.
         assert stream["first_segment_tokens"] == 10
         assert stream["segments_streamed"] in (stream["segments"], stream["segments"] + 1), stream
         assert 0 < stream["first_audio_streamed"]["median"] < stream["end_streamed"]["median"]

@@ -196,22 +196,37 @@ async def test_through_a_sidecar_requests_sent_while_one_runs_join_it_and_sound_
 async def test_a_short_first_segment_is_cut_from_upstreams_first_at_a_word_boundary(
     name: str, checkpoints: Any
 ) -> None:
-    """``first_segment_tokens`` (engine default here, 0 in a request for upstream's segments): the
-    first segment of upstream's segmenter cut in two between words, the rest as upstream cut it,
-    through the batch path (a lone request joins nothing).  With 2's tiny tokenizer a token is
-    about a word, with 2.5's about a character."""
+    """``first_segment_tokens``: the first segment of upstream's segmenter cut in two between
+    words, the rest as upstream cut it, through the batch path (a lone request joins nothing).
+    A request that streams (``request()``) and sets none gets STREAM_FIRST_SEGMENT_TOKENS (10);
+    ``synthesize()``, or an explicit 0, keeps upstream's segments.  With 2's tiny tokenizer a token
+    is about a word, with 2.5's about a character."""
     flavour = flavour_named(name)
     ckpt = checkpoints(flavour)
     first = 3 if name == "2" else 12
-    client = joining_client(flavour, ckpt, first_segment_tokens=first)
-    text = "Hello there this is a test of the first segment. We speak slowly."
+    text = "Hello there this is a test of the first segment that we cut short. We speak slowly."
     options = {"voice": str(ckpt / "voice.wav"), "do_sample": False, "seed": 1, "max_mel_tokens": 6}
-    async with client as c:
-        short = await c.synthesize(text, **options)
-        plain = await c.synthesize(text, first_segment_tokens=0, **options)
-    cut = [w.word for w in short.words]
+
+    async def streamed(c: Client, **more: Any) -> Audio:
+        async with c.request(text, **options, **more) as req:
+            return await req.result()
+
+    with anyio.fail_after(300):
+        async with joining_client(flavour, ckpt) as c:
+            short = await c.synthesize(text, first_segment_tokens=first, **options)
+            plain = await c.synthesize(text, **options)
+            stream_default = await streamed(c)
+            stream_off = await streamed(c, first_segment_tokens=0)
     whole = [w.word for w in plain.words]
-    assert all(w.segment for w in short.words) and len(cut) == len(whole) + 1, (cut, whole)
-    assert f"{cut[0]} {cut[1]}" == whole[0] and cut[2:] == whole[1:], (cut, whole)
-    assert 0 < len(cut[0].split()) < len(whole[0].split())
-    assert short.samples.size > 0 and plain.samples.size > 0
+    assert [w.word for w in stream_off.words] == whole
+    for audio in (short, stream_default):
+        cut = [w.word for w in audio.words]
+        assert all(w.segment for w in audio.words) and len(cut) == len(whole) + 1, (cut, whole)
+        assert f"{cut[0]} {cut[1]}" == whole[0] and cut[2:] == whole[1:], (cut, whole)
+        assert 0 < len(cut[0].split()) < len(whole[0].split())
+        assert audio.samples.size > 0
+    # The default is 10 tokens: with 2's tokenizer more words than 3 tokens hold, at most 10; with
+    # 2.5's (its normaliser lower-cases), the two words that 10 tokens hold.
+    said = stream_default.words[0].word.split()
+    assert (3 < len(said) <= 10) if name == "2" else said == ["hello", "there"], said
+    assert plain.samples.size > 0

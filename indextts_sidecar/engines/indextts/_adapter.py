@@ -439,7 +439,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
-        self._segment_texts.start(first_length(request.options, self.options))
+        self._segment_texts.start(first_length(request.options, self.options, request.stream))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
             heartbeat(progress, "prepare", None, "preparing the references", HEARTBEAT_INTERVAL),
@@ -509,7 +509,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             max_batch=self.max_batch,
             join=join,
             batch_stages=self.batch_stages(),
-            first_segment_tokens=lambda request: first_length(request.options, self.options),
+            first_segment_tokens=lambda request: first_length(request.options, self.options, request.stream),
         )
         try:
             for index, value in batch.run(hooks):

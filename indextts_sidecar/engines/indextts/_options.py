@@ -77,7 +77,8 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     batch_stages: Literal["auto", "gpt", "all"] = "auto"
     #: The first segment of every request cut at this many text tokens (at a word boundary), so
     #: that streamed audio starts after a few words: the default of the request option of the
-    #: same name.  None or 0: upstream's segments.
+    #: same name.  None: 10 for a streaming request (``STREAM_FIRST_SEGMENT_TOKENS``), upstream's
+    #: segments for the others; 0: upstream's segments for every request.
     first_segment_tokens: Union[_NonNegativeInt, None] = None
     #: Continuous batching: requests that arrive while a batch runs join it at its next step
     #: instead of waiting for its end, and a lone request runs as a batch of one.  Effective
@@ -125,7 +126,7 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     quick_streaming_tokens: Union[_NonNegativeInt, None] = None
     #: Cut the first segment at this many text tokens (a word boundary; the rest of it stays one
     #: segment), for earlier first audio, with every flavour; 0: upstream's segments; None: the
-    #: engine option.
+    #: engine option (unset there: 10 when the request streams).
     first_segment_tokens: Union[_NonNegativeInt, None] = None
     #: Scale an emotion vector as upstream's web UI does; None: the engine option.
     normalize_emotion: Union[bool, None] = None

@@ -21,8 +21,10 @@ the wrapper also cuts the first segment short, so that a stream's first audio wa
 words rather than a sentence: upstream's own segmenter cuts the first segment again at that
 many text tokens (at punctuation where it can), the cut is moved back to the word boundary
 before it when it falls inside a word, and what follows the cut stays one segment, as it was.
-(Upstream's own knobs do not do it everywhere: the GitHub checkout's ``split_segments`` takes
-``quick_streaming_tokens`` and never reads it, and 2.5's segmenter has no such parameter.)
+A request that streams (``synthesize.stream``) and sets no length, with no engine default, gets
+:data:`STREAM_FIRST_SEGMENT_TOKENS`.  (Upstream's own knobs do not do it everywhere: the GitHub
+checkout's ``split_segments`` takes ``quick_streaming_tokens`` and never reads it, and 2.5's
+segmenter has no such parameter.)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Union
 
-__all__ = ["SegmentTexts", "first_length", "pieces_text"]
+__all__ = ["STREAM_FIRST_SEGMENT_TOKENS", "SegmentTexts", "first_length", "pieces_text"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
@@ -43,6 +45,12 @@ _WORD_MARK = "\u2581"
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _CJK_GAP = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
 _SPACES = re.compile(r"\s+")
+#: The first segment of a streaming request (``synthesize.stream``) that neither the request nor
+#: the engine options cut: 10 text tokens.  The real tokenizers' pieces are a word or part of one
+#: (a CJK character), so that is a few words, where upstream's first segment runs up to 120 tokens,
+#: a sentence or more.  (The tiny test fixtures' tokenizers: about a word a token with 2's, a
+#: character with 2.5's.)
+STREAM_FIRST_SEGMENT_TOKENS = 10
 
 
 def pieces_text(pieces: Any) -> str:
@@ -51,11 +59,14 @@ def pieces_text(pieces: Any) -> str:
     return _CJK_GAP.sub("", _SPACES.sub(" ", joined).strip())
 
 
-def first_length(request_options: Any, engine_options: Any) -> Union[int, None]:
-    """A request's ``first_segment_tokens``: its own option, else the engine's; None (or 0): upstream's segments."""
+def first_length(request_options: Any, engine_options: Any, stream: bool = False) -> Union[int, None]:
+    """A request's ``first_segment_tokens``: its own option, else the engine's, else
+    :data:`STREAM_FIRST_SEGMENT_TOKENS` when it streams; None (an explicit 0 too): upstream's segments."""
     value = getattr(request_options, "first_segment_tokens", None)
     if value is None:
         value = getattr(engine_options, "first_segment_tokens", None)
+    if value is None and stream:
+        value = STREAM_FIRST_SEGMENT_TOKENS
     return int(value) if value else None
 
 

@@ -9,12 +9,19 @@ tests/upstream/test_upstream_joining.py.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import msgspec
+import pytest
+from indextts_support import loaded_engine, make_request, never
 
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine
-from indextts_sidecar.engines.indextts._segments import SegmentTexts, first_length
+from indextts_sidecar.engines.indextts._segments import STREAM_FIRST_SEGMENT_TOKENS, SegmentTexts, first_length
+from indextts_sidecar.protocol.segments import read_segment
 
 MARK = "\u2581"
 
@@ -101,3 +108,45 @@ def test_first_segment_tokens_is_a_request_option_with_an_engine_default() -> No
         assert first_length(msgspec.convert({"first_segment_tokens": 5}, cls.RequestOptions), engine) == 5
         plain = msgspec.convert({}, cls.Options)
         assert first_length(msgspec.convert({}, cls.RequestOptions), plain) is None
+
+
+def test_a_streaming_request_gets_a_short_first_segment_unless_an_option_says_otherwise() -> None:
+    for cls in (IndexTTS2Engine, IndexTTS25Engine):
+        plain = msgspec.convert({}, cls.Options)
+        unset = msgspec.convert({}, cls.RequestOptions)
+        assert first_length(unset, plain, stream=True) == STREAM_FIRST_SEGMENT_TOKENS == 10
+        assert first_length(unset, plain, stream=False) is None  # a whole request: upstream's segments
+        off = msgspec.convert({"first_segment_tokens": 0}, cls.RequestOptions)
+        assert first_length(off, plain, stream=True) is None
+        own = msgspec.convert({"first_segment_tokens": 4}, cls.RequestOptions)
+        assert first_length(own, plain, stream=True) == 4
+        engine_off = msgspec.convert({"first_segment_tokens": 0}, cls.Options)
+        assert first_length(unset, engine_off, stream=True) is None
+        engine_set = msgspec.convert({"first_segment_tokens": 7}, cls.Options)
+        assert first_length(unset, engine_set, stream=True) == 7
+
+
+@pytest.mark.parametrize("flavour", ["v2", "v25"])
+def test_the_adapter_cuts_a_streaming_requests_first_segment_by_default_and_no_other(
+    flavour: str, ckpt: Path, ckpt25: Path, voice: str, standin: Callable[[str], None]
+) -> None:
+    """Through synthesize() on the stand-ins (a text token a word): a streaming request's first
+    segment ends after STREAM_FIRST_SEGMENT_TOKENS words; a whole one, or a stream with an explicit
+    0, keeps upstream's one segment."""
+    standin(flavour)
+    cls = IndexTTS25Engine if flavour == "v25" else IndexTTS2Engine
+    engine = loaded_engine(cls, ckpt25 if flavour == "v25" else ckpt)
+    words = [f"w{i}" for i in range(14)]
+    text = " ".join(words)
+
+    def said(stream: bool, **options: Any) -> list[str]:
+        events: list[tuple[Any, ...]] = []
+        request = dataclasses.replace(make_request(cls, voice, text=text, **options), stream=stream)
+        list(engine.synthesize(request, lambda *a: events.append(a), never))
+        return [str(read_segment(e[2])).lower() for e in events if e[2].startswith("text:")]
+
+    first = " ".join(words[:STREAM_FIRST_SEGMENT_TOKENS])
+    assert said(True) == [first, " ".join(words[STREAM_FIRST_SEGMENT_TOKENS:])]
+    assert said(False) == [text]
+    assert said(True, first_segment_tokens=0) == [text]
+    assert said(True, first_segment_tokens=3) == [" ".join(words[:3]), " ".join(words[3:])]
