@@ -216,10 +216,6 @@ class SsmlSynthesis(Synthesis):
         if self._items is None and not self._whole:
             self._items = self._produce()
 
-    async def __aenter__(self) -> SsmlSynthesis:
-        await self.start()
-        return self
-
     async def __aexit__(
         self,
         exc_type: Union[type[BaseException], None],
@@ -228,31 +224,18 @@ class SsmlSynthesis(Synthesis):
     ) -> None:
         await self.aclose()
 
-    def __aiter__(self) -> SsmlSynthesis:
-        self._check_owned()
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        while True:
-            item = await self._next()
-            if isinstance(item, AudioChunk):
-                return item
-
-    async def _next(self) -> Union[ProgressEvent, AudioChunk]:
+    async def _step(self) -> Union[ProgressEvent, AudioChunk, None]:
+        """The next event of the segments, in order (silences as chunks); None once they ended.
+        Synthesis's iteration, ``events()`` and ``result()`` step through it."""
         if self._ended:
-            raise StopAsyncIteration
+            return None
         if self._items is None:
             raise RuntimeError("start the stream first: 'async with client.stream(..., text_format=\"ssml\")'")
         try:
             return await self._items.__anext__()
         except StopAsyncIteration:
             self._ended = True
-            raise
-
-    def events(self) -> _SsmlEvents:  # type: ignore[override]
-        """Progress events and chunks of every segment, in order (silences as chunks)."""
-        self._check_owned()
-        return _SsmlEvents(self)
+            return None
 
     async def result(self) -> Audio:
         if not self._keep:
@@ -261,10 +244,7 @@ class SsmlSynthesis(Synthesis):
             self._audio = await synthesize_ssml(self._speaker, self._plan, self._limit, self._request)
             self.timings, self.facts, self.words = self._audio.timings, self._audio.facts, self._audio.words
             self._first_id, self._ended = self._audio.request_id, True
-        try:
-            while True:
-                await self._next()
-        except StopAsyncIteration:
+        while await self._step() is not None:
             pass
         assert self._audio is not None
         return self._audio
@@ -353,14 +333,3 @@ class SsmlSynthesis(Synthesis):
                 words=self.words,
             )
         self._ended = True
-
-
-class _SsmlEvents:
-    def __init__(self, synthesis: SsmlSynthesis) -> None:
-        self._synthesis = synthesis
-
-    def __aiter__(self) -> _SsmlEvents:
-        return self
-
-    async def __anext__(self) -> Union[ProgressEvent, AudioChunk]:
-        return await self._synthesis._next()
