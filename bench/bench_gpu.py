@@ -42,11 +42,12 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
 * ``batch``: c = 1, 2, 4, 8 (``--concurrency``) concurrent requests (the medium text, greedy, a
   seed each) into one sidecar that batches (``max_batch`` = the largest c, ``--batch-wait-ms 100``
   so that requests sent together form one batch), against the same requests into one sidecar
-  that does not (``max_batch=1``: c = 1 is the lone request), and against c sidecars (up to the
-  largest ``--sidecars``); the cell's ``batch_stages`` says which stages the batching sidecar ran
-  batched (its ``done`` facts; ``--batch-stages`` sets the engine option).  Every sidecar runs
-  the measured request once, untimed, before any
-  round is timed; each round runs every c and every configuration at it, alternating their
+  that does not (``max_batch=1``: c = 1 is the lone request; ``--unbatched-at 1`` runs it at
+  c = 1 only, as its c requests run one after another anyway), and against c sidecars (up to the
+  largest ``--sidecars``; c = 1 is the unbatched sidecar's lone request); the cell's
+  ``batch_stages`` says which stages the batching sidecar ran batched (its ``done`` facts;
+  ``--batch-stages`` sets the engine option).  Every sidecar runs the measured request once,
+  untimed, before any round is timed; each round runs every c and every configuration at it, alternating their
   order.  Each round records its wall time, audio, first audio (median and earliest request),
   upstream's stage times (median over its requests) and the peak memory of its sidecars (health
   pings every 0.25 s: RSS on the CPU, torch's reserved memory on a GPU).  The top-level
@@ -59,6 +60,9 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   c = 1), ``first_audio_over_lone`` (``earliest`` and ``median`` first audio at c over the lone
   request's), ``stage_throughput_ratio`` (per c and stage, ``gpt``, ``s2mel``, ``vocoder``: c
   rows in the stage's time at c against one row in the lone request's, c x t_1 / t_c),
+  ``bound`` (per c: the end-to-end throughput over the lone request that the lone request's
+  stage shares and ``stage_throughput_ratio`` allow, the rest of its time paid per request;
+  :func:`stage_bound`) and ``over_bound`` (``throughput_ratio_over_lone`` over it),
   ``memory_per_extra_row`` (peak memory at c less at c = 1, over c - 1), the same throughput
   against the other two configurations, and memory per configuration.
 * ``overhead``: the same request through the public client and through upstream's
@@ -70,6 +74,12 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   whether each member attached to the daemon (``attached``), aggregate audio seconds per second
   of each, their ratio per round (``mps_over_time_slicing``) and ``nvidia-smi``'s memory per
   member.  Skipped, with the pool's reason, where MPS cannot run (no NVIDIA driver).
+
+On the CPU the sidecars start as the cells need them, and after each cell every sidecar but
+the default variant's first is closed again: a full-size sidecar holds about 9 GB there, so at
+most two are loaded at once (the default and the cell's own: no voice cache, batching, or
+upstream's process in ``overhead``). At full size on a 2-core CPU, leave out ``sidecars`` and
+``mps`` (``--cells``) and pass ``--sidecars 1``.
 
 Writes the JSON file after every cell (a run stopped half-way keeps what it measured) and
 prints a table at the end.  ``--budget`` seconds after the start, cells not yet begun are
@@ -348,6 +358,8 @@ class Run:
         self.shared: dict[tuple[Any, ...], Sidecar] = {}
         self.failed: dict[tuple[Any, ...], BaseException] = {}
         self.stack = AsyncExitStack()
+        #: Each shared sidecar's own stack, so that one can be closed before the model's others.
+        self.closers: dict[tuple[Any, ...], AsyncExitStack] = {}
         #: The floor cell's answer per model (bench/_floor.py).
         self.floors: dict[str, dict[str, Any]] = {}
 
@@ -438,7 +450,9 @@ class Run:
                 self.skip({"kind": "floor", "model": model}, f"the cell broke off: {first_line(exc)}", status="failed")
         async with AsyncExitStack() as stack:
             self.stack = stack
-            if not self.over_budget():
+            if not self.over_budget() and self.args.device != "cpu":
+                # On the CPU each cell starts what it needs and release() closes it after: every
+                # wanted sidecar at once would not fit in memory at full size.
                 await self.prestart(model, warm)
             for kind, cell in (
                 ("throughput", self.throughput),
@@ -456,6 +470,7 @@ class Run:
                 except (SidecarError, TimeoutError, RuntimeError) as exc:
                     # One broken cell must not cost the rest of a one-shot GPU run.
                     self.skip({"kind": kind, "model": model}, f"the cell broke off: {first_line(exc)}", status="failed")
+                await self.release(model)
 
     def wanted(self, model: str) -> list[tuple[int, dict[str, Any]]]:
         """Every sidecar the cells asked for will use: (index, engine options)."""
@@ -498,10 +513,28 @@ class Run:
         if key in self.failed:
             raise self.failed[key]
         if key not in self.shared:
-            sidecar = await start(self.stack, self.setup, model, sidecar_args, **options)
+            own = AsyncExitStack()
+            self.stack.push_async_callback(own.aclose)
+            sidecar = await start(own, self.setup, model, sidecar_args, **options)
             await warm_up(sidecar, warm)
             self.shared[key] = sidecar
+            self.closers[key] = own
         return self.shared[key]
+
+    async def release(self, model: str) -> None:
+        """On the CPU, close every sidecar of ``model`` but the default variant's first.
+
+        A full-size sidecar holds about 9 GB on the CPU: the default one serves every cell, and
+        any other (no voice cache, batching, the upstream process of ``overhead``) lives for its
+        cell only, so that at most two are loaded at once and a run of both models fits 24 GB.
+        A later cell that needs a released sidecar starts (and warms) it again.
+        """
+        if self.args.device != "cpu":
+            return
+        keep = (model, 0, tuple(sorted(self.default_variant(model).items())))
+        for key in [key for key in self.shared if key != keep]:
+            del self.shared[key]
+            await self.closers.pop(key).aclose()
 
     async def throughput(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
         if "throughput" not in self.args.cells:
@@ -670,7 +703,7 @@ class Run:
         pair = []
         for size in (4, 0):
             # 4 is the adapter's default (VOICE_CACHE_DEFAULT): the default variant's sidecar as it is.
-            extra = {"voice_cache": 0} if size == 0 else {}
+            extra: dict[str, Any] = {"voice_cache": 0} if size == 0 else {}
             pair.append(await self.sidecar(model, warm, **self.default_variant(model), **extra))
         tokens = budget(model, natural_seconds(TEXTS["short"]))
         times: dict[int, list[float]] = {0: [], 1: []}
@@ -736,6 +769,9 @@ class Run:
 
     async def batch(self, stack: AsyncExitStack, model: str, voices: list[str], warm: str) -> None:
         counts = sorted(self.args.concurrency)
+        # c requests into the sidecar that does not batch run one after another: the audio per
+        # second and the stage times of c = 1 are theirs, so --unbatched-at 1 saves their time.
+        unbatched_at = set(self.args.unbatched_at or counts) | {1}
         cell: dict[str, Any] = {"kind": "batch", "model": model, "text": "medium", **self.variant_label(model)}
         if self.over_budget():
             return self.skip(cell, "time budget spent")
@@ -775,11 +811,16 @@ class Run:
         # configurations alternating.
         for number in range(self.args.rounds):
             for position, c in enumerate(counts):
-                ways: list[tuple[str, list[Sidecar]]] = [("batched", [batching] * c), ("unbatched", [single] * c)]
-                if c <= len(many):
+                ways: list[tuple[str, list[Sidecar]]] = [("batched", [batching] * c)]
+                if c in unbatched_at:
+                    ways.append(("unbatched", [single] * c))
+                if 1 < c <= len(many):
                     ways.append(("sidecars", many[:c]))
                 for name, sidecars in ways if (number + position) % 2 == 0 else ways[::-1]:
                     configurations[name].setdefault(c, []).append(await self.timed_round(sidecars, text, warm, tokens))
+        if many:
+            # One sidecar of the c is the unbatched one (index 0, the same process): c = 1 ran once.
+            configurations["sidecars"][1] = configurations["unbatched"][1]
         memory = {
             "batched": await batching.memory(),
             "unbatched": await single.memory(),
@@ -798,6 +839,7 @@ class Run:
                 "warm_up": "the measured request, untimed, in each sidecar first (in the batching one also a batch "
                 f"of {c_equal}: the equality check)",
                 "order": "interleaved: each round runs every c, and each configuration at it, alternating the order",
+                "unbatched_at": sorted(unbatched_at),
                 "equal_to_unbatched": equal,
                 "batch_stages": stages_ran[0] if len(stages_ran) == 1 else stages_ran,
                 "differences": differences,
@@ -973,6 +1015,13 @@ class Run:
                 }
                 for c, v in batched.items()
             }
+            section.setdefault("bound", {})[model] = {
+                c: stage_bound(lone, ratios) for c, ratios in section["stage_throughput_ratio"][model].items()
+            }
+            over_lone = section["throughput_ratio_over_lone"][model]
+            section.setdefault("over_bound", {})[model] = {
+                c: over_lone[c] / bound for c, bound in section["bound"][model].items() if bound
+            }
         one = batched["1"]["peak_memory"]["median"]
         section.setdefault("memory_per_extra_row", {})[model] = {
             c: (v["peak_memory"]["median"] - one) / (int(c) - 1) for c, v in batched.items() if int(c) > 1
@@ -1038,6 +1087,23 @@ def distinct(sidecars: list[Sidecar]) -> list[Sidecar]:
 def memory_in_use(memory: dict[str, int]) -> int:
     """What a sidecar holds: torch's reserved device memory on a GPU, else its resident set."""
     return memory.get("cuda_reserved", memory.get("mps_driver", memory.get("rss", 0)))
+
+
+def stage_bound(lone: dict[str, Any], ratios: dict[str, float]) -> Union[float, None]:
+    """The end-to-end throughput at c over a lone request that the stages allow (Amdahl's law).
+
+    A lone request's wall time is its stages' times plus the rest (conditioning, text, the
+    wire); at c each stage runs ``ratios[stage]`` times as many rows a second as alone, and the
+    rest is paid per request as alone.  So c requests take at least c x (rest + the sum of t_s /
+    r_s), and the bound is wall / (rest + the sum of t_s / r_s).  None without every stage.
+    """
+    stages = lone["stages"]
+    if any(name not in stages or name not in ratios or ratios[name] <= 0 for name in STAGES):
+        return None
+    wall = lone["wall"]["median"]
+    times = {name: stages[name]["median"] for name in STAGES}
+    rest = max(0.0, wall - sum(times.values()))
+    return float(wall / (rest + sum(times[name] / ratios[name] for name in STAGES)))
 
 
 def round_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1239,6 +1305,10 @@ def fmt(value: Union[dict[str, float], None], scale: float = 1.0, digits: int = 
     return f"{value['median'] * scale:.{digits}f} ({value['min'] * scale:.{digits}f}-{value['max'] * scale:.{digits}f})"
 
 
+def fmt_or_dash(value: Union[float, None]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(result: dict[str, Any]) -> str:
     lines = []
     cells = result["cells"]
@@ -1288,6 +1358,11 @@ def table(result: dict[str, Any]) -> str:
                         f"c={c}: " + ", ".join(f"{name} {value:.2f}" for name, value in v.items())
                         for c, v in by_c.items()
                     )
+                    lines.append(f"    {key}: {shown}")
+            for key in ("throughput_ratio_over_lone", "bound", "over_bound"):
+                flat = section.get(key, {}).get(cell["model"])
+                if flat:
+                    shown = ", ".join(f"c={c}: {fmt_or_dash(value)}" for c, value in flat.items())
                     lines.append(f"    {key}: {shown}")
         elif cell["kind"] == "floor":
             floor = result.get("floor", {}).get(cell["model"], {})
@@ -1341,6 +1416,12 @@ def main(argv: Union[list[str], None] = None) -> int:
         type=int,
         help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's; "
         f"default: the engine's for a stream, {STREAM_FIRST_SEGMENT_TOKENS})",
+    )
+    parser.add_argument(
+        "--unbatched-at",
+        type=lambda v: [int(i) for i in parse_list(v)],
+        help="batch cell: the c at which the sidecar that does not batch runs too (default: every c; "
+        "1 always); its c requests run one after another, so c = 1 gives its speed",
     )
     parser.add_argument("--overhead-rounds", type=int, help="overhead cell's interleaved pairs; default 10, 5 --small")
     parser.add_argument("--precisions", type=parse_list, default=["fp32", "half"], help="fp32, half (fp16/bf16)")

@@ -54,7 +54,10 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
     result = run_bench(
-        tmp_path, ["2", "2.5"], ckpt_root, "--sidecars", "1,2", "--concurrency", "1,2", "--overhead-rounds", "2"
+        tmp_path,
+        ["2", "2.5"],
+        ckpt_root,
+        *("--sidecars", "1,2", "--concurrency", "1,2", "--overhead-rounds", "2", "--unbatched-at", "1"),
     )
     config = result["config"]
     assert config["size"] == "small" and config["device"] == "cpu"
@@ -148,6 +151,8 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert batch["throughput_ratio"][model]["1"] == 1.0 and batch["throughput_ratio"][model]["2"] > 0
         assert set(batch["first_audio_ratio"][model]) == {"1", "2"}
         assert set(batch["against_sidecars"][model]) == {"1", "2"}
+        # --unbatched-at 1: the sidecar that does not batch ran its lone request only.
+        assert set(batch["against_unbatched"][model]) == {"1"}
         assert batch["memory"][model]["batched"]["rss"] > 0
         for c in ("1", "2"):
             assert set(batch["stage_throughput_ratio"][model][c]) == {"gpt", "s2mel", "vocoder"}
@@ -155,8 +160,14 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
             first = batch["first_audio_over_lone"][model][c]
             assert 0 < first["earliest"] <= first["median"]
         assert set(batch["memory_per_extra_row"][model]) == {"2"}
+        # The bound the stages allow, and the measured throughput over it, per c.
+        assert set(batch["bound"][model]) == {"1", "2"} and all(b > 0 for b in batch["bound"][model].values())
+        over = batch["over_bound"][model]
+        ratio = batch["throughput_ratio_over_lone"][model]
+        assert over["2"] == pytest.approx(ratio["2"] / batch["bound"][model]["2"])
         (cell,) = [c for c in by_kind["batch"] if c["model"] == model]
         assert cell["batch_stages"] == "gpt"  # auto, on the CPU
+        assert cell["unbatched_at"] == [1] and set(cell["configurations"]["unbatched"]) == {"1"}
         for name, by_c in cell["configurations"].items():
             assert by_c["1"]["peak_memory"]["median"] > 0, name
         overhead = result["overhead"][model]
