@@ -40,29 +40,29 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   sidecar's health answer reports it, and ``nvidia-smi``'s per-process figure on a GPU).
 
 * ``batch``: c = 1, 2, 4, 8 (``--concurrency``) concurrent requests (the medium text, greedy, a
-  seed each) into one sidecar that batches (``max_batch`` = the largest c, ``--batch-wait-ms 100``
-  so that requests sent together form one batch), against the same requests into one sidecar
-  that does not (``max_batch=1``: c = 1 is the lone request; ``--unbatched-at 1`` runs it at
-  c = 1 only, as its c requests run one after another anyway), and against c sidecars (up to the
-  largest ``--sidecars``; c = 1 is the unbatched sidecar's lone request); the cell's
-  ``batch_stages`` says which stages the batching sidecar ran batched (its ``done`` facts;
-  ``--batch-stages`` sets the engine option).  Every sidecar runs the measured request once,
-  untimed, before any round is timed; each round runs every c and every configuration at it, alternating their
-  order.  Each round records its wall time, audio, first audio (median and earliest request),
-  upstream's stage times (median over its requests) and the peak memory of its sidecars (health
-  pings every 0.25 s: RSS on the CPU, torch's reserved memory on a GPU).  The top-level
-  ``batch`` section holds ``equal_to_unbatched`` (each request of a batch of 4 against itself
-  alone in the same sidecar: at most one int16 step apart on at most 1% of the samples, see
-  tests/upstream/test_upstream_batching.py), ``throughput_ratio`` (aggregate audio seconds per
-  second at c over c = 1, batching sidecar, whose lone request first waits
-  ``--batch-wait-ms``), ``throughput_ratio_over_lone`` (the same over the unbatched sidecar's
-  lone request, which waits for nothing), ``first_audio_ratio`` (median first audio at c over
-  c = 1), ``first_audio_over_lone`` (``earliest`` and ``median`` first audio at c over the lone
-  request's), ``stage_throughput_ratio`` (per c and stage, ``gpt``, ``s2mel``, ``vocoder``: c
-  rows in the stage's time at c against one row in the lone request's, c x t_1 / t_c),
-  ``bound`` (per c: the end-to-end throughput over the lone request that the lone request's
-  stage shares and ``stage_throughput_ratio`` allow, the rest of its time paid per request;
-  :func:`stage_bound`) and ``over_bound`` (``throughput_ratio_over_lone`` over it),
+  seed each, streamed in upstream's one segment: ``first_segment_tokens=0``) into one sidecar that
+  batches (``max_batch`` = the largest c, ``--batch-wait-ms 100``, so that requests sent together
+  form one batch), against the same requests into one sidecar that does not (``max_batch=1``: c =
+  1 is the lone request; ``--unbatched-at 1`` runs it at c = 1 only, as its c requests run one
+  after another anyway), and against c sidecars (up to the largest ``--sidecars``; c = 1 is the
+  unbatched sidecar's lone request); the cell's ``batch_stages`` says which stages the batching
+  sidecar ran batched (its ``done`` facts; ``--batch-stages`` sets the engine option). Every
+  sidecar runs the measured request once, untimed, before any round is timed; each round runs
+  every c and every configuration at it, alternating their order. Each round records its wall
+  time, audio, first audio (median and earliest request), upstream's stage times (median over its
+  requests) and the peak memory of its sidecars (health pings every 0.25 s: RSS on the CPU,
+  torch's reserved memory on a GPU). The top-level ``batch`` section holds ``equal_to_unbatched``
+  (each request of a batch of 4 against itself alone in the same sidecar: at most one int16 step
+  apart on at most 1% of the samples, see tests/upstream/test_upstream_batching.py),
+  ``throughput_ratio`` (aggregate audio seconds per second at c over c = 1, batching sidecar,
+  whose lone request first waits ``--batch-wait-ms``), ``throughput_ratio_over_lone`` (the same
+  over the unbatched sidecar's lone request, which waits for nothing), ``first_audio_ratio``
+  (median first audio at c over c = 1), ``first_audio_over_lone`` (``earliest`` and ``median``
+  first audio at c over the lone request's), ``stage_throughput_ratio`` (per c and stage, ``gpt``,
+  ``s2mel``, ``vocoder``: c rows in the stage's time at c against one row in the lone request's, c
+  x t_1 / t_c), ``bound`` (per c: the end-to-end throughput over the lone request that the lone
+  request's stage shares and ``stage_throughput_ratio`` allow, the rest of its time paid per
+  request; :func:`stage_bound`) and ``over_bound`` (``throughput_ratio_over_lone`` over it),
   ``memory_per_extra_row`` (peak memory at c less at c = 1, over c - 1), the same throughput
   against the other two configurations, and memory per configuration.
 * ``overhead``: the same request through the public client and through upstream's
@@ -836,6 +836,7 @@ class Run:
                 "max_mel_tokens": tokens,
                 "batch_wait_ms": BATCH_WAIT_MS,
                 "decoding": {"do_sample": False, "seed": "request index"},
+                "first_segment_tokens": 0,
                 "warm_up": "the measured request, untimed, in each sidecar first (in the batching one also a batch "
                 f"of {c_equal}: the equality check)",
                 "order": "interleaved: each round runs every c, and each configuration at it, alternating the order",
@@ -1124,7 +1125,14 @@ def round_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
     """One streamed request, greedy: first audio, wall, its samples.  Upstream still prints its
-    times for it (counted, so that later waits for a sidecar's stage times stay in step)."""
+    times for it (counted, so that later waits for a sidecar's stage times stay in step).
+
+    In upstream's segments (``first_segment_tokens=0``; the medium text is one): a stream's
+    short first segment would make each request two segments, and random weights run every
+    segment to the whole token budget, so the request would cost twice what it does with the
+    real model's stop token; the batch and mps cells measure batching, not segmenting.
+    """
+    options = {"first_segment_tokens": 0, **options}
     started = time.perf_counter()
     first = None
     pieces = []

@@ -166,7 +166,7 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         ratio = batch["throughput_ratio_over_lone"][model]
         assert over["2"] == pytest.approx(ratio["2"] / batch["bound"][model]["2"])
         (cell,) = [c for c in by_kind["batch"] if c["model"] == model]
-        assert cell["batch_stages"] == "gpt"  # auto, on the CPU
+        assert cell["batch_stages"] == "gpt" and cell["first_segment_tokens"] == 0  # auto, on the CPU; one segment
         assert cell["unbatched_at"] == [1] and set(cell["configurations"]["unbatched"]) == {"1"}
         for name, by_c in cell["configurations"].items():
             assert by_c["1"]["peak_memory"]["median"] > 0, name
