@@ -33,7 +33,7 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batch_run import BatchRun, one_after_another, resolve_stages
+from ._batch_run import BatchRun, one_after_another, request_decoding, resolve_stages
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
@@ -53,6 +53,7 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._profile import FAST_BF16, Knobs, bf16_problem, request_knobs, to_bf16
 from ._segments import SegmentTexts, first_length
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
@@ -103,6 +104,8 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts = SegmentTexts()
         #: Why upstream's model calls cannot be intercepted (see _batched.py); None when they can.
         self._intercept_problem: Union[str, None] = None
+        #: Whether the GPT's weights run in bfloat16 (``bf16_weights``, or the fast profile's).
+        self.bf16_weights = False
 
     @property
     def max_batch(self) -> int:
@@ -130,6 +133,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             "model_dir": os.path.abspath(self.options.model_dir),
             "voice_cache": self._voices.stats(),
             "batch_stages": self.batch_stages(),
+            "profile": self.options.profile,
+            "bf16_weights": self.bf16_weights,
         }
 
     def batch_stages(self) -> str:
@@ -228,6 +233,16 @@ class IndexTTSEngine(Engine[Any, Any]):
                 field=f"$.options.{name}",
                 code="unknown_option",
             )
+        profile, knobs = request_knobs(self.options, options)
+        if knobs.s2mel and self._intercept_problem is not None:
+            name = "diffusion_steps" if knobs.diffusion_steps is not None else "cfg_rate"
+            raise RequestError(
+                f"{name!r} (set by the request, the engine or profile={profile}) needs the adapter to reach "
+                f"upstream's s2mel call, which it cannot with the installed {self.flavour.label}: "
+                f"{self._intercept_problem}",
+                field=f"$.options.{name}",
+                code="unknown_option",
+            )
         if accelerated(self._model):
             for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
                 if getattr(options, name, None) is not None:
@@ -280,6 +295,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
         self._segment_texts.install(model)
+        self.bf16_weights = self._bf16(model, flavour)
         self._intercept_problem = interceptable(model)
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
@@ -290,6 +306,34 @@ class IndexTTSEngine(Engine[Any, Any]):
         progress("load", 1.0, f"loaded {flavour.label}")
         if cancelled():  # the model stays loaded: the next request uses it
             raise Cancelled
+
+    def _bf16(self, model: Any, flavour: Flavour) -> bool:
+        """Put the GPT's weights in bfloat16 when asked (explicitly, or by the fast profile) and possible.
+
+        Asked explicitly (``bf16_weights=true``) where it cannot be honoured: a typed error that
+        names why; asked by ``profile=fast`` alone: skipped, with a warning, and ``info`` says so.
+        """
+        opts = self.options
+        explicit = opts.bf16_weights
+        wanted = bool(explicit) if explicit is not None else opts.profile == "fast" and FAST_BF16
+        if not wanted:
+            return False
+        torch = sys.modules["torch"]  # imported by upstream's module
+        problem = bf16_problem(torch, str(getattr(model, "device", None) or opts.device or "cpu"))
+        if problem is None and getattr(model, "dtype", None) is not None:
+            problem = f"the GPT already runs in {model.dtype} (upstream's fp16/bf16 option)"
+        if problem is None and (accelerated(model) or not hasattr(model, "dtype")):
+            problem = f"the installed {flavour.label} runs its GPT outside upstream's autocast (use_accel)"
+        if problem is None:
+            to_bf16(torch, model)
+            return True
+        if explicit:
+            error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
+            error.code = "invalid_option"
+            error.retryable = False
+            raise error
+        log.warning("profile=fast runs without bf16 weights: %s", problem)
+        return False
 
     def _directory_version(self) -> str:
         """The checkpoint directory's model version; refuses one this engine does not run."""
@@ -439,6 +483,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
+        self._request_facts.update(self.knob_facts(request))
         self._segment_texts.start(first_length(request.options, self.options, request.stream))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
@@ -470,14 +515,32 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
-        options = request.options
-        if not _decoding_asked(options):
+        knobs = self.knobs(request)
+        if not (_decoding_asked(request.options) or knobs.s2mel):
             return None
-        return Decoding(
-            greedy=getattr(options, "do_sample", None) is False,
-            num_beams=getattr(options, "num_beams", None),
-            seed=getattr(options, "seed", None),
-        )
+        return self.decoding_of(request)
+
+    def decoding_of(self, request: SynthesisRequest[Any], **batch: Any) -> Decoding:
+        """``request``'s decoding context, its knobs in it (and ``batch``'s fields)."""
+        return request_decoding(request, self.knobs(request), **batch)
+
+    def knobs(self, request: SynthesisRequest[Any]) -> Knobs:
+        """The fast profile's knobs in effect for ``request`` (``_profile.py``)."""
+        knobs = request_knobs(self.options, request.options)[1]
+        if accelerated(self._model) and getattr(request.options, "num_beams", None) is None:
+            # Upstream's accelerated GPT ignores beams (a request's own num_beams is refused).
+            knobs = Knobs(knobs.diffusion_steps, knobs.cfg_rate, None)
+        return knobs
+
+    def knob_facts(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
+        """What ``done.facts`` says of the profile: its name and the knobs in effect (none: nothing)."""
+        profile = request_knobs(self.options, request.options)[0]
+        knobs = self.knobs(request).facts()
+        if self.bf16_weights:
+            knobs["bf16_weights"] = True
+        if not knobs and profile == "default":
+            return {}
+        return {"profile": profile, "knobs": knobs}
 
     # ---------------------------------------------------------- batches
 
@@ -510,6 +573,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             join=join,
             batch_stages=self.batch_stages(),
             first_segment_tokens=lambda request: first_length(request.options, self.options, request.stream),
+            decoding=self.decoding_of,
+            facts=self.knob_facts,
         )
         try:
             for index, value in batch.run(hooks):
@@ -551,6 +616,9 @@ class IndexTTSEngine(Engine[Any, Any]):
             value = getattr(opts, name, None)
             if value is not None:
                 kwargs[name] = value
+        beams = self.knobs(request).num_beams
+        if beams is not None:
+            kwargs["num_beams"] = beams
         return kwargs
 
     # ---------------------------------------------------------- memory
