@@ -275,6 +275,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
+        self._bf16(None, flavour)  # an explicit bf16_weights the device cannot honour: refused before the load
         self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])
@@ -295,7 +296,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
         self._segment_texts.install(model)
-        self.bf16_weights = self._bf16(model, flavour)
+        self.bf16_weights = self._to_bf16(model, flavour)
         self._intercept_problem = interceptable(model)
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
@@ -307,33 +308,44 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():  # the model stays loaded: the next request uses it
             raise Cancelled
 
-    def _bf16(self, model: Any, flavour: Flavour) -> bool:
-        """Put the GPT's weights in bfloat16 when asked (explicitly, or by the fast profile) and possible.
-
-        Asked explicitly (``bf16_weights=true``) where it cannot be honoured: a typed error that
-        names why; asked by ``profile=fast`` alone: skipped, with a warning, and ``info`` says so.
-        """
+    def _bf16(self, model: Any, flavour: Flavour) -> Union[str, None]:
+        """Why the GPT's weights cannot run in bfloat16 (None: they can), when asked for them
+        (explicitly, or by the fast profile); None when not asked.  ``model`` None: before it
+        is constructed, the device alone (so that a refusal costs no load)."""
         opts = self.options
         explicit = opts.bf16_weights
-        wanted = bool(explicit) if explicit is not None else opts.profile == "fast" and FAST_BF16
-        if not wanted:
-            return False
+        if not self._bf16_asked():
+            return None
         torch = sys.modules["torch"]  # imported by upstream's module
-        problem = bf16_problem(torch, str(getattr(model, "device", None) or opts.device or "cpu"))
-        if problem is None and getattr(model, "dtype", None) is not None:
-            problem = f"the GPT already runs in {model.dtype} (upstream's fp16/bf16 option)"
-        if problem is None and (accelerated(model) or not hasattr(model, "dtype")):
-            problem = f"the installed {flavour.label} runs its GPT outside upstream's autocast (use_accel)"
-        if problem is None:
-            to_bf16(torch, model)
-            return True
-        if explicit:
+        device = getattr(model, "device", None) or opts.device or _default_device(torch)
+        problem = bf16_problem(torch, str(device))
+        if problem is None and model is not None:
+            if getattr(model, "dtype", None) is not None:
+                problem = f"the GPT already runs in {model.dtype} (upstream's fp16/bf16 option)"
+            elif accelerated(model) or not hasattr(model, "dtype"):
+                problem = f"the installed {flavour.label} runs its GPT outside upstream's autocast (use_accel)"
+        if problem is not None and explicit:
             error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
             error.code = "invalid_option"
             error.retryable = False
             raise error
-        log.warning("profile=fast runs without bf16 weights: %s", problem)
-        return False
+        return problem
+
+    def _bf16_asked(self) -> bool:
+        """``bf16_weights``, or (unset) whether the profile turns it on."""
+        explicit = self.options.bf16_weights
+        return bool(explicit) if explicit is not None else self.options.profile == "fast" and FAST_BF16
+
+    def _to_bf16(self, model: Any, flavour: Flavour) -> bool:
+        """The GPT's weights in bfloat16 if asked and possible (``_bf16``); whether they are."""
+        if not self._bf16_asked():
+            return False
+        problem = self._bf16(model, flavour)
+        if problem is not None:
+            log.warning("profile=fast runs without bf16 weights: %s", problem)
+            return False
+        to_bf16(sys.modules["torch"], model)
+        return True
 
     def _directory_version(self) -> str:
         """The checkpoint directory's model version; refuses one this engine does not run."""
@@ -538,8 +550,8 @@ class IndexTTSEngine(Engine[Any, Any]):
         knobs = self.knobs(request).facts()
         if self.bf16_weights:
             knobs["bf16_weights"] = True
-        if not knobs and profile == "default":
-            return {}
+        if not knobs and profile == "default" == self.options.profile:
+            return {}  # upstream's path, as before the profile existed
         return {"profile": profile, "knobs": knobs}
 
     # ---------------------------------------------------------- batches
@@ -659,6 +671,17 @@ class IndexTTSEngine(Engine[Any, Any]):
         except Exception:  # torch half-imported by the engine thread, or a backend without stats
             return {}
         return {}
+
+
+def _default_device(torch: Any) -> str:
+    """The device upstream picks when none is given: CUDA, XPU, MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return "cuda:0"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if hasattr(torch, "mps") and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
 
 
 def _decoding_asked(options: Any) -> bool:
