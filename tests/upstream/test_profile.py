@@ -101,9 +101,11 @@ def cpu_has_bf16() -> bool:
 
 def run_probe(name: str, ckpt: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
     flavour = flavour_named(name)
+    # indextts2-inference reads its auxiliary models from the Hugging Face cache: the fixture's.
+    extra = {"HF_HOME": str(ckpt / "hf_home")} if name == "pypi2" else {}
     return subprocess.run(
         [flavour.python, script, *args],
-        env={**os.environ, **flavour.env()},
+        env={**os.environ, **flavour.env(**extra)},
         capture_output=True,
         text=True,
         timeout=280,
@@ -111,10 +113,12 @@ def run_probe(name: str, ckpt: Path, script: str, *args: str) -> subprocess.Comp
     )
 
 
-@pytest.mark.parametrize("name", ["2", "2.5"])
+@pytest.mark.parametrize("name", ["2", "2.5", "pypi2", "pypi2.5"])
 def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> None:
+    """Every flavour: each passes the s2mel steps and rate to ``cfm.inference`` and pops ``num_beams``."""
     ckpt = checkpoints(flavour_named(name))
-    done = run_probe(name, ckpt, str(HERE / "probe_profile.py"), name, str(ckpt), str(tmp_path))
+    version = name.removeprefix("pypi")
+    done = run_probe(name, ckpt, str(HERE / "probe_profile.py"), version, str(ckpt), str(tmp_path))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
 
