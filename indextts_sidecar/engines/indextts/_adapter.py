@@ -53,13 +53,15 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
-from ._profile import FAST_BF16, Knobs, bf16_problem, request_knobs, to_bf16
+from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs
 from ._segments import SegmentTexts, first_length
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
     StageTimes,
     accelerated,
     default_of,
+    device_memory,
+    empty_caches,
     named_parameters,
     offline,
     preserved_process_state,
@@ -233,16 +235,7 @@ class IndexTTSEngine(Engine[Any, Any]):
                 field=f"$.options.{name}",
                 code="unknown_option",
             )
-        profile, knobs = request_knobs(self.options, options)
-        if knobs.s2mel and self._intercept_problem is not None:
-            name = "diffusion_steps" if knobs.diffusion_steps is not None else "cfg_rate"
-            raise RequestError(
-                f"{name!r} (set by the request, the engine or profile={profile}) needs the adapter to reach "
-                f"upstream's s2mel call, which it cannot with the installed {self.flavour.label}: "
-                f"{self._intercept_problem}",
-                field=f"$.options.{name}",
-                code="unknown_option",
-            )
+        check_knobs(self.options, options, self._intercept_problem, self.flavour.label)
         if accelerated(self._model):
             for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
                 if getattr(options, name, None) is not None:
@@ -275,7 +268,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
-        self._bf16(None, flavour)  # an explicit bf16_weights the device cannot honour: refused before the load
+        bf16_problem(self.options, None, flavour.label)  # an explicit bf16_weights the device cannot honour
         self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])
@@ -296,7 +289,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
         self._segment_texts.install(model)
-        self.bf16_weights = self._to_bf16(model, flavour)
+        self.bf16_weights = apply_bf16(self.options, model, flavour.label)
         self._intercept_problem = interceptable(model)
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
@@ -307,45 +300,6 @@ class IndexTTSEngine(Engine[Any, Any]):
         progress("load", 1.0, f"loaded {flavour.label}")
         if cancelled():  # the model stays loaded: the next request uses it
             raise Cancelled
-
-    def _bf16(self, model: Any, flavour: Flavour) -> Union[str, None]:
-        """Why the GPT's weights cannot run in bfloat16 (None: they can), when asked for them
-        (explicitly, or by the fast profile); None when not asked.  ``model`` None: before it
-        is constructed, the device alone (so that a refusal costs no load)."""
-        opts = self.options
-        explicit = opts.bf16_weights
-        if not self._bf16_asked():
-            return None
-        torch = sys.modules["torch"]  # imported by upstream's module
-        device = getattr(model, "device", None) or opts.device or _default_device(torch)
-        problem = bf16_problem(torch, str(device))
-        if problem is None and model is not None:
-            if getattr(model, "dtype", None) is not None:
-                problem = f"the GPT already runs in {model.dtype} (upstream's fp16/bf16 option)"
-            elif accelerated(model) or not hasattr(model, "dtype"):
-                problem = f"the installed {flavour.label} runs its GPT outside upstream's autocast (use_accel)"
-        if problem is not None and explicit:
-            error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
-            error.code = "invalid_option"
-            error.retryable = False
-            raise error
-        return problem
-
-    def _bf16_asked(self) -> bool:
-        """``bf16_weights``, or (unset) whether the profile turns it on."""
-        explicit = self.options.bf16_weights
-        return bool(explicit) if explicit is not None else self.options.profile == "fast" and FAST_BF16
-
-    def _to_bf16(self, model: Any, flavour: Flavour) -> bool:
-        """The GPT's weights in bfloat16 if asked and possible (``_bf16``); whether they are."""
-        if not self._bf16_asked():
-            return False
-        problem = self._bf16(model, flavour)
-        if problem is not None:
-            log.warning("profile=fast runs without bf16 weights: %s", problem)
-            return False
-        to_bf16(sys.modules["torch"], model)
-        return True
 
     def _directory_version(self) -> str:
         """The checkpoint directory's model version; refuses one this engine does not run."""
@@ -538,21 +492,11 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def knobs(self, request: SynthesisRequest[Any]) -> Knobs:
         """The fast profile's knobs in effect for ``request`` (``_profile.py``)."""
-        knobs = request_knobs(self.options, request.options)[1]
-        if accelerated(self._model) and getattr(request.options, "num_beams", None) is None:
-            # Upstream's accelerated GPT ignores beams (a request's own num_beams is refused).
-            knobs = Knobs(knobs.diffusion_steps, knobs.cfg_rate, None)
-        return knobs
+        return request_knobs(self.options, request.options, accelerated(self._model))[1]
 
     def knob_facts(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
-        """What ``done.facts`` says of the profile: its name and the knobs in effect (none: nothing)."""
-        profile = request_knobs(self.options, request.options)[0]
-        knobs = self.knobs(request).facts()
-        if self.bf16_weights:
-            knobs["bf16_weights"] = True
-        if not knobs and profile == "default" == self.options.profile:
-            return {}  # upstream's path, as before the profile existed
-        return {"profile": profile, "knobs": knobs}
+        """What ``done.facts`` says of the profile (``_profile.py``)."""
+        return knob_facts(self.options, request.options, accelerated(self._model), self.bf16_weights)
 
     # ---------------------------------------------------------- batches
 
@@ -641,47 +585,11 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._model = None
         self._voices.clear()
         gc.collect()
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
-            mps = getattr(torch, "mps", None)
-            if mps is not None and torch.backends.mps.is_available():
-                mps.empty_cache()
-        except Exception as exc:  # freeing caches is best effort
-            log.warning("emptying the torch caches failed: %s", exc)
+        empty_caches()
 
     def memory(self) -> dict[str, int]:
         """CUDA or MPS memory, only if torch is already imported: never imports it."""
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return {}
-        try:
-            cuda = getattr(torch, "cuda", None)
-            if cuda is not None and cuda.is_available() and cuda.is_initialized():
-                return {"cuda_allocated": int(cuda.memory_allocated()), "cuda_reserved": int(cuda.memory_reserved())}
-            mps = getattr(torch, "mps", None)
-            if mps is not None and torch.backends.mps.is_available():
-                return {
-                    "mps_allocated": int(mps.current_allocated_memory()),
-                    "mps_driver": int(mps.driver_allocated_memory()),
-                }
-        except Exception:  # torch half-imported by the engine thread, or a backend without stats
-            return {}
-        return {}
-
-
-def _default_device(torch: Any) -> str:
-    """The device upstream picks when none is given: CUDA, XPU, MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return "cuda:0"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
-    if hasattr(torch, "mps") and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+        return device_memory()
 
 
 def _decoding_asked(options: Any) -> bool:

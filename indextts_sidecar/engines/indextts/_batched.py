@@ -25,6 +25,8 @@ unchanged unless the calling thread runs a request with a :class:`Decoding` cont
   what upstream wrote into the GPT call;
 - a seed gives the request its own noise generator: each segment's CFM noise is the next
   draw from it, and upstream's solver runs on that noise;
+- the fast profile's ``diffusion_steps`` and ``cfg_rate`` (``_profile.py``) replace the
+  steps and guidance rate upstream writes into the CFM call (a batch's CFM key holds them);
 - in a batch (:mod:`._lockstep`), the call is parked and the coordinator runs the parked calls
   of all requests as one: :func:`run_calls`.
 

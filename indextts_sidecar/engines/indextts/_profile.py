@@ -23,12 +23,28 @@ This module imports only the standard library; torch is handed in by the caller.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Union
 
-__all__ = ["FAST", "FAST_BF16", "Knobs", "bf16_problem", "request_knobs", "to_bf16"]
+from .. import LoadError, RequestError
+from ._upstream import accelerated
+
+__all__ = [
+    "FAST",
+    "FAST_BF16",
+    "Knobs",
+    "apply_bf16",
+    "bf16_problem",
+    "check_knobs",
+    "device_bf16_problem",
+    "knob_facts",
+    "request_knobs",
+]
+
+log = logging.getLogger("indextts_sidecar.engines.indextts")
 
 
 @dataclass(frozen=True)
@@ -65,11 +81,12 @@ def _overridden(base: Knobs, options: Any) -> Knobs:
     return replace(base, **changes)
 
 
-def request_knobs(engine_options: Any, request_options: Any) -> tuple[str, Knobs]:
+def request_knobs(engine_options: Any, request_options: Any, accel: bool = False) -> tuple[str, Knobs]:
     """The profile and the knobs in effect for a request.
 
     From the lowest: the engine's profile, the engine's knobs, the request's profile (which
-    sets the knobs afresh: ``default`` clears the engine's), the request's knobs.
+    sets the knobs afresh: ``default`` clears the engine's), the request's knobs.  ``accel``
+    (upstream's accelerated GPT, which ignores beams): no beams but a request's own (refused).
     """
     profile = getattr(request_options, "profile", None)
     if profile is None:
@@ -77,7 +94,35 @@ def request_knobs(engine_options: Any, request_options: Any) -> tuple[str, Knobs
         base = _overridden(_PROFILES[profile], engine_options)
     else:
         base = _PROFILES[profile]
-    return profile, _overridden(base, request_options)
+    knobs = _overridden(base, request_options)
+    if accel and getattr(request_options, "num_beams", None) is None:
+        knobs = replace(knobs, num_beams=None)
+    return profile, knobs
+
+
+def knob_facts(engine_options: Any, request_options: Any, accel: bool, bf16: bool) -> dict[str, Any]:
+    """What ``done.facts`` says of the profile: its name and the knobs in effect; nothing for a
+    request on upstream's path (no knob, no profile)."""
+    profile, knobs = request_knobs(engine_options, request_options, accel)
+    named = knobs.facts()
+    if bf16:
+        named["bf16_weights"] = True
+    if not named and profile == "default" == engine_options.profile:
+        return {}
+    return {"profile": profile, "knobs": named}
+
+
+def check_knobs(engine_options: Any, request_options: Any, intercept_problem: Union[str, None], label: str) -> None:
+    """Refuse the s2mel knobs where the adapter cannot reach upstream's s2mel call."""
+    profile, knobs = request_knobs(engine_options, request_options)
+    if knobs.s2mel and intercept_problem is not None:
+        name = "diffusion_steps" if knobs.diffusion_steps is not None else "cfg_rate"
+        raise RequestError(
+            f"{name!r} (set by the request, the engine or profile={profile}) needs the adapter to reach "
+            f"upstream's s2mel call, which it cannot with the installed {label}: {intercept_problem}",
+            field=f"$.options.{name}",
+            code="unknown_option",
+        )
 
 
 def _cpu_flags() -> Union[set[str], None]:
@@ -93,7 +138,7 @@ def _cpu_flags() -> Union[set[str], None]:
     return None
 
 
-def bf16_problem(torch: Any, device: str) -> Union[str, None]:
+def device_bf16_problem(torch: Any, device: str) -> Union[str, None]:
     """Why ``device`` cannot run bf16 matrix products at speed, or None when it can."""
     kind = device.split(":")[0]
     if kind == "cuda":
@@ -116,8 +161,48 @@ def bf16_problem(torch: Any, device: str) -> Union[str, None]:
     )
 
 
-def to_bf16(torch: Any, model: Any) -> None:
-    """The GPT's weights in bfloat16 and upstream's ``dtype`` with them (its autocast around the GPT)."""
+def _bf16_asked(options: Any) -> bool:
+    """``bf16_weights``, or (unset) whether the profile turns it on."""
+    explicit = options.bf16_weights
+    return bool(explicit) if explicit is not None else options.profile == "fast" and FAST_BF16
+
+
+def bf16_problem(options: Any, model: Any, label: str) -> Union[str, None]:
+    """Why the GPT's weights cannot run in bfloat16 (None: they can, or they are not asked for).
+
+    ``model`` None: before it is constructed, the device alone, so that a refusal costs no load.
+    Asked explicitly (``bf16_weights=true``) where it cannot be honoured: a typed error naming why.
+    """
+    if not _bf16_asked(options):
+        return None
+    torch = sys.modules["torch"]  # imported by upstream's module
+    device = getattr(model, "device", None) or options.device or _default_device(torch)
+    problem = device_bf16_problem(torch, str(device))
+    if problem is None and model is not None:
+        if getattr(model, "dtype", None) is not None:
+            problem = f"the GPT already runs in {model.dtype} (upstream's fp16/bf16 option)"
+        elif accelerated(model) or not hasattr(model, "dtype"):
+            problem = f"the installed {label} runs its GPT outside upstream's autocast (use_accel)"
+    if problem is not None and options.bf16_weights:
+        error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
+        error.code = "invalid_option"
+        error.retryable = False
+        raise error
+    return problem
+
+
+def apply_bf16(options: Any, model: Any, label: str) -> bool:
+    """The GPT's weights in bfloat16 if asked and possible; whether they are.
+
+    Asked by ``profile=fast`` alone where it is not possible: skipped, with a warning.
+    """
+    if not _bf16_asked(options):
+        return False
+    problem = bf16_problem(options, model, label)
+    if problem is not None:
+        log.warning("profile=fast runs without bf16 weights: %s", problem)
+        return False
+    torch = sys.modules["torch"]
     norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm)
     for module in model.gpt.modules():
         if isinstance(module, norms):
@@ -125,4 +210,16 @@ def to_bf16(torch: Any, model: Any) -> None:
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             if tensor.is_floating_point():
                 tensor.data = tensor.data.to(torch.bfloat16)
-    model.dtype = torch.bfloat16
+    model.dtype = torch.bfloat16  # upstream's autocast around its GPT calls
+    return True
+
+
+def _default_device(torch: Any) -> str:
+    """The device upstream picks when none is given: CUDA, XPU, MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return "cuda:0"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if hasattr(torch, "mps") and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
