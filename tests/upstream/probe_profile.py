@@ -4,18 +4,17 @@
 the model calls saw (each s2mel solve's rows, steps and guidance rate; each GPT decoding's
 beams), the ``request_facts()`` after each request, and the engine's ``info()``:
 
-``lone``
-    one engine (``profile=fast``, ``diffusion_steps=4`` over the profile's 10) and three lone
-    requests: no options (the engine's knobs), ``profile=default`` (none), and ``cfg_rate=0.5``
-    with ``num_beams=2`` (the request's over the engine's);
-``batch``
-    an engine with ``max_batch=4`` and ``batch_stages=all``: two identical greedy requests
-    (same text, voice and seed) as one batch, both default, then one default and one with
-    ``diffusion_steps=5``: equal CFM rows share a solve only when their knobs are equal;
+``knobs``
+    on a CPU read as one without bf16 (``_profile._cpu_flags`` replaced): the refusal of an
+    explicit ``bf16_weights=true`` (before any load); then one engine (``profile=fast``, so
+    loaded without bf16, and ``diffusion_steps=4`` over the profile's 10; ``max_batch=4``,
+    ``batch_stages=all``) and three lone requests: no options (the engine's knobs),
+    ``profile=default`` (none), and ``cfg_rate=0.5`` with ``num_beams=2`` (the request's over the
+    engine's); then two identical greedy requests (same text, voice and seed, ``profile=default``)
+    as one batch, and again with the second at ``diffusion_steps=5``: equal CFM rows share a
+    solve only when their knobs are equal;
 ``bf16``
-    ``bf16_weights=true`` loaded, or its refusal (code, field, message); then, with the CPU's
-    flags read as a CPU without bf16 (``_profile._cpu_flags`` replaced), the refusal of an
-    explicit ``bf16_weights=true`` (before any load) and ``profile=fast`` loading without it.
+    ``bf16_weights=true`` on this CPU: loaded, or its refusal (code, field, message).
 ``tests/upstream/test_profile.py`` runs it and judges the results.
 """
 
@@ -78,23 +77,28 @@ def request(cls: Any, ckpt: str, i: int, **options: Any) -> SynthesisRequest[Any
     )
 
 
-def lone(cls: Any, ckpt: str) -> dict[str, Any]:
-    engine = engine_of(cls, ckpt, profile="fast", diffusion_steps=4, bf16_weights=False)
+def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
+    """One engine: ``profile=fast`` with ``diffusion_steps=4``, on a CPU read as one without bf16."""
+    real_flags = _profile._cpu_flags
+    _profile._cpu_flags = lambda: {"fpu", "avx2"}  # a CPU without bf16 matrix instructions
+    out: dict[str, Any] = {}
+    try:
+        engine_of(cls, ckpt, bf16_weights=True)
+    except EngineError as exc:
+        out["refused"] = [exc.code, exc.field, str(exc), exc.retryable]
+    engine = engine_of(cls, ckpt, profile="fast", diffusion_steps=4, max_batch=4, batch_stages="all")
+    _profile._cpu_flags = real_flags
+    out["info"] = engine.info()
+    out["gpt_dtypes"] = sorted({str(p.dtype) for p in engine._model.gpt.parameters()})
     calls = Calls(engine._model)
-    out = []
+    lone = []
     for i, options in enumerate(({}, {"profile": "default"}, {"cfg_rate": 0.5, "num_beams": 2})):
         pieces = list(engine.synthesize(request(cls, ckpt, i, **options), lambda *a: None, lambda: False))
-        out.append(
-            {"samples": int(sum(p.size for p in pieces)), "facts": engine.request_facts(), "calls": calls.take()}
-        )
-    return {"requests": out, "info": engine.info()}
-
-
-def batch(cls: Any, ckpt: str) -> dict[str, Any]:
-    engine = engine_of(cls, ckpt, max_batch=4, batch_stages="all")
-    calls = Calls(engine._model)
-    out: dict[str, Any] = {}
-    greedy = {"do_sample": False, "seed": 3}
+        facts = engine.request_facts()
+        lone.append({"samples": int(sum(p.size for p in pieces)), "facts": facts, "calls": calls.take()})
+    out["lone"] = lone
+    # A batch of two identical greedy requests on upstream's path, then one with other steps.
+    greedy = {"do_sample": False, "seed": 3, "profile": "default"}
     for name, second in (("same", {}), ("apart", {"diffusion_steps": 5})):
         items = [
             BatchItem(request(cls, ckpt, 0, **greedy), lambda *a: None, lambda: False),
@@ -109,32 +113,20 @@ def batch(cls: Any, ckpt: str) -> dict[str, Any]:
             else:
                 samples[index] += int(value.size)
         out[name] = {"calls": calls.take(), "facts": [facts[0], facts[1]], "samples": samples}
+    engine.unload()
     return out
 
 
 def bf16(cls: Any, ckpt: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    """``bf16_weights=true`` on this CPU: loaded (and a request run), or refused."""
     try:
         engine = engine_of(cls, ckpt, bf16_weights=True)
     except EngineError as exc:
-        out["explicit"] = {"error": [exc.code, exc.field, str(exc), exc.retryable]}
-    else:
-        gpt_dtypes = sorted({str(p.dtype) for p in engine._model.gpt.parameters()})
-        out["explicit"] = {"info": engine.info(), "gpt_dtypes": gpt_dtypes}
-        pieces = list(engine.synthesize(request(cls, ckpt, 0), lambda *a: None, lambda: False))
-        out["explicit"]["samples"] = int(sum(p.size for p in pieces))
-        out["explicit"]["facts"] = engine.request_facts()
-        engine.unload()
-    _profile._cpu_flags = lambda: {"fpu", "avx2"}  # a CPU without bf16 matrix instructions
-    try:
-        engine_of(cls, ckpt, bf16_weights=True)
-    except EngineError as exc:
-        out["refused"] = [exc.code, exc.field, str(exc), exc.retryable]
-    engine = engine_of(cls, ckpt, profile="fast")
-    out["profile_without"] = {
-        "info": engine.info(),
-        "gpt_dtypes": sorted({str(p.dtype) for p in engine._model.gpt.parameters()}),
-    }
+        return {"error": [exc.code, exc.field, str(exc), exc.retryable]}
+    out = {"info": engine.info(), "gpt_dtypes": sorted({str(p.dtype) for p in engine._model.gpt.parameters()})}
+    pieces = list(engine.synthesize(request(cls, ckpt, 0), lambda *a: None, lambda: False))
+    out["samples"] = int(sum(p.size for p in pieces))
+    out["facts"] = engine.request_facts()
     return out
 
 
@@ -142,7 +134,7 @@ def main() -> None:
     version, ckpt, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     torch.set_num_threads(1)
     cls = IndexTTS2Engine if version == "2" else IndexTTS25Engine
-    report = {"lone": lone(cls, ckpt), "batch": batch(cls, ckpt), "bf16": bf16(cls, ckpt)}
+    report = {"knobs": knobs(cls, ckpt), "bf16": bf16(cls, ckpt)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print("ok")

@@ -28,7 +28,7 @@ from indextts_sidecar.engines import EngineError
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, IndexTTS25Options
 from indextts_sidecar.engines.indextts._profile import FAST, request_knobs
 
-#: A probe loads the tiny model four times and runs seven short requests; the harness twice, four.
+#: A probe loads the tiny model twice and runs eight short requests; the harness twice, four.
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -122,8 +122,9 @@ def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> No
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
 
-    # Engine: profile=fast with diffusion_steps=4 (over the profile's 10), bf16_weights off.
-    first, default, own = report["lone"]["requests"]
+    knobs = report["knobs"]
+    # Engine: profile=fast with diffusion_steps=4 (over the profile's 10).
+    first, default, own = knobs["lone"]
     assert first["calls"] == [["gpt", 1], ["cfm", 1, 4, 0.0]]
     assert first["facts"]["profile"] == "fast"
     assert first["facts"]["knobs"] == {"diffusion_steps": 4, "cfg_rate": 0.0, "num_beams": 1}
@@ -133,33 +134,32 @@ def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> No
     # The request's knobs over the engine's.
     assert own["calls"] == [["gpt", 2], ["cfm", 1, 4, 0.5]]
     assert own["facts"]["knobs"] == {"diffusion_steps": 4, "cfg_rate": 0.5, "num_beams": 2}
-    assert all(r["samples"] > 0 for r in report["lone"]["requests"])
-    assert report["lone"]["info"]["profile"] == "fast" and report["lone"]["info"]["bf16_weights"] is False
+    assert all(r["samples"] > 0 for r in knobs["lone"])
 
     # A batch: two equal CFM rows share a solve when their knobs are equal, and never otherwise.
-    same, apart = report["batch"]["same"], report["batch"]["apart"]
+    same, apart = knobs["same"], knobs["apart"]
     assert [c for c in same["calls"] if c[0] == "cfm"] == [["cfm", 2, 25, 0.7]]
     assert sorted(c for c in apart["calls"] if c[0] == "cfm") == [["cfm", 1, 5, 0.7], ["cfm", 1, 25, 0.7]]
-    assert "knobs" not in apart["facts"][0] and apart["facts"][1]["knobs"] == {"diffusion_steps": 5}
+    assert apart["facts"][0]["knobs"] == {} and apart["facts"][1]["knobs"] == {"diffusion_steps": 5}
     assert apart["samples"][0] == apart["samples"][1] > 0
 
-    bf16 = report["bf16"]
-    if cpu_has_bf16():
-        explicit = bf16["explicit"]
-        assert explicit["info"]["bf16_weights"] is True, explicit
-        assert "torch.bfloat16" in explicit["gpt_dtypes"]
-        assert explicit["facts"]["knobs"] == {"bf16_weights": True} and explicit["samples"] > 0
-    else:
-        code, field, message, retryable = bf16["explicit"]["error"]
-        assert (code, field, retryable) == ("invalid_option", "bf16_weights", False)
-        assert "bf16" in message
-    # A CPU without the instructions (its flags read as such): an explicit ask is refused, named;
-    # the profile loads without them.
-    code, field, message, retryable = bf16["refused"]
+    # A CPU without the instructions (its flags read as such): an explicit ask is refused, named,
+    # before any load; the profile loads without them.
+    code, field, message, retryable = knobs["refused"]
     assert (code, field, retryable) == ("invalid_option", "bf16_weights", False)
     assert "no bf16 matrix instructions" in message
-    assert bf16["profile_without"]["info"]["bf16_weights"] is False
-    assert bf16["profile_without"]["gpt_dtypes"] == ["torch.float32"]
+    assert knobs["info"]["profile"] == "fast" and knobs["info"]["bf16_weights"] is False
+    assert knobs["gpt_dtypes"] == ["torch.float32"]
+    # This CPU, as its flags say.
+    bf16 = report["bf16"]
+    if cpu_has_bf16():
+        assert bf16["info"]["bf16_weights"] is True, bf16
+        assert "torch.bfloat16" in bf16["gpt_dtypes"]
+        assert bf16["facts"]["knobs"] == {"bf16_weights": True} and bf16["samples"] > 0
+    else:
+        code, field, message, retryable = bf16["error"]
+        assert (code, field, retryable) == ("invalid_option", "bf16_weights", False)
+        assert "bf16" in message
 
 
 @pytest.mark.parametrize("name", ["2", "2.5"])
