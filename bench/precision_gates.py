@@ -33,7 +33,8 @@ The gates, per input and over all:
     the baseline's wall time over the candidate's (all inputs, ``--rounds`` rounds, after one
     warm-up request each), and each of upstream's stage times (``done.facts["stages"]``).
 
-Prints a table and writes the JSON (``--json``); with ``--require GATE=MIN`` (``speedup`` too)
+Prints a table and writes the JSON (``--json``; an infinite SNR as ``Infinity``, as Python's
+``json`` writes and reads it); with ``--require GATE=MIN`` (``speedup`` too)
 it exits 1 when a gate falls below its minimum.  What each model call saw (the CFM's steps,
 guidance rate and rows, the GPT's beams) is in ``calls``, and the candidate's ``done.facts``
 in ``facts``.
