@@ -18,6 +18,8 @@ torch and numpy are imported.  Its modules:
     the flavours of upstream code and the checkpoint files (shared with the doctor);
 ``_options``
     engine and request options, and the upstream keyword each becomes;
+``_profile``
+    the fast profile: its knobs in effect for a request, and whether the device has bf16;
 ``_adapter``
     the engine: checks, load, synthesize, memory;
 ``_checks``

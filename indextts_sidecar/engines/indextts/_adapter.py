@@ -33,7 +33,7 @@ from .. import (
     SynthesisRequest,
     heartbeat,
 )
-from ._batch_run import BatchRun, one_after_another, resolve_stages
+from ._batch_run import BatchRun, one_after_another, request_decoding, resolve_stages
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text
 from ._emotion import check_vector, emotion_kwargs
@@ -53,12 +53,15 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs
 from ._segments import SegmentTexts, first_length
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
 from ._upstream import (
     StageTimes,
     accelerated,
     default_of,
+    device_memory,
+    empty_caches,
     named_parameters,
     offline,
     preserved_process_state,
@@ -103,6 +106,8 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts = SegmentTexts()
         #: Why upstream's model calls cannot be intercepted (see _batched.py); None when they can.
         self._intercept_problem: Union[str, None] = None
+        #: Whether the GPT's weights run in bfloat16 (``bf16_weights``, or the fast profile's).
+        self.bf16_weights = False
 
     @property
     def max_batch(self) -> int:
@@ -130,6 +135,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             "model_dir": os.path.abspath(self.options.model_dir),
             "voice_cache": self._voices.stats(),
             "batch_stages": self.batch_stages(),
+            "profile": self.options.profile,
+            "bf16_weights": self.bf16_weights,
         }
 
     def batch_stages(self) -> str:
@@ -228,6 +235,7 @@ class IndexTTSEngine(Engine[Any, Any]):
                 field=f"$.options.{name}",
                 code="unknown_option",
             )
+        check_knobs(self.options, options, self._intercept_problem, self.flavour.label)
         if accelerated(self._model):
             for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
                 if getattr(options, name, None) is not None:
@@ -260,6 +268,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
+        bf16_problem(self.options, None, flavour.label)  # an explicit bf16_weights the device cannot honour
         self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])
@@ -280,6 +289,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         with heartbeat(progress, "load", 0.3, message, HEARTBEAT_INTERVAL), offline(not opts.allow_download):
             model = cls(**kwargs)
         self._segment_texts.install(model)
+        self.bf16_weights = apply_bf16(self.options, model, flavour.label)
         self._intercept_problem = interceptable(model)
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
@@ -439,6 +449,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
+        self._request_facts.update(self.knob_facts(request))
         self._segment_texts.start(first_length(request.options, self.options, request.stream))
         emotion_path = kwargs.get("emo_audio_prompt")
         with (
@@ -470,14 +481,22 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
-        options = request.options
-        if not _decoding_asked(options):
+        knobs = self.knobs(request)
+        if not (_decoding_asked(request.options) or knobs.s2mel):
             return None
-        return Decoding(
-            greedy=getattr(options, "do_sample", None) is False,
-            num_beams=getattr(options, "num_beams", None),
-            seed=getattr(options, "seed", None),
-        )
+        return self.decoding_of(request)
+
+    def decoding_of(self, request: SynthesisRequest[Any], **batch: Any) -> Decoding:
+        """``request``'s decoding context, its knobs in it (and ``batch``'s fields)."""
+        return request_decoding(request, self.knobs(request), **batch)
+
+    def knobs(self, request: SynthesisRequest[Any]) -> Knobs:
+        """The fast profile's knobs in effect for ``request`` (``_profile.py``)."""
+        return request_knobs(self.options, request.options, accelerated(self._model))[1]
+
+    def knob_facts(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
+        """What ``done.facts`` says of the profile (``_profile.py``)."""
+        return knob_facts(self.options, request.options, accelerated(self._model), self.bf16_weights)
 
     # ---------------------------------------------------------- batches
 
@@ -510,6 +529,8 @@ class IndexTTSEngine(Engine[Any, Any]):
             join=join,
             batch_stages=self.batch_stages(),
             first_segment_tokens=lambda request: first_length(request.options, self.options, request.stream),
+            decoding=self.decoding_of,
+            facts=self.knob_facts,
         )
         try:
             for index, value in batch.run(hooks):
@@ -551,6 +572,9 @@ class IndexTTSEngine(Engine[Any, Any]):
             value = getattr(opts, name, None)
             if value is not None:
                 kwargs[name] = value
+        beams = self.knobs(request).num_beams
+        if beams is not None:
+            kwargs["num_beams"] = beams
         return kwargs
 
     # ---------------------------------------------------------- memory
@@ -561,36 +585,11 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._model = None
         self._voices.clear()
         gc.collect()
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
-            mps = getattr(torch, "mps", None)
-            if mps is not None and torch.backends.mps.is_available():
-                mps.empty_cache()
-        except Exception as exc:  # freeing caches is best effort
-            log.warning("emptying the torch caches failed: %s", exc)
+        empty_caches()
 
     def memory(self) -> dict[str, int]:
         """CUDA or MPS memory, only if torch is already imported: never imports it."""
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return {}
-        try:
-            cuda = getattr(torch, "cuda", None)
-            if cuda is not None and cuda.is_available() and cuda.is_initialized():
-                return {"cuda_allocated": int(cuda.memory_allocated()), "cuda_reserved": int(cuda.memory_reserved())}
-            mps = getattr(torch, "mps", None)
-            if mps is not None and torch.backends.mps.is_available():
-                return {
-                    "mps_allocated": int(mps.current_allocated_memory()),
-                    "mps_driver": int(mps.driver_allocated_memory()),
-                }
-        except Exception:  # torch half-imported by the engine thread, or a backend without stats
-            return {}
-        return {}
+        return device_memory()
 
 
 def _decoding_asked(options: Any) -> bool:

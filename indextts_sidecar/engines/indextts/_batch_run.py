@@ -27,12 +27,13 @@ from ._batched import Decoding, Hooks, run_calls, set_decoding
 from ._install import Flavour
 from ._lockstep import Blocked, Chunk, End, Failed, Lockstep, Report
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._profile import Knobs
 from ._segments import SegmentTexts
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, Tally, failed_reference
 from ._upstream import StageTimes
 from ._voice_cache import VoiceCache
 
-__all__ = ["ROW_WISE", "BatchMember", "BatchRun", "one_after_another", "resolve_stages"]
+__all__ = ["ROW_WISE", "BatchMember", "BatchRun", "one_after_another", "request_decoding", "resolve_stages"]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
@@ -116,6 +117,8 @@ class BatchRun:
         join: Union[Join, None] = None,
         batch_stages: str = "all",
         first_segment_tokens: Callable[[SynthesisRequest[Any]], Union[int, None]] = lambda request: None,
+        decoding: Union[Callable[..., Decoding], None] = None,
+        facts: Callable[[SynthesisRequest[Any]], dict[str, Any]] = lambda request: {},
     ) -> None:
         self.model = model
         self.flavour = flavour
@@ -125,6 +128,9 @@ class BatchRun:
         self.batch_vocoder = batch_vocoder
         self.batch_stages = batch_stages
         self.first_segment_tokens = first_segment_tokens
+        #: A request's decoding context, given the batch's fields (the adapter's: its knobs too).
+        self.decoding = decoding or request_decoding
+        self.knob_facts = facts
         self.row_wise = ROW_WISE[batch_stages]
         self.max_batch = max_batch
         self.join = join
@@ -147,15 +153,7 @@ class BatchRun:
         except EngineError as exc:
             self.early.append((index, ItemDone(exc)))
             return None
-        options = item.request.options
-        context = Decoding(
-            greedy=getattr(options, "do_sample", None) is False,
-            num_beams=getattr(options, "num_beams", None),
-            seed=getattr(options, "seed", None),
-            batch=self.lockstep,
-            batch_vocoder=self.batch_vocoder,
-            memo=self.memo,
-        )
+        context = self.decoding(item.request, batch=self.lockstep, batch_vocoder=self.batch_vocoder, memo=self.memo)
         worker = self.lockstep.add(self._starter(kwargs, context))
         self.members[index] = BatchMember(item, self.flavour, kwargs, worker)
         return index
@@ -185,6 +183,7 @@ class BatchRun:
             "voice_cache": "hit" if member.restored else "miss",
             "stages": dict(member.times.stages),
             "batch_stages": self.batch_stages,
+            **self.knob_facts(member.item.request),
         }
 
     def close(self) -> None:
@@ -323,6 +322,22 @@ class BatchRun:
                     yield index, ItemDone(None)
                     continue
                 reports[index] = self._step(index)
+
+
+def request_decoding(request: SynthesisRequest[Any], knobs: Union[Knobs, None] = None, **batch: Any) -> Decoding:
+    """``request``'s decoding context: greedy or not, its seed, ``knobs`` (None: its own
+    ``num_beams`` alone), and ``batch``'s fields."""
+    options = request.options
+    if knobs is None:
+        knobs = Knobs(num_beams=getattr(options, "num_beams", None))
+    return Decoding(
+        greedy=getattr(options, "do_sample", None) is False,
+        num_beams=knobs.num_beams,
+        seed=getattr(options, "seed", None),
+        diffusion_steps=knobs.diffusion_steps,
+        cfg_rate=knobs.cfg_rate,
+        **batch,
+    )
 
 
 def _beat(progresses: list[ProgressFn]) -> Callable[[str], heartbeat]:

@@ -25,6 +25,8 @@ unchanged unless the calling thread runs a request with a :class:`Decoding` cont
   what upstream wrote into the GPT call;
 - a seed gives the request its own noise generator: each segment's CFM noise is the next
   draw from it, and upstream's solver runs on that noise;
+- the fast profile's ``diffusion_steps`` and ``cfg_rate`` (``_profile.py``) replace the
+  steps and guidance rate upstream writes into the CFM call (a batch's CFM key holds them);
 - in a batch (:mod:`._lockstep`), the call is parked and the coordinator runs the parked calls
   of all requests as one: :func:`run_calls`.
 
@@ -82,7 +84,17 @@ class Decoding:
     batch_vocoder: bool = True
     #: Shared by the requests of one batch: per-voice results computed once (see :func:`install`).
     memo: Union[dict[Any, Any], None] = field(default=None, repr=False)
+    #: The s2mel CFM's diffusion steps and guidance rate in place of upstream's (None: upstream's):
+    #: the fast profile's knobs (``_profile.py``).  A batch's CFM key holds the values in effect.
+    diffusion_steps: Union[int, None] = None
+    cfg_rate: Union[float, None] = None
     _generator: Any = field(default=None, repr=False)
+
+    def s2mel(self, n_timesteps: Any, inference_cfg_rate: Any) -> tuple[Any, Any]:
+        """The CFM call's steps and guidance rate, this request's knobs in place of upstream's."""
+        steps = n_timesteps if self.diffusion_steps is None else self.diffusion_steps
+        rate = inference_cfg_rate if self.cfg_rate is None else self.cfg_rate
+        return steps, rate
 
     def noise(self, torch: Any, shape: list[int], device: Any) -> Any:
         """This request's next noise draw (torch's global generator without a seed)."""
@@ -218,6 +230,8 @@ def install(model: Any) -> Hooks:
         inference_cfg_rate: float = 0.5,
     ) -> Any:
         context = current()
+        if context is not None:
+            n_timesteps, inference_cfg_rate = context.s2mel(n_timesteps, inference_cfg_rate)
         if context is None or (context.seed is None and context.batch is None):
             return cfm_original(mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate)
         torch = _torch()

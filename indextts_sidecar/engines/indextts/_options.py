@@ -15,6 +15,8 @@ __all__ = [
     "INFER_KEYWORDS",
     "LANGUAGES",
     "MAX_BATCH_LIMIT",
+    "MAX_DIFFUSION_STEPS",
+    "PROFILES",
     "VOICE_CACHE_DEFAULT",
     "IndexTTS2Options",
     "IndexTTS2RequestOptions",
@@ -31,10 +33,20 @@ VOICE_CACHE_DEFAULT = 4
 #: The largest ``max_batch`` accepted (upstream's accel engine plans for 8 sequences; 64 bounds memory).
 MAX_BATCH_LIMIT = 64
 
+#: The most s2mel diffusion steps a request may ask for (upstream runs 25).
+MAX_DIFFUSION_STEPS = 200
+#: ``profile``: ``default`` is upstream's path; ``fast`` sets the knobs of ``PROFILES["fast"]``
+#: (docs/indextts.md, "The fast profile").
+PROFILES = ("default", "fast")
+
 _Lang = Annotated[str, msgspec.Meta(pattern=r"(?i)^(zh|en|ja|es|ar)$")]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 _PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+_Profile = Literal["default", "fast"]
+_Steps = Annotated[int, msgspec.Meta(ge=1, le=MAX_DIFFUSION_STEPS)]
+#: Upstream's classifier-free guidance rate (0.7); 0 turns guidance off (one DiT row, not two).
+_CfgRate = Annotated[float, msgspec.Meta(ge=0, le=10)]
 
 
 class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,6 +97,18 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: only with ``max_batch`` 2 or more and upstream's model calls reachable (not with
     #: ``use_accel``, nor an upstream whose calls cannot be intercepted: the warning at load).
     join_batches: bool = True
+    #: ``fast``: the fast profile's knobs for every request (docs/indextts.md, "The fast
+    #: profile"); each knob below, set, overrides the profile's value.  ``default``: none.
+    profile: _Profile = "default"
+    #: s2mel diffusion steps (upstream's ``diffusion_steps``, 25); None: the profile's.
+    diffusion_steps: Union[_Steps, None] = None
+    #: s2mel classifier-free guidance rate (upstream's ``inference_cfg_rate``, 0.7); 0: off.
+    cfg_rate: Union[_CfgRate, None] = None
+    #: GPT beams of every request that does not set its own (upstream's default, 3).
+    num_beams: Union[_PositiveInt, None] = None
+    #: The GPT's weights in bfloat16, where the device has bf16 matrix products (a CPU with
+    #: AVX512-BF16 or AMX, a CUDA GPU with bf16): refused at load, named, elsewhere.
+    bf16_weights: Union[bool, None] = None
 
 
 class IndexTTS2Options(_Options):
@@ -144,6 +168,13 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     repetition_penalty: Union[_PositiveFloat, None] = None
     length_penalty: Union[float, None] = None
     max_mel_tokens: Union[_PositiveInt, None] = None
+    #: The fast profile's knobs for this request (``fast``), or none of them (``default``);
+    #: None: the engine option.  ``bf16_weights`` is the engine's alone (weights load once).
+    profile: Union[_Profile, None] = None
+    #: s2mel diffusion steps (upstream: 25); None: the profile's, else the engine option.
+    diffusion_steps: Union[_Steps, None] = None
+    #: s2mel classifier-free guidance rate (upstream: 0.7; 0: off); None as ``diffusion_steps``.
+    cfg_rate: Union[_CfgRate, None] = None
 
     def __post_init__(self) -> None:
         # msgspec lets NaN and infinities through an unbounded float.

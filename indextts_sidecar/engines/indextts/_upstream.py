@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 import re
 import sys
@@ -19,10 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Union
 
+log = logging.getLogger("indextts_sidecar.engines.indextts")
+
 __all__ = [
     "StageTimes",
     "accelerated",
     "default_of",
+    "device_memory",
+    "empty_caches",
     "named_parameters",
     "offline",
     "preserved_process_state",
@@ -157,3 +162,38 @@ class StageTimes:
             yield
         finally:
             sys.stdout = self._target
+
+
+def empty_caches() -> None:
+    """Free torch's CUDA or MPS cache after an unload, if torch is imported (best effort)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            mps.empty_cache()
+    except Exception as exc:  # freeing caches is best effort
+        log.warning("emptying the torch caches failed: %s", exc)
+
+
+def device_memory() -> dict[str, int]:
+    """CUDA or MPS memory, only if torch is already imported: never imports it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    try:
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_available() and cuda.is_initialized():
+            return {"cuda_allocated": int(cuda.memory_allocated()), "cuda_reserved": int(cuda.memory_reserved())}
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            return {
+                "mps_allocated": int(mps.current_allocated_memory()),
+                "mps_driver": int(mps.driver_allocated_memory()),
+            }
+    except Exception:  # torch half-imported by the engine thread, or a backend without stats
+        return {}
+    return {}

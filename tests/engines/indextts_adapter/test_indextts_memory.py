@@ -1,4 +1,4 @@
-"""memory() and unload(): torch is never imported, caches are freed (engines/indextts/_adapter.py).
+"""memory() and unload(): torch is never imported, caches are freed (engines/indextts/_adapter.py, _upstream.py).
 
 They call the adapter in-process against the stand-in packages in tests/standin; the
 wire-level tests, with a real sidecar child, are in test_indextts_sidecar.py.

@@ -1,0 +1,324 @@
+"""Precision gates: what a fast path changes, measured against upstream's path on the same inputs.
+
+Runs in upstream's venv with this repository and the GitHub checkout on ``PYTHONPATH``, on a
+conformance fixture (``tests/upstream/fixture.py 2|2.5|2-full|2.5-full DIR``) or a real
+checkpoint directory, driving the adapter in process::
+
+    PYTHONPATH=.:../shared/upstream/index-tts $INDEXTTS_UPSTREAM_PYTHON bench/precision_gates.py 2.5 DIR \\
+        --profile fast [--knob diffusion_steps=10 ...] [--tokens 20] [--rounds 1] [--json OUT] \\
+        [--require token_match=0.9 --require mel_cosine=0.95 --require snr_db=10]
+
+Both paths run the same requests: each text of ``--texts`` with the fixture's ``voice.wav``
+(``--voice`` for another), greedy (``do_sample=False``, so that a difference is the knobs',
+not the sampler's), a seed each, at most ``--tokens`` GPT tokens.  The baseline is upstream's
+path with upstream's own three beams (``num_beams=3``); the candidate is the same requests
+with the knobs: ``--profile fast`` and each ``--knob NAME=VALUE`` (``diffusion_steps``,
+``cfg_rate``, ``num_beams``: request options; ``bf16_weights``: the engine's).  A knob given
+overrides the profile's.  The baseline runs first, its engine unloaded before the
+candidate's loads (full-size models are not held twice).
+
+The gates, per input and over all:
+
+``token_match``
+    the GPT codes of each segment, position by position: the share of the baseline's tokens
+    the candidate decoded identically (a shorter or longer candidate counts its missing or
+    extra positions as mismatches);
+``mel_cosine``
+    per segment, the s2mel decoder's output mel (what ``solve_euler`` returns) against the
+    baseline's, as one vector over the frames both have (1.0: the same direction);
+``snr_db``
+    the candidate's int16 audio against the baseline's, over the samples both have:
+    10 log10(signal energy / difference energy); ``inf`` when identical;
+``speedup``
+    the baseline's wall time over the candidate's (all inputs, ``--rounds`` rounds, after one
+    warm-up request each), and each of upstream's stage times (``done.facts["stages"]``).
+
+Prints a table and writes the JSON (``--json``; an infinite SNR as ``Infinity``, as Python's
+``json`` writes and reads it); with ``--require GATE=MIN`` (``speedup`` too)
+it exits 1 when a gate falls below its minimum.  What each model call saw (the CFM's steps,
+guidance rate and rows, the GPT's beams) is in ``calls``, and the candidate's ``done.facts``
+in ``facts``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from indextts_sidecar.engines import SynthesisRequest
+from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine
+
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello there, this is a test of the fast profile.",
+)
+#: Request options that are knobs (the rest of ``--knob`` goes to the engine: ``bf16_weights``).
+REQUEST_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams")
+ENGINE_KNOBS = ("bf16_weights",)
+#: Upstream's own beams, the baseline's.
+UPSTREAM_BEAMS = 3
+GATES = ("token_match", "mel_cosine", "snr_db", "speedup")
+
+
+class Recorder:
+    """What one model's calls saw and returned: per request, the GPT's codes and the CFM's mels."""
+
+    def __init__(self) -> None:
+        self.codes: list[list[int]] = []
+        self.mels: list[np.ndarray] = []
+        self.calls: dict[str, list[Any]] = {"num_beams": [], "diffusion_steps": [], "cfg_rate": [], "cfm_rows": []}
+
+    def take(self) -> tuple[list[list[int]], list[np.ndarray]]:
+        codes, mels, self.codes, self.mels = self.codes, self.mels, [], []
+        return codes, mels
+
+    def install(self, model: Any) -> None:
+        """Wrap the GPT's decoding and the CFM's solver on the instance (before the adapter's
+        interceptors, which then call these as upstream's)."""
+        gpt, cfm = model.gpt, model.s2mel.models["cfm"]
+        decode, solve = gpt.inference_speech, cfm.solve_euler
+        stop = getattr(gpt, "stop_mel_token", None)
+
+        @functools.wraps(decode)  # its signature: the adapter's interceptor binds arguments by it
+        def inference_speech(*args: Any, **kwargs: Any) -> Any:
+            self.calls["num_beams"].append(kwargs.get("num_beams"))
+            out = decode(*args, **kwargs)
+            codes = out[0] if isinstance(out, tuple) else out
+            for row in codes.tolist():
+                self.codes.append(row[: row.index(stop) + 1] if stop in row else row)
+            return out
+
+        def solve_euler(
+            x: Any, x_lens: Any, prompt: Any, mu: Any, style: Any, f0: Any, t_span: Any, rate: Any = 0.5
+        ) -> Any:
+            self.calls["diffusion_steps"].append(int(t_span.numel()) - 1)
+            self.calls["cfg_rate"].append(float(rate))
+            self.calls["cfm_rows"].append(int(x.size(0)))
+            out = solve(x, x_lens, prompt, mu, style, f0, t_span, rate)
+            for i in range(int(out.size(0))):
+                self.mels.append(out[i].float().cpu().numpy())
+            return out
+
+        gpt.inference_speech = inference_speech
+        cfm.solve_euler = solve_euler
+
+
+def token_match(base: list[list[int]], cand: list[list[int]]) -> tuple[int, int]:
+    """(tokens decoded identically, tokens counted) over segments taken pairwise."""
+    same = total = 0
+    for i in range(max(len(base), len(cand))):
+        a = base[i] if i < len(base) else []
+        b = cand[i] if i < len(cand) else []
+        same += sum(1 for x, y in zip(a, b, strict=False) if x == y)
+        total += max(len(a), len(b))
+    return same, total
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    frames = min(a.shape[-1], b.shape[-1])
+    x, y = a[..., :frames].astype(np.float64).ravel(), b[..., :frames].astype(np.float64).ravel()
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(np.dot(x, y) / norm) if norm else (1.0 if not x.any() and not y.any() else 0.0)
+
+
+def snr_db(base: np.ndarray, cand: np.ndarray) -> float:
+    n = min(base.size, cand.size)
+    a, b = base[:n].astype(np.float64), cand[:n].astype(np.float64)
+    noise = float(np.sum((a - b) ** 2))
+    signal = float(np.sum(a**2))
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal else -math.inf
+
+
+def run_path(
+    cls: Any, engine_options: dict[str, Any], requests: list[dict[str, Any]], texts: list[str], voice: str, rounds: int
+) -> dict[str, Any]:
+    """Load an engine, run every request (one warm-up, then ``rounds`` timed), unload it."""
+    engine: Any = cls(msgspec.convert(engine_options, cls.Options))
+    # The same seed before each load: a checkpoint that leaves weights to their random
+    # initialisation (the tiny fixtures do) loads them equal for both paths.
+    torch.manual_seed(0)
+    engine.load(lambda *a: None, lambda: False)
+    recorder = Recorder()
+    recorder.install(engine._model)
+
+    def synthesize(i: int) -> tuple[np.ndarray, dict[str, Any]]:
+        request = SynthesisRequest(
+            id=i, text=texts[i], voice=voice, emotion=None, options=msgspec.convert(requests[i], cls.RequestOptions)
+        )
+        pieces = list(engine.synthesize(request, lambda *a: None, lambda: False))
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+        return audio, engine.request_facts()
+
+    synthesize(0)  # warm-up: first-call costs (allocations, the voice's conditioning) out of the timing
+    recorder.take()
+    for key in recorder.calls:
+        recorder.calls[key].clear()
+    outputs: list[dict[str, Any]] = []
+    wall = 0.0
+    stages: dict[str, float] = {}
+    for round_ in range(rounds):
+        for i in range(len(texts)):
+            started = time.perf_counter()
+            audio, facts = synthesize(i)
+            wall += time.perf_counter() - started
+            codes, mels = recorder.take()
+            for name, seconds in (facts.get("stages") or {}).items():
+                stages[name] = stages.get(name, 0.0) + float(seconds)
+            if round_ == 0:
+                outputs.append({"audio": audio, "codes": codes, "mels": mels, "facts": facts})
+    info = engine.info()
+    engine.unload()
+    return {"wall": wall, "stages": stages, "outputs": outputs, "calls": recorder.calls, "info": info}
+
+
+def parse_knobs(pairs: list[str]) -> dict[str, Any]:
+    knobs: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in (*REQUEST_KNOBS, *ENGINE_KNOBS):
+            raise SystemExit(f"--knob {pair!r}: expected NAME=VALUE with NAME in {REQUEST_KNOBS + ENGINE_KNOBS}")
+        knobs[name] = json.loads(value)
+    return knobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("version", choices=("2", "2.5"))
+    parser.add_argument("model_dir")
+    parser.add_argument("--profile", choices=("default", "fast"), default=None)
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--texts", nargs="+", default=list(TEXTS))
+    parser.add_argument("--voice", default=None, help="reference clip (default: MODEL_DIR/voice.wav)")
+    parser.add_argument("--tokens", type=int, default=20, help="max_mel_tokens of each request")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="torch's intra-op threads")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--require", action="append", default=[], metavar="GATE=MIN")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    knobs = parse_knobs(args.knob)
+    requires = {}
+    for pair in args.require:
+        name, _, value = pair.partition("=")
+        if name not in GATES:
+            raise SystemExit(f"--require {pair!r}: GATE is one of {GATES}")
+        requires[name] = float(value)
+    cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
+    voice = args.voice or os.path.join(args.model_dir, "voice.wav")
+    engine_options: dict[str, Any] = {"model_dir": args.model_dir, "device": args.device, "use_qwen_emo": False}
+    base = [
+        {"do_sample": False, "seed": 7 + i, "max_mel_tokens": args.tokens, "num_beams": UPSTREAM_BEAMS}
+        for i in range(len(args.texts))
+    ]
+    cand_request = {name: value for name, value in knobs.items() if name in REQUEST_KNOBS}
+    if args.profile is not None:
+        cand_request["profile"] = args.profile
+    candidate = []
+    for options in base:
+        options = dict(options)
+        if args.profile == "fast" and "num_beams" not in knobs:
+            del options["num_beams"]  # the profile's
+        candidate.append({**options, **cand_request})
+    cand_engine = {**engine_options, **{k: v for k, v in knobs.items() if k in ENGINE_KNOBS}}
+    if args.profile == "fast":
+        cand_engine["profile"] = "fast"  # its bf16_weights, where the device has them
+    print(f"baseline: upstream's path, {UPSTREAM_BEAMS} beams, greedy", file=sys.stderr)
+    baseline = run_path(cls, engine_options, base, args.texts, voice, args.rounds)
+    print(f"candidate: {cand_request} engine {cand_engine}", file=sys.stderr)
+    cand = run_path(cls, cand_engine, candidate, args.texts, voice, args.rounds)
+
+    inputs = []
+    same = total = 0
+    cosines: list[float] = []
+    snrs: list[float] = []
+    for text, b, c in zip(args.texts, baseline["outputs"], cand["outputs"], strict=True):
+        s, t = token_match(b["codes"], c["codes"])
+        same, total = same + s, total + t
+        mel = [cosine(x, y) for x, y in zip(b["mels"], c["mels"], strict=False)]  # segments both have
+        snr = snr_db(b["audio"], c["audio"])
+        cosines += mel
+        snrs.append(snr)
+        inputs.append(
+            {
+                "text": text,
+                "token_match": s / t if t else 1.0,
+                "tokens": [len(x) for x in b["codes"]],
+                "candidate_tokens": [len(x) for x in c["codes"]],
+                "mel_cosine": mel,
+                "snr_db": snr,
+                "samples": int(b["audio"].size),
+                "candidate_samples": int(c["audio"].size),
+            }
+        )
+    gates = {
+        "token_match": same / total if total else 1.0,
+        "mel_cosine": min(cosines) if cosines else 1.0,
+        "mel_cosine_mean": float(np.mean(cosines)) if cosines else 1.0,
+        "snr_db": min(snrs) if snrs else math.inf,
+        "snr_db_mean": float(np.mean(snrs)) if snrs else math.inf,
+        "speedup": baseline["wall"] / cand["wall"] if cand["wall"] else math.inf,
+    }
+    failed = [name for name, minimum in requires.items() if not gates[name] >= minimum]
+    report = {
+        "version": args.version,
+        "model_dir": os.path.basename(os.path.normpath(args.model_dir)),
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "tokens": args.tokens,
+        "profile": args.profile,
+        "knobs": knobs,
+        "gates": gates,
+        "required": requires,
+        "failed": failed,
+        "wall_s": {"baseline": baseline["wall"], "candidate": cand["wall"]},
+        "stages_s": {"baseline": baseline["stages"], "candidate": cand["stages"]},
+        "calls": {"baseline": baseline["calls"], "candidate": cand["calls"]},
+        "facts": [out["facts"] for out in cand["outputs"]],
+        "engine": {"baseline": baseline["info"], "candidate": cand["info"]},
+        "inputs": inputs,
+    }
+    print_table(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(report, out, indent=1, default=str)
+    print("ok" if not failed else f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def print_table(report: dict[str, Any]) -> None:
+    gates = report["gates"]
+    rows: list[tuple[str, Callable[[Any], str], Any]] = [
+        ("token match", "{:.3f}".format, gates["token_match"]),
+        ("mel cosine (min)", "{:.4f}".format, gates["mel_cosine"]),
+        ("mel cosine (mean)", "{:.4f}".format, gates["mel_cosine_mean"]),
+        ("vocoder SNR dB (min)", "{:.1f}".format, gates["snr_db"]),
+        ("vocoder SNR dB (mean)", "{:.1f}".format, gates["snr_db_mean"]),
+        ("speed-up", "{:.2f}x".format, gates["speedup"]),
+    ]
+    print(f"IndexTTS-{report['version']} profile={report['profile']} knobs={report['knobs']}")
+    for label, fmt, value in rows:
+        print(f"  {label:<24}{fmt(value)}")
+    stages = report["stages_s"]
+    for name in sorted(set(stages["baseline"]) | set(stages["candidate"])):
+        b, c = stages["baseline"].get(name, 0.0), stages["candidate"].get(name, 0.0)
+        print(f"  {name:<24}{b:8.2f} s -> {c:8.2f} s")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
