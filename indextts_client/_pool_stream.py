@@ -10,7 +10,7 @@ import anyio
 from ._audio import AudioChunk, WordTiming
 from ._exceptions import BusyError, CrashedError, RestartLimitError, StartError
 from ._pool_routing import Member, Router
-from ._request import Synthesis
+from ._wire._request import Synthesis
 
 __all__ = ["RETRYABLE", "PoolStream"]
 

@@ -33,7 +33,7 @@ from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
 from ._defaults import DEFAULT_SHUTDOWN_TIMEOUT
 from ._exceptions import StartError
-from ._handshake import LossInfo
+from ._wire._handshake import LossInfo
 
 __all__ = ["Redactor", "SidecarProcess", "StderrLog", "stop_sidecar"]
 

@@ -3,7 +3,7 @@
 :class:`~indextts_client.Client` builds one :class:`SidecarSettings` from its arguments
 (how to reach the sidecar is the transport's, in ``_transports.py``); the supervisor reads
 its restart budget, heartbeat and stop grace from it and hands each new
-:class:`~indextts_client._connection.Connection` the part that is the connection's.
+:class:`~indextts_client._wire._connection.Connection` the part that is the connection's.
 """
 
 from __future__ import annotations

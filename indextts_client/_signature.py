@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, TypeVar
 
 from ._client import Client
-from ._request import Requester, merge_options
+from ._wire._request import Requester, merge_options
 
 __all__ = ["CLIENT", "REQUESTER", "merge_options", "same_parameters"]
 

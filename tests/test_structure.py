@@ -73,7 +73,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_packages_have_no_import_cycles() -> None:
     graph = _imports()
-    assert "indextts_client._request" in graph and "indextts_sidecar._server" in graph
+    assert "indextts_client._wire._request" in graph and "indextts_sidecar._server" in graph
     assert _cycles(graph) == []
 
 
@@ -119,10 +119,10 @@ def test_no_module_takes_a_private_name_from_another() -> None:
 # (``_deadlines``, ``_transports``...) or moved into its layer's folder (``_wire/``,
 # ``_supervision/``) falls under its layer's rule the day it lands.
 
-WIRE = ("_connection", "_exchange", "_sender", "_handshake", "_deadline*", "_wire", "_wire.*")
+WIRE = ("_wire", "_wire._connection", "_wire._exchange", "_wire._sender", "_wire._handshake", "_wire._deadline*")
 #: What a caller holds: the request methods and a request's run (an SSML request's too).  They
 #: stand on the request seam alone (``_exchange``'s Channel); ``Connection`` is a Requester.
-REQUESTS = ("_request", "_request_run", "_ssml._run")
+REQUESTS = ("_wire._request", "_wire._request_run", "_ssml._run")
 #: Text in, text out: the sentence splitter and the SSML reader, planner and cutter (no I/O).
 TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", "_ssml._render", "_ssml._cut")
 SUPERVISION = (
@@ -225,7 +225,7 @@ def _requests_may_import(_module: str, target: str, _name: str) -> bool:
     """The request layer: the request seam (``_exchange``), text, shared values, each other."""
     if not target.startswith("indextts_client"):
         return True
-    return target == "indextts_client._exchange" or _in(target, REQUESTS + TEXT + SHARED)
+    return target == "indextts_client._wire._exchange" or _in(target, REQUESTS + TEXT + SHARED)
 
 
 def test_a_request_uses_its_connection_only_through_the_request_seam() -> None:
@@ -341,14 +341,20 @@ def test_the_protocol_package_imports_nothing_of_the_sidecar_outside_it() -> Non
 
 def test_a_layer_breach_is_found_when_there_is_one() -> None:
     statements = {
-        "indextts_client._connection": {("indextts_client._client", "Client"), ("indextts_client._audio", "Audio")},
-        "indextts_client._deadlines": {("indextts_client._transports", "SpawnTransport")},
+        "indextts_client._wire._connection": {
+            ("indextts_client._client", "Client"),
+            ("indextts_client._audio", "Audio"),
+        },
+        "indextts_client._wire._deadlines": {("indextts_client._transports", "SpawnTransport")},
         "indextts_client._client": set(),
         "indextts_client._transports": set(),
         "indextts_client._audio": set(),
-        "indextts_client.ray": {("indextts_client._request", "_resolve"), ("indextts_client._request", "Synthesis")},
-        "indextts_client._request": set(),
-        "indextts_client._request_run": {("indextts_client._connection", "Connection")},
+        "indextts_client.ray": {
+            ("indextts_client._wire._request", "_resolve"),
+            ("indextts_client._wire._request", "Synthesis"),
+        },
+        "indextts_client._wire._request": set(),
+        "indextts_client._wire._request_run": {("indextts_client._wire._connection", "Connection")},
         "indextts_client._setup._command": {("indextts_client._client", "Client")},
         "indextts_client._registry": set(),
         "indextts_client.integrations.pipecat": {
@@ -362,14 +368,14 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
     statements["indextts_client._client"] = {("indextts_client._setup._command", "setup_command_main")}
     above = SUPERVISION + FACADES + SERVING + TOOLS
     assert _breaches(statements, WIRE, lambda _m, target, _n: not _in(target, above)) == {
-        "indextts_client._connection imports indextts_client._client.Client",
-        "indextts_client._deadlines imports indextts_client._transports.SpawnTransport",
+        "indextts_client._wire._connection imports indextts_client._client.Client",
+        "indextts_client._wire._deadlines imports indextts_client._transports.SpawnTransport",
     }
     assert _breaches(statements, SERVING, _serving_may_import) == {
-        "indextts_client.ray imports indextts_client._request._resolve"
+        "indextts_client.ray imports indextts_client._wire._request._resolve"
     }
     assert _breaches(statements, REQUESTS, _requests_may_import) == {
-        "indextts_client._request_run imports indextts_client._connection.Connection"
+        "indextts_client._wire._request_run imports indextts_client._wire._connection.Connection"
     }
     assert _breaches(statements, INTEGRATIONS, _integrations_may_import) == {
         "indextts_client.integrations.pipecat imports indextts_client._pool.Pool"
