@@ -1,7 +1,7 @@
 """The public :class:`Client`: its arguments, properties and lifecycle.
 
 The sessions behind it (spawning, the handshake, restarts within a budget, the
-heartbeat, the stop ladder) are its :class:`~indextts_client._supervisor.Supervisor`'s;
+heartbeat, the stop ladder) are its :class:`~indextts_client._supervision._supervisor.Supervisor`'s;
 a request asks the supervisor for the current :class:`Connection`.
 """
 
@@ -31,12 +31,12 @@ from ._defaults import (
     DEFAULT_SHUTDOWN_TIMEOUT,
 )
 from ._exceptions import RestartLimitError
-from ._process import Redactor
 from ._registry import discover
-from ._settings import SidecarSettings
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._supervisor import Supervisor
-from ._transports import (
+from ._supervision._process import Redactor
+from ._supervision._settings import SidecarSettings
+from ._supervision._supervisor import Supervisor
+from ._supervision._transports import (
     SocketTransport,
     SpawnTransport,
     StreamsTransport,

@@ -50,13 +50,13 @@ from ._defaults import (
     DEFAULT_POOL_TIMEOUT,
     DEFAULT_RESTART_WINDOW,
 )
-from ._detached import spawn_detached
 from ._exceptions import ClosedError, EngineError, SidecarError, StartError, unwrap
 from ._mps import MpsDaemon
 from ._pool_routing import Member, Router, device_env
 from ._pool_stream import RETRYABLE, PoolStream
 from ._signature import CLIENT, REQUESTER, same_parameters
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
+from ._supervision._detached import spawn_detached
 from ._types import Health, LoadInfo, ServedStream
 
 if TYPE_CHECKING:

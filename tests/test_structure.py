@@ -125,17 +125,7 @@ WIRE = ("_wire", "_wire._connection", "_wire._exchange", "_wire._sender", "_wire
 REQUESTS = ("_wire._request", "_wire._request_run", "_ssml._run")
 #: Text in, text out: the sentence splitter and the SSML reader, planner and cutter (no I/O).
 TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", "_ssml._render", "_ssml._cut")
-SUPERVISION = (
-    "_supervisor",
-    "_supervision",
-    "_supervision.*",
-    "_transport*",
-    "_restart*",
-    "_settings*",
-    "_process",
-    "_detached",
-    "_mps",
-)
+SUPERVISION = ("_supervision", "_supervision.*", "_mps")
 FACADES = ("_client", "_pool", "_pool_cli", "_pool_routing", "_pool_stream", "_blocking", "_signature", "_stream_text")
 SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
@@ -345,9 +335,9 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
             ("indextts_client._client", "Client"),
             ("indextts_client._audio", "Audio"),
         },
-        "indextts_client._wire._deadlines": {("indextts_client._transports", "SpawnTransport")},
+        "indextts_client._wire._deadlines": {("indextts_client._supervision._transports", "SpawnTransport")},
         "indextts_client._client": set(),
-        "indextts_client._transports": set(),
+        "indextts_client._supervision._transports": set(),
         "indextts_client._audio": set(),
         "indextts_client.ray": {
             ("indextts_client._wire._request", "_resolve"),
@@ -369,7 +359,7 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
     above = SUPERVISION + FACADES + SERVING + TOOLS
     assert _breaches(statements, WIRE, lambda _m, target, _n: not _in(target, above)) == {
         "indextts_client._wire._connection imports indextts_client._client.Client",
-        "indextts_client._wire._deadlines imports indextts_client._transports.SpawnTransport",
+        "indextts_client._wire._deadlines imports indextts_client._supervision._transports.SpawnTransport",
     }
     assert _breaches(statements, SERVING, _serving_may_import) == {
         "indextts_client.ray imports indextts_client._wire._request._resolve"

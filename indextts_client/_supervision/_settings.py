@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from ._defaults import (
+from .._defaults import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_HEARTBEAT_MISSES,
     DEFAULT_IDLE_TIMEOUT,
@@ -23,9 +23,9 @@ from ._defaults import (
     DEFAULT_RESTART_WINDOW,
     DEFAULT_SHUTDOWN_TIMEOUT,
 )
+from .._types import RestartCallback
 from ._process import Redactor
 from ._restarts import RestartBudget
-from ._types import RestartCallback
 
 __all__ = ["SidecarSettings"]
 
