@@ -43,8 +43,8 @@ from ._exceptions import (
     StartError,
     VersionMismatchError,
 )
-from ._mps import MpsUnavailableError
-from ._pool import MemberHealth, Pool, PoolStream
+from ._pool._mps import MpsUnavailableError
+from ._pool._pool import MemberHealth, Pool, PoolStream
 from ._ssml import SsmlError
 from ._stream_text import FLUSH, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo

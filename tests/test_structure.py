@@ -125,8 +125,8 @@ WIRE = ("_wire", "_wire._connection", "_wire._exchange", "_wire._sender", "_wire
 REQUESTS = ("_wire._request", "_wire._request_run", "_ssml._run")
 #: Text in, text out: the sentence splitter and the SSML reader, planner and cutter (no I/O).
 TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", "_ssml._render", "_ssml._cut")
-SUPERVISION = ("_supervision", "_supervision.*", "_mps")
-FACADES = ("_client", "_pool", "_pool_cli", "_pool_routing", "_pool_stream", "_blocking", "_signature", "_stream_text")
+SUPERVISION = ("_supervision", "_supervision.*")
+FACADES = ("_client", "_pool", "_pool.*", "_blocking", "_signature", "_stream_text")
 SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
 SERVICE = ("_service", "_service.*")
@@ -348,12 +348,12 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
         "indextts_client._setup._command": {("indextts_client._client", "Client")},
         "indextts_client._registry": set(),
         "indextts_client.integrations.pipecat": {
-            ("indextts_client._pool", "Pool"),
+            ("indextts_client._pool._pool", "Pool"),
             ("indextts_client", "Pool"),
             ("indextts_client.integrations._socket", "Timeline"),
         },
         "indextts_client.integrations._socket": set(),
-        "indextts_client._pool": set(),
+        "indextts_client._pool._pool": set(),
     }
     statements["indextts_client._client"] = {("indextts_client._setup._command", "setup_command_main")}
     above = SUPERVISION + FACADES + SERVING + TOOLS
@@ -368,7 +368,7 @@ def test_a_layer_breach_is_found_when_there_is_one() -> None:
         "indextts_client._wire._request_run imports indextts_client._wire._connection.Connection"
     }
     assert _breaches(statements, INTEGRATIONS, _integrations_may_import) == {
-        "indextts_client.integrations.pipecat imports indextts_client._pool.Pool"
+        "indextts_client.integrations.pipecat imports indextts_client._pool._pool.Pool"
     }
     assert _breaches(statements, BELOW_TOOLS, lambda _m, target, _n: not _in(target, TOOLS)) == {
         "indextts_client._client imports indextts_client._setup._command.setup_command_main"

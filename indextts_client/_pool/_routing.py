@@ -17,8 +17,8 @@ from typing import Union
 
 import anyio
 
-from ._client import Client
-from ._exceptions import BusyError, ClosedError, RestartLimitError
+from .._client import Client
+from .._exceptions import BusyError, ClosedError, RestartLimitError
 
 __all__ = ["Member", "Router", "device_env"]
 
