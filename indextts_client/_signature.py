@@ -1,6 +1,6 @@
 """The request signature, written once and borrowed by every facade.
 
-``Requester`` (``_request.py``) writes the parameters of ``synthesize``, ``stream`` and
+``Requester`` (``_wire/_request.py``) writes the parameters of ``synthesize``, ``stream`` and
 ``request`` once, and ``Client`` those of ``stream_text``.  :class:`Pool`, :class:`BlockingClient`
 and :class:`RayClient` forward those calls and declare only the first positional parameter,
 the keyword-only parameters they use themselves (``stream_text``'s ``lookahead``) and
