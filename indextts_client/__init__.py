@@ -26,7 +26,6 @@ from indextts_sidecar.protocol import PROTOCOL_VERSION, EmotionAudio, EmotionTex
 from ._audio import Audio, AudioChunk, TextSegment, WordTiming
 from ._blocking import BlockingClient, BlockingStream, BlockingTextStream
 from ._client import Client
-from ._connection import Connection
 from ._exceptions import (
     AuthenticationError,
     BufferFullError,
@@ -44,13 +43,14 @@ from ._exceptions import (
     StartError,
     VersionMismatchError,
 )
-from ._handshake import LossInfo
-from ._mps import MpsUnavailableError
-from ._pool import MemberHealth, Pool, PoolStream
-from ._request import EmotionLike, Synthesis
+from ._pool._mps import MpsUnavailableError
+from ._pool._pool import MemberHealth, Pool, PoolStream
 from ._ssml import SsmlError
 from ._stream_text import FLUSH, SentenceChunk, SentenceEnd, TextFeed, TextStream
 from ._types import Health, LoadInfo, ProgressCallback, ProgressEvent, RestartCallback, SidecarInfo
+from ._wire._connection import Connection
+from ._wire._handshake import LossInfo
+from ._wire._request import EmotionLike, Synthesis
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -44,7 +44,6 @@ from anyio.from_thread import BlockingPortal
 from ._audio import Audio, AudioChunk, WordTiming
 from ._client import Client
 from ._exceptions import ClosedError
-from ._request import EmotionLike, Synthesis, TextFormat, TimeoutArg
 from ._signature import REQUESTER, same_parameters
 from ._stream_text import (
     DEFAULT_LOOKAHEAD,
@@ -55,6 +54,7 @@ from ._stream_text import (
     TextStream,
 )
 from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
+from ._wire._request import EmotionLike, Synthesis, TextFormat, TimeoutArg
 
 __all__ = ["BlockingClient", "BlockingStream", "BlockingTextStream", "thread_fragments"]
 

@@ -426,9 +426,10 @@ def main(argv: Union[list[str], None] = None) -> int:
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "setup":
+            from . import Client
             from ._setup._command import setup_command_main
 
-            return setup_command_main(args)
+            return setup_command_main(args, Client)
         if args.command == "envs":
             from ._setup._command import envs_command
 

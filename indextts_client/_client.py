@@ -1,7 +1,7 @@
 """The public :class:`Client`: its arguments, properties and lifecycle.
 
 The sessions behind it (spawning, the handshake, restarts within a budget, the
-heartbeat, the stop ladder) are its :class:`~indextts_client._supervisor.Supervisor`'s;
+heartbeat, the stop ladder) are its :class:`~indextts_client._supervision._supervisor.Supervisor`'s;
 a request asks the supervisor for the current :class:`Connection`.
 """
 
@@ -18,7 +18,6 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from indextts_sidecar.protocol.address import parse_url
 
-from ._connection import Connection
 from ._defaults import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_HEARTBEAT_MISSES,
@@ -32,13 +31,12 @@ from ._defaults import (
     DEFAULT_SHUTDOWN_TIMEOUT,
 )
 from ._exceptions import RestartLimitError
-from ._process import Redactor
 from ._registry import discover
-from ._request import Requester, merge_options
-from ._settings import SidecarSettings
 from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._supervisor import Supervisor
-from ._transports import (
+from ._supervision._process import Redactor
+from ._supervision._settings import SidecarSettings
+from ._supervision._supervisor import Supervisor
+from ._supervision._transports import (
     SocketTransport,
     SpawnTransport,
     StreamsTransport,
@@ -48,10 +46,12 @@ from ._transports import (
     sidecar_command,
 )
 from ._types import RestartCallback, ServedStream, SidecarInfo
+from ._wire._connection import Connection
+from ._wire._request import Requester, merge_options
 
 if TYPE_CHECKING:
-    from ._request import EmotionLike, TextFormat, TimeoutArg
     from ._stream_text import TextInput, TextStream
+    from ._wire._request import EmotionLike, TextFormat, TimeoutArg
 
 __all__ = ["Client"]
 

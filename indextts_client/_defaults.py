@@ -48,7 +48,7 @@ DEFAULT_MAX_RESTART_BACKOFF: Final = 10.0
 #: Missed heartbeats in a row after which the sidecar counts as hung.
 DEFAULT_HEARTBEAT_MISSES: Final = 3
 
-# A pool's (Pool's keywords, and serve's and wyoming's options, _pool_cli.py).
+# A pool's (Pool's keywords, and serve's and wyoming's options, _pool/_cli.py).
 #: Sidecars a pool spawns when given neither size nor devices (nor only urls).
 DEFAULT_POOL_SIZE: Final = 1
 #: Sidecars on each of the devices.

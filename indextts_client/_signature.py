@@ -1,6 +1,6 @@
 """The request signature, written once and borrowed by every facade.
 
-``Requester`` (``_request.py``) writes the parameters of ``synthesize``, ``stream`` and
+``Requester`` (``_wire/_request.py``) writes the parameters of ``synthesize``, ``stream`` and
 ``request`` once, and ``Client`` those of ``stream_text``.  :class:`Pool`, :class:`BlockingClient`
 and :class:`RayClient` forward those calls and declare only the first positional parameter,
 the keyword-only parameters they use themselves (``stream_text``'s ``lookahead``) and
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, TypeVar
 
 from ._client import Client
-from ._request import Requester, merge_options
+from ._wire._request import Requester, merge_options
 
 __all__ = ["CLIENT", "REQUESTER", "merge_options", "same_parameters"]
 

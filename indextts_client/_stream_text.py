@@ -544,7 +544,7 @@ _C = TypeVar("_C")
 
 
 class Lease(Protocol[_Client]):
-    """A member held for a stream (:class:`~indextts_client._pool.PoolLease`)."""
+    """A member held for a stream (:class:`~indextts_client._pool._pool.PoolLease`)."""
 
     @property
     def client(self) -> _Client: ...

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Union
 
 from harness import REPO
 
@@ -73,7 +74,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_packages_have_no_import_cycles() -> None:
     graph = _imports()
-    assert "indextts_client._request" in graph and "indextts_sidecar._server" in graph
+    assert "indextts_client._wire._request" in graph and "indextts_sidecar._server" in graph
     assert _cycles(graph) == []
 
 
@@ -112,38 +113,35 @@ def test_no_module_takes_a_private_name_from_another() -> None:
 # ------------------------------------------------------------------ each layer's allowed imports
 #
 # The client's layers, bottom up (docs/architecture.md): shared values, text, requests, the wire
-# (one protocol connection over any streams), supervision (a sidecar's lifetimes), the facades,
-# the service core, what serves it, the integrations and the tools.  Every client module stands
-# in exactly one (test_each_client_module_stands_in_one_layer).
+# (one protocol connection over any streams), supervision (a sidecar's lifetimes), the facades
+# (Client and what wraps it, the pool among them), the service core, what serves it, the
+# integrations and the tools.  Every client module stands in exactly one
+# (test_each_client_module_stands_in_one_layer).
 # A layer is a set of name patterns (below ``indextts_client.``), so that a module split out later
-# (``_deadlines``, ``_transports``...) or moved into its layer's folder (``_wire/``,
-# ``_supervision/``) falls under its layer's rule the day it lands.
+# falls under its layer's rule the day it lands.  The folders show the layers: ``_wire/`` holds
+# the wire and the requests on it, ``_supervision/`` supervision, ``_pool/`` the pool; the root
+# holds the shared values, the sentence splitter, the one-sidecar facades and the tools
+# (FOLDERS, further down, says which folder may import which).
 
-WIRE = ("_connection", "_exchange", "_sender", "_handshake", "_deadline*", "_wire", "_wire.*")
+WIRE = ("_wire", "_wire._connection", "_wire._exchange", "_wire._sender", "_wire._handshake", "_wire._deadline*")
 #: What a caller holds: the request methods and a request's run (an SSML request's too).  They
 #: stand on the request seam alone (``_exchange``'s Channel); ``Connection`` is a Requester.
-REQUESTS = ("_request", "_request_run", "_ssml._run")
+REQUESTS = ("_wire._request", "_wire._request_run", "_ssml._run")
 #: Text in, text out: the sentence splitter and the SSML reader, planner and cutter (no I/O).
 TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", "_ssml._render", "_ssml._cut")
-SUPERVISION = (
-    "_supervisor",
-    "_supervision",
-    "_supervision.*",
-    "_transport*",
-    "_restart*",
-    "_settings*",
-    "_process",
-    "_detached",
-    "_mps",
-)
-FACADES = ("_client", "_pool", "_pool_cli", "_pool_routing", "_pool_stream", "_blocking", "_signature", "_stream_text")
+SUPERVISION = ("_supervision", "_supervision.*")
+#: Several sidecars: a facade over Clients (test_no_one_sidecar_module_imports_the_pool).
+POOL = ("_pool", "_pool.*")
+FACADES = ("_client", "_blocking", "_signature", "_stream_text", *POOL)
 SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
 SERVICE = ("_service", "_service.*")
 #: Agent frameworks' services: public names only, like any application.
 INTEGRATIONS = ("integrations", "integrations.*")
-#: The top floor: command-line verbs (``setup`` and ``envs`` run a Client and the doctor).
-TOOLS = ("_cli", "_doctor", "_engines", "__main__", "_setup", "_setup.*")
+#: ``indextts-client setup`` and ``envs``: the registry's writer, which the CLI gives ``Client``.
+SETUP = ("_setup", "_setup.*")
+#: The top floor: command-line verbs (the CLI runs a Client, setup and the doctor).
+TOOLS = ("_cli", "_doctor", "_engines", "__main__", *SETUP)
 #: Where the public names are defined: values every layer shares; and the registry of engine
 #: environments, which Client asks and setup writes (standard library and msgspec only).
 SHARED = ("_audio", "_types", "_exceptions", "_defaults", "_socket_events", "_registry")
@@ -225,7 +223,7 @@ def _requests_may_import(_module: str, target: str, _name: str) -> bool:
     """The request layer: the request seam (``_exchange``), text, shared values, each other."""
     if not target.startswith("indextts_client"):
         return True
-    return target == "indextts_client._exchange" or _in(target, REQUESTS + TEXT + SHARED)
+    return target == "indextts_client._wire._exchange" or _in(target, REQUESTS + TEXT + SHARED)
 
 
 def test_a_request_uses_its_connection_only_through_the_request_seam() -> None:
@@ -245,8 +243,73 @@ def test_supervision_imports_no_facade() -> None:
 
 
 def test_only_a_tool_imports_a_tool() -> None:
-    # setup runs a Client; Client never reaches back into setup (the registry is a floor down).
+    # The CLI runs a Client; Client never reaches back into setup (the registry is a floor down).
     assert _breaches(_statements(), BELOW_TOOLS, lambda _m, target, _n: not _in(target, TOOLS)) == set()
+
+
+def _setup_may_import(_module: str, target: str, _name: str) -> bool:
+    """setup: its own modules, the shared values (the registry it writes) and the doctor it runs;
+    no layer of the client: the CLI that runs setup hands it ``Client`` for its test synthesis."""
+    if not target.startswith("indextts_client"):
+        return True
+    return _in(target, SETUP + SHARED) or target == "indextts_client._doctor"
+
+
+def test_setup_imports_no_layer_of_the_client() -> None:
+    assert _breaches(_statements(), SETUP, _setup_may_import) == set()
+
+
+def test_no_one_sidecar_module_imports_the_pool() -> None:
+    # A Pool is made of Clients: Client, its wire and its supervision know nothing of it.
+    below = WIRE + REQUESTS + TEXT + SUPERVISION + ("_client", "_blocking", "_signature", "_stream_text") + SHARED
+    assert _breaches(_statements(), below, lambda _m, target, _n: not _in(target, POOL)) == set()
+
+
+#: The client's folders, each with the other folders its modules may import, bottom up (the
+#: root's modules are held by the layer rules above).  ``_wire`` and ``_ssml`` meet in the request
+#: layer: an SSML request's run (``_ssml._run``) stands on a request's run, and ``_request`` opens
+#: one (lazily) when ``text_format="ssml"``.
+FOLDERS: dict[str, tuple[str, ...]] = {
+    "_wire": ("_ssml",),
+    "_ssml": ("_wire",),
+    "_supervision": ("_wire",),
+    "_pool": ("_wire", "_supervision"),
+    "_service": ("_pool",),
+    "http": ("_service", "_pool"),
+    "wyoming": ("_service", "_pool"),
+    "ray": ("_service", "http"),
+    "integrations": (),
+    "_setup": (),
+}
+
+
+def _folder(module: str) -> Union[str, None]:
+    """The client folder ``module`` stands in (``_wire`` for ``indextts_client._wire._connection``);
+    None for a root module and for anything outside the client."""
+    parts = module.split(".")
+    if parts[0] != "indextts_client" or len(parts) < 2:
+        return None
+    return parts[1] if (Path(REPO) / "indextts_client" / parts[1]).is_dir() else None
+
+
+def _folder_breaches(statements: dict[str, set[tuple[str, str]]]) -> set[str]:
+    """``module imports target`` for each import from one client folder into another that FOLDERS refuses."""
+    return {
+        f"{module} imports {target}"
+        for module, deps in _dependencies(statements).items()
+        if (own := _folder(module)) is not None
+        for target, _ in deps
+        if (other := _folder(target)) not in (None, own) and other not in FOLDERS.get(own, ())
+    }
+
+
+def test_the_folder_table_names_every_client_folder() -> None:
+    client = Path(REPO) / "indextts_client"
+    assert sorted(p.name for p in client.iterdir() if (p / "__init__.py").is_file()) == sorted(FOLDERS)
+
+
+def test_each_folder_imports_only_the_folders_it_stands_on() -> None:
+    assert _folder_breaches(_statements()) == set()
 
 
 def test_the_registry_imports_only_the_standard_library_and_msgspec() -> None:
@@ -341,41 +404,57 @@ def test_the_protocol_package_imports_nothing_of_the_sidecar_outside_it() -> Non
 
 def test_a_layer_breach_is_found_when_there_is_one() -> None:
     statements = {
-        "indextts_client._connection": {("indextts_client._client", "Client"), ("indextts_client._audio", "Audio")},
-        "indextts_client._deadlines": {("indextts_client._transports", "SpawnTransport")},
+        "indextts_client._wire._connection": {
+            ("indextts_client._client", "Client"),
+            ("indextts_client._audio", "Audio"),
+        },
+        "indextts_client._wire._deadlines": {("indextts_client._supervision._transports", "SpawnTransport")},
         "indextts_client._client": set(),
-        "indextts_client._transports": set(),
+        "indextts_client._supervision._transports": set(),
         "indextts_client._audio": set(),
-        "indextts_client.ray": {("indextts_client._request", "_resolve"), ("indextts_client._request", "Synthesis")},
-        "indextts_client._request": set(),
-        "indextts_client._request_run": {("indextts_client._connection", "Connection")},
+        "indextts_client.ray": {
+            ("indextts_client._wire._request", "_resolve"),
+            ("indextts_client._wire._request", "Synthesis"),
+        },
+        "indextts_client._wire._request": set(),
+        "indextts_client._wire._request_run": {("indextts_client._wire._connection", "Connection")},
         "indextts_client._setup._command": {("indextts_client._client", "Client")},
         "indextts_client._registry": set(),
         "indextts_client.integrations.pipecat": {
-            ("indextts_client._pool", "Pool"),
+            ("indextts_client._pool._pool", "Pool"),
             ("indextts_client", "Pool"),
             ("indextts_client.integrations._socket", "Timeline"),
         },
         "indextts_client.integrations._socket": set(),
-        "indextts_client._pool": set(),
+        "indextts_client._pool._pool": set(),
     }
     statements["indextts_client._client"] = {("indextts_client._setup._command", "setup_command_main")}
     above = SUPERVISION + FACADES + SERVING + TOOLS
     assert _breaches(statements, WIRE, lambda _m, target, _n: not _in(target, above)) == {
-        "indextts_client._connection imports indextts_client._client.Client",
-        "indextts_client._deadlines imports indextts_client._transports.SpawnTransport",
+        "indextts_client._wire._connection imports indextts_client._client.Client",
+        "indextts_client._wire._deadlines imports indextts_client._supervision._transports.SpawnTransport",
     }
     assert _breaches(statements, SERVING, _serving_may_import) == {
-        "indextts_client.ray imports indextts_client._request._resolve"
+        "indextts_client.ray imports indextts_client._wire._request._resolve"
     }
     assert _breaches(statements, REQUESTS, _requests_may_import) == {
-        "indextts_client._request_run imports indextts_client._connection.Connection"
+        "indextts_client._wire._request_run imports indextts_client._wire._connection.Connection"
     }
     assert _breaches(statements, INTEGRATIONS, _integrations_may_import) == {
-        "indextts_client.integrations.pipecat imports indextts_client._pool.Pool"
+        "indextts_client.integrations.pipecat imports indextts_client._pool._pool.Pool"
     }
     assert _breaches(statements, BELOW_TOOLS, lambda _m, target, _n: not _in(target, TOOLS)) == {
         "indextts_client._client imports indextts_client._setup._command.setup_command_main"
+    }
+    assert _breaches(statements, SETUP, _setup_may_import) == {
+        "indextts_client._setup._command imports indextts_client._client.Client"
+    }
+    statements["indextts_client._supervision._supervisor"] = {("indextts_client._pool._pool", "Pool")}
+    assert _folder_breaches(statements) == {
+        "indextts_client._supervision._supervisor imports indextts_client._pool._pool",
+        "indextts_client._wire._deadlines imports indextts_client._supervision._transports",
+        "indextts_client.ray imports indextts_client._wire._request",
+        "indextts_client.integrations.pipecat imports indextts_client._pool._pool",
     }
 
 

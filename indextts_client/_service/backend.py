@@ -22,7 +22,7 @@ from indextts_sidecar.protocol.engine_info import SpeedControl
 
 from .._client import Client
 from .._exceptions import SidecarError
-from .._pool import Pool
+from .._pool._pool import Pool
 from .._stream_text import TextInput, TextStream
 from .._types import ProgressCallback, ServedStream, SidecarInfo
 from .facts import EngineFacts, EngineVoice

@@ -3,7 +3,7 @@
 ``add_voice_arguments`` defines ``--voice``, ``--voice-dir`` and the voice store's bounds (their
 defaults read from :class:`VoiceLimits`, said there once), ``add_ssml_arguments`` the bound on an
 SSML request's breaks (``--max-silence``); :meth:`ServeSettings.from_args` turns them and the
-pool's flags (:mod:`indextts_client._pool_cli`) into one frozen value.
+pool's flags (:mod:`indextts_client._pool._cli`) into one frozen value.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol, Union
 from indextts_sidecar.voicestore import VoiceLimits
 
 from .._defaults import DEFAULT_MAX_SILENCE
-from .._pool_cli import pool_kwargs
+from .._pool._cli import pool_kwargs
 from .voices import VoiceSources, parse_voice_map
 
 __all__ = [

@@ -19,9 +19,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import anyio
 import msgspec
@@ -29,6 +29,7 @@ import msgspec
 from indextts_sidecar import __version__
 
 from .._doctor import QWEN_EMO_DIR
+from .._exceptions import SidecarError
 from .._registry import SETUP_ENGINES, EnvRecord, read_record, write_marker, write_record
 from ._build import (
     InstallPlan,
@@ -54,10 +55,39 @@ from ._preflight import (
     works,
 )
 
-__all__ = ["add_envs_parser", "add_setup_parser", "envs_command", "registered_for_doctor", "setup_command_main"]
+if TYPE_CHECKING:
+    from .._audio import Audio
+
+__all__ = [
+    "OpenClient",
+    "Speaker",
+    "add_envs_parser",
+    "add_setup_parser",
+    "envs_command",
+    "registered_for_doctor",
+    "setup_command_main",
+]
 
 #: The test synthesis's cap on mel tokens (several seconds of audio; "Hello." needs about one).
 VERIFY_MEL_TOKENS = 200
+
+
+class Speaker(Protocol):
+    """What the test synthesis asks of a started client (``Client`` is one)."""
+
+    async def synthesize(
+        self,
+        text: str,
+        *,
+        voice: str,
+        timeout: float,  # noqa: ASYNC109 (a request deadline, as Client's)
+        max_mel_tokens: int,
+    ) -> Audio: ...
+
+
+#: Starts a client on an engine venv: ``Client`` itself, which the CLI passes in, so that setup
+#: (run by the CLI) imports none of the client's layers, only the registry they read.
+OpenClient = Callable[..., AbstractAsyncContextManager[Speaker]]
 
 
 def add_setup_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -222,12 +252,10 @@ def _voice_clip(folder: Path) -> str:
 
 
 async def _verify(
-    engine: str, python: str, model_dir: Path, options: dict[str, Any], reporter: Reporter
+    engine: str, python: str, model_dir: Path, options: dict[str, Any], reporter: Reporter, open_client: OpenClient
 ) -> tuple[str, dict[str, Any]]:
     """The doctor's checks, then one short synthesis on the device it found; returns (device, versions)."""
-    from .._client import Client
     from .._doctor import run_doctor, with_engine_options
-    from .._exceptions import SidecarError
 
     report = with_engine_options(await run_doctor(python, str(model_dir), engine=engine), options)
     problems = report.problems
@@ -241,7 +269,7 @@ async def _verify(
     with tempfile.TemporaryDirectory() as folder:
         voice = _voice_clip(Path(folder))
         try:
-            async with Client(
+            async with open_client(
                 engine,
                 python=python,
                 engine_options={"model_dir": str(model_dir), "device": device, **options},
@@ -289,7 +317,7 @@ class _Run:
         return error
 
 
-def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord:
+def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run, open_client: OpenClient) -> EnvRecord:
     engine: str = args.engine
     home = usable_home()
     previous = read_record(engine)
@@ -320,7 +348,7 @@ def _setup(args: argparse.Namespace, reporter: Reporter, run: _Run) -> EnvRecord
     run.save(record)
 
     # 3. Verify, then register as ready.
-    _verify_and_register(args, reporter, run, record, python, model_dir)
+    _verify_and_register(args, reporter, run, record, python, model_dir, open_client)
     return record
 
 
@@ -401,7 +429,13 @@ def _checkpoints(args: argparse.Namespace, reporter: Reporter, plan: Plan, recor
 
 
 def _verify_and_register(
-    args: argparse.Namespace, reporter: Reporter, run: _Run, record: EnvRecord, python: str, model_dir: Path
+    args: argparse.Namespace,
+    reporter: Reporter,
+    run: _Run,
+    record: EnvRecord,
+    python: str,
+    model_dir: Path,
+    open_client: OpenClient,
 ) -> None:
     """Setup's last step: verify, then register as ready.  Verifying the very environment
     registered as ready (its interpreter and checkpoints) judges it: a failure there demotes it,
@@ -415,7 +449,7 @@ def _verify_and_register(
     else:
         with reporter.step("verifying: the doctor, then one short synthesis"):
             record.device, record.versions = anyio.run(
-                _verify, args.engine, python, model_dir, record.engine_options, reporter
+                _verify, args.engine, python, model_dir, record.engine_options, reporter, open_client
             )
         record.verified = True
     record.status, record.error = "ready", None
@@ -423,9 +457,9 @@ def _verify_and_register(
     run.kept = None
 
 
-def setup_command_main(args: argparse.Namespace) -> int:
+def setup_command_main(args: argparse.Namespace, open_client: OpenClient) -> int:
     """Run ``setup``; a failure is one line on stderr (exit 1), leaving the record incomplete, or an
-    older ready one as it was."""
+    older ready one as it was.  ``open_client`` (``Client``) runs the test synthesis."""
     reporter = Reporter(args.quiet)
     run = _Run(args.engine)
 
@@ -450,7 +484,7 @@ def setup_command_main(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        record = _setup(args, reporter, run)
+        record = _setup(args, reporter, run, open_client)
     except (SetupError, OSError) as exc:
         error = os_error(exc) if isinstance(exc, OSError) else str(exc)
         try:

@@ -20,8 +20,8 @@ import numpy as np
 
 from .._audio import SAMPLE_DTYPE, Audio, AudioChunk, TextSegment, WordTiming
 from .._exceptions import RequestTimeoutError
-from .._request_run import Synthesis
 from .._types import LoadInfo, ProgressEvent, SidecarInfo
+from .._wire._request_run import Synthesis
 from ._parse import SsmlLimits, parse_ssml
 from ._plan import Silence
 from ._render import Segment, render

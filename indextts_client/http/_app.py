@@ -19,7 +19,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from indextts_sidecar.voicestore import VoiceLimits
 
-from .._pool import Pool
+from .._pool._pool import Pool
 from .._service import Backend, Kind, PoolBackend, RayBackend, RayLike, Refusal, VoiceSources, prepare
 from ._errors import exception_handlers
 from ._limits import Limits, LimitsMiddleware

@@ -16,7 +16,7 @@ import sys
 from typing import Any, Union
 
 from .._defaults import DEFAULT_PER_DEVICE
-from .._pool_cli import DefaultsFormatter, ServerParser, add_pool_arguments
+from .._pool._cli import DefaultsFormatter, ServerParser, add_pool_arguments
 from .._service import ServeSettings, add_ssml_arguments, add_voice_arguments, positive
 from ._limits import Limits, header_deadline_protocol
 from ._ws_events import WebSocketLimits, stall_aborting_protocol

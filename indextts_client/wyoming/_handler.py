@@ -15,7 +15,7 @@ from indextts_sidecar import __version__
 
 from .._defaults import DEFAULT_MAX_SILENCE
 from .._exceptions import SidecarError
-from .._pool import Pool
+from .._pool._pool import Pool
 from .._service import (
     PCM_RATE,
     Backend,

@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 from indextts_sidecar.protocol.options import parse_options
 
 from .._exceptions import StartError
-from .._pool import Pool
-from .._pool_cli import ServerParser, add_pool_arguments
+from .._pool._cli import ServerParser, add_pool_arguments
+from .._pool._pool import Pool
 from .._service import PoolBackend, Refusal, ServeSettings, add_ssml_arguments, add_voice_arguments
 from ._handler import Limits, WyomingService
 

@@ -35,7 +35,7 @@ from indextts_client import (
 )
 from indextts_client._audio import AudioAssembler
 from indextts_client._exceptions import error_for_frame
-from indextts_client._process import Redactor, StderrLog
+from indextts_client._supervision._process import Redactor, StderrLog
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol.framing import FrameReader, FrameWriter
 

@@ -1,7 +1,7 @@
 """The request seam of ``Connection``: a request driven by its public methods alone, against a real sidecar.
 
 ``open_exchange``, ``send``, ``wait``, ``abandon`` and ``room`` are all a request run uses of
-its connection (see ``indextts_client._exchange.Channel``); here a test drives them itself.
+its connection (see ``indextts_client._wire._exchange.Channel``); here a test drives them itself.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from client_support import FAKE_OPTIONS, RATE, expected
 from harness import spawn
 
 from indextts_client import ClosedError, Connection, InvalidRequestError
-from indextts_client._exchange import ABANDONED, ENDED, Exchange
+from indextts_client._wire._exchange import ABANDONED, ENDED, Exchange
 from indextts_sidecar import protocol
 
 pytestmark = pytest.mark.anyio

@@ -1,12 +1,12 @@
-"""The connection's deadline alarm (``indextts_client._deadlines``), alone: no process, no connection."""
+"""The connection's deadline alarm (``indextts_client._wire._deadlines``), alone: no process, no connection."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from indextts_client._deadlines import DeadlineAlarm
-from indextts_client._exchange import Exchange
+from indextts_client._wire._deadlines import DeadlineAlarm
+from indextts_client._wire._exchange import Exchange
 from indextts_sidecar import protocol
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""One request id's exchange (``indextts_client._exchange``): its state, its audio, and the request encoding.
+"""One request id's exchange (``indextts_client._wire._exchange``): its state, its audio, and the request encoding.
 
 Pure: frames are handed to the exchange as the connection's reader would, without a connection.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from indextts_client import InvalidRequestError, ProtocolError
-from indextts_client._exchange import ABANDONED, ENDED, REGISTERED, SENT, Exchange, encode_request
+from indextts_client._wire._exchange import ABANDONED, ENDED, REGISTERED, SENT, Exchange, encode_request
 from indextts_sidecar import protocol
 
 RATE = 8000

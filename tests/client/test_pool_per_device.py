@@ -23,8 +23,8 @@ import pytest
 from client_support import FAKE_OPTIONS, expected
 
 from indextts_client import MpsUnavailableError, Pool
-from indextts_client import _mps as mps_module
-from indextts_client._pool_cli import add_pool_arguments, pool_kwargs
+from indextts_client._pool import _mps as mps_module
+from indextts_client._pool._cli import add_pool_arguments, pool_kwargs
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import sys
 import anyio
 import pytest
 
-from indextts_client._process import Redactor, SidecarProcess, stop_sidecar
+from indextts_client._supervision._process import Redactor, SidecarProcess, stop_sidecar
 
 pytestmark = pytest.mark.anyio
 

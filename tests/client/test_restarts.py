@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from indextts_client import CrashedError, RestartLimitError, StartError
-from indextts_client._restarts import RestartBudget, summary
+from indextts_client._supervision._restarts import RestartBudget, summary
 
 
 def _budget(max_restarts: int = 3, window: float = 60.0) -> RestartBudget:

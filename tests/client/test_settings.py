@@ -9,8 +9,8 @@ import ssl
 import pytest
 
 from indextts_client import Client
-from indextts_client._process import Redactor
-from indextts_client._settings import SidecarSettings
+from indextts_client._supervision._process import Redactor
+from indextts_client._supervision._settings import SidecarSettings
 
 
 def test_the_defaults_are_the_clients() -> None:

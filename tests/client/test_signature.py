@@ -16,9 +16,9 @@ import pytest
 
 import indextts_client
 from indextts_client import BlockingClient, Client, Pool, RequestTimeoutError
-from indextts_client._request import Requester
 from indextts_client._service.prepare import CLIENT_PARAMETERS
 from indextts_client._signature import same_parameters
+from indextts_client._wire._request import Requester
 from indextts_sidecar.engines.fake import render_bytes
 
 TIMEOUT = 30

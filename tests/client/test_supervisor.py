@@ -16,9 +16,9 @@ from client_support import RATE, expected
 from harness import Peer, spawn
 
 from indextts_client import CrashedError, RestartLimitError, StartError
-from indextts_client._settings import SidecarSettings
-from indextts_client._supervisor import Supervisor
-from indextts_client._transports import Link, Transport
+from indextts_client._supervision._settings import SidecarSettings
+from indextts_client._supervision._supervisor import Supervisor
+from indextts_client._supervision._transports import Link, Transport
 
 pytestmark = pytest.mark.anyio
 

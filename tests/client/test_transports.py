@@ -14,9 +14,9 @@ import pytest
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
 from indextts_client import StartError
-from indextts_client._process import Redactor
-from indextts_client._settings import SidecarSettings
-from indextts_client._transports import (
+from indextts_client._supervision._process import Redactor
+from indextts_client._supervision._settings import SidecarSettings
+from indextts_client._supervision._transports import (
     SocketTransport,
     SpawnTransport,
     StreamsTransport,

@@ -1,4 +1,4 @@
-"""The pool's options are defined once (``indextts_client._pool_cli``) and read the same by both servers."""
+"""The pool's options are defined once (``indextts_client._pool._cli``) and read the same by both servers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from indextts_client._pool_cli import add_pool_arguments, pool_kwargs
+from indextts_client._pool._cli import add_pool_arguments, pool_kwargs
 
 POOL_FLAGS = ("--engine", "--size", "--devices", "--python", "--option", "--max-outstanding", "--pool-timeout")
 

@@ -13,7 +13,7 @@ from conftest import run_cli
 from harness import make_checkpoints
 
 from indextts_client import Client, StartError
-from indextts_client._pool_cli import add_pool_arguments, pool_kwargs
+from indextts_client._pool._cli import add_pool_arguments, pool_kwargs
 from indextts_client._registry import EnvRecord, discover, read_record, write_marker, write_record
 
 pytestmark = pytest.mark.anyio

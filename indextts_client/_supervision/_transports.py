@@ -24,7 +24,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream
 
 from indextts_sidecar.protocol.defaults import PARENT_ENV
 
-from ._exceptions import StartError
+from .._exceptions import StartError
 from ._process import SidecarProcess
 
 if TYPE_CHECKING:

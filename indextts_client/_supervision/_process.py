@@ -31,9 +31,9 @@ from anyio.lowlevel import cancel_shielded_checkpoint
 
 from indextts_sidecar.protocol.streams import FdReceiveStream, FdSendStream
 
-from ._defaults import DEFAULT_SHUTDOWN_TIMEOUT
-from ._exceptions import StartError
-from ._handshake import LossInfo
+from .._defaults import DEFAULT_SHUTDOWN_TIMEOUT
+from .._exceptions import StartError
+from .._wire._handshake import LossInfo
 
 __all__ = ["Redactor", "SidecarProcess", "StderrLog", "stop_sidecar"]
 

@@ -7,10 +7,10 @@ from typing import Any, Union
 
 import anyio
 
-from ._audio import AudioChunk, WordTiming
-from ._exceptions import BusyError, CrashedError, RestartLimitError, StartError
-from ._pool_routing import Member, Router
-from ._request import Synthesis
+from .._audio import AudioChunk, WordTiming
+from .._exceptions import BusyError, CrashedError, RestartLimitError, StartError
+from .._wire._request import Synthesis
+from ._routing import Member, Router
 
 __all__ = ["RETRYABLE", "PoolStream"]
 

@@ -3,7 +3,7 @@
 :class:`~indextts_client.Client` builds one :class:`SidecarSettings` from its arguments
 (how to reach the sidecar is the transport's, in ``_transports.py``); the supervisor reads
 its restart budget, heartbeat and stop grace from it and hands each new
-:class:`~indextts_client._connection.Connection` the part that is the connection's.
+:class:`~indextts_client._wire._connection.Connection` the part that is the connection's.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from ._defaults import (
+from .._defaults import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_HEARTBEAT_MISSES,
     DEFAULT_IDLE_TIMEOUT,
@@ -23,9 +23,9 @@ from ._defaults import (
     DEFAULT_RESTART_WINDOW,
     DEFAULT_SHUTDOWN_TIMEOUT,
 )
+from .._types import RestartCallback
 from ._process import Redactor
 from ._restarts import RestartBudget
-from ._types import RestartCallback
 
 __all__ = ["SidecarSettings"]
 

@@ -29,7 +29,7 @@ from typing import Union
 
 import anyio
 
-from ._exceptions import StartError
+from .._exceptions import StartError
 
 __all__ = ["CONTROL", "MpsDaemon", "MpsUnavailableError", "mps_problem"]
 

@@ -19,7 +19,7 @@ from indextts_sidecar import protocol
 from indextts_sidecar.protocol import auth
 from indextts_sidecar.protocol.framing import FrameReader
 
-from ._exceptions import (
+from .._exceptions import (
     AuthenticationError,
     CrashedError,
     ProtocolError,

@@ -21,8 +21,8 @@ import msgspec
 
 from indextts_sidecar import protocol
 
-from ._audio import Audio, AudioAssembler, AudioChunk, WordTiming
-from ._exceptions import (
+from .._audio import Audio, AudioAssembler, AudioChunk, WordTiming
+from .._exceptions import (
     ClosedError,
     Deadline,
     ProtocolError,
@@ -31,8 +31,8 @@ from ._exceptions import (
     UnreadError,
     error_for_frame,
 )
+from .._types import ProgressCallback, ProgressEvent
 from ._exchange import REGISTERED, Channel, Exchange
-from ._types import ProgressCallback, ProgressEvent
 
 __all__ = ["Call", "Synthesis"]
 

@@ -21,8 +21,8 @@ import msgspec
 
 from indextts_sidecar import protocol
 
-from ._audio import AudioAssembler
-from ._exceptions import InvalidRequestError, ProtocolError, SidecarError
+from .._audio import AudioAssembler
+from .._exceptions import InvalidRequestError, ProtocolError, SidecarError
 
 __all__ = ["Channel", "Exchange", "ExchangeState", "encode_request"]
 

@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, Union
 import anyio
 from anyio.abc import TaskGroup
 
-from ._connection import Connection
-from ._detached import spawn_detached
-from ._exceptions import (
+from .._exceptions import (
     AuthenticationError,
     ClosedError,
     RequestTimeoutError,
@@ -37,12 +35,14 @@ from ._exceptions import (
     fresh,
     unwrap,
 )
-from ._handshake import LossInfo
+from .._types import SidecarInfo
+from .._wire._connection import Connection
+from .._wire._handshake import LossInfo
+from ._detached import spawn_detached
 from ._process import SidecarProcess, stop_sidecar
 from ._restarts import summary
 from ._settings import SidecarSettings
 from ._transports import Link, Transport
-from ._types import SidecarInfo
 
 if TYPE_CHECKING:
     from indextts_sidecar.protocol.address import Address

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 import anyio
 
-from ._audio import Audio
-from ._client import Client
-from ._defaults import (
+from .._audio import Audio
+from .._client import Client
+from .._defaults import (
     DEFAULT_MAX_OUTSTANDING,
     DEFAULT_MAX_REVIVE_AFTER,
     DEFAULT_PER_DEVICE,
@@ -50,17 +50,17 @@ from ._defaults import (
     DEFAULT_POOL_TIMEOUT,
     DEFAULT_RESTART_WINDOW,
 )
-from ._detached import spawn_detached
-from ._exceptions import ClosedError, EngineError, SidecarError, StartError, unwrap
+from .._exceptions import ClosedError, EngineError, SidecarError, StartError, unwrap
+from .._signature import CLIENT, REQUESTER, same_parameters
+from .._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
+from .._supervision._detached import spawn_detached
+from .._types import Health, LoadInfo, ServedStream
 from ._mps import MpsDaemon
-from ._pool_routing import Member, Router, device_env
-from ._pool_stream import RETRYABLE, PoolStream
-from ._signature import CLIENT, REQUESTER, same_parameters
-from ._stream_text import DEFAULT_LOOKAHEAD, DEFAULT_MAX_SENTENCE_CHARS
-from ._types import Health, LoadInfo, ServedStream
+from ._routing import Member, Router, device_env
+from ._stream import RETRYABLE, PoolStream
 
 if TYPE_CHECKING:
-    from ._stream_text import TextInput, TextStream
+    from .._stream_text import TextInput, TextStream
 
 __all__ = ["MemberHealth", "Pool", "PoolLease", "PoolStream"]
 
@@ -507,7 +507,7 @@ class Pool:
         """As :meth:`Client.stream_text`, every sentence on the one member routing picks for ``voice``
         (its conditioning stays warm); that member counts it as one request until the stream ends.
         A member that fails mid-stream fails the stream (its earlier sentences were heard)."""
-        from ._stream_text import TextStream, pool_session
+        from .._stream_text import TextStream, pool_session
 
         def open_on(client: Client) -> Callable[[str], ServedStream]:
             def open_sentence(text: str) -> ServedStream:

@@ -17,12 +17,12 @@ import msgspec
 from indextts_sidecar import protocol
 from indextts_sidecar.protocol import Emotion, EmotionAudio, EmotionText, EmotionVector
 
-from ._audio import Audio
-from ._defaults import DEFAULT_MAX_SILENCE
-from ._exceptions import InvalidRequestError
+from .._audio import Audio
+from .._defaults import DEFAULT_MAX_SILENCE
+from .._exceptions import InvalidRequestError
+from .._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 from ._exchange import Channel
 from ._request_run import Call, Synthesis
-from ._types import Health, LoadInfo, ProgressCallback, SidecarInfo
 
 __all__ = ["EmotionLike", "Requester", "Synthesis", "TimeoutArg", "merge_options"]
 
@@ -201,7 +201,7 @@ class Requester:
     ) -> Synthesis:
         """An SSML text read and rendered for the engine (refused here if it must be), as a Synthesis
         over one request per segment; ``whole``: synthesize()'s, each segment's audio assembled in the reader."""
-        from ._ssml._run import SsmlSynthesis, plan_for
+        from .._ssml._run import SsmlSynthesis, plan_for
 
         if text_format != "ssml":
             raise ValueError(f"text_format must be 'text' or 'ssml', not {text_format!r}")

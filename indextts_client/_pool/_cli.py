@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from indextts_sidecar.protocol.options import parse_options
 
-from ._defaults import DEFAULT_MAX_OUTSTANDING, DEFAULT_PER_DEVICE, DEFAULT_POOL_SIZE, DEFAULT_POOL_TIMEOUT
+from .._defaults import DEFAULT_MAX_OUTSTANDING, DEFAULT_PER_DEVICE, DEFAULT_POOL_SIZE, DEFAULT_POOL_TIMEOUT
 
 __all__ = ["DefaultsFormatter", "ServerParser", "add_pool_arguments", "pool_kwargs"]
 

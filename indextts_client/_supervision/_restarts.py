@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Union
 
-from ._exceptions import RestartLimitError, SidecarError
+from .._exceptions import RestartLimitError, SidecarError
 
 __all__ = ["RestartBudget", "summary"]
 

@@ -36,14 +36,14 @@ from indextts_sidecar import protocol
 from indextts_sidecar.protocol.framing import FrameReader, FramingError, TruncatedFrame
 from indextts_sidecar.protocol.streams import loop_clock
 
+from .._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_READY_TIMEOUT
+from .._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
+from .._types import SidecarInfo
 from ._deadlines import DeadlineAlarm
-from ._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_READY_TIMEOUT
-from ._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
 from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, encode_request
 from ._handshake import Loss, LossInfo, error_for_loss, handshake
 from ._request import Requester
 from ._sender import FrameSender
-from ._types import SidecarInfo
 
 __all__ = ["Connection"]
 

@@ -3,7 +3,7 @@
 :class:`Router` decides under one lock and does no I/O under it (httpcore's pool does the
 same): :meth:`Router.acquire` waits for room and counts the request on its member,
 :meth:`Router.release` uncounts it and remembers which member a voice was served on.
-:class:`~indextts_client.Pool` and its streams (``_pool_stream.py``) hold a router; the
+:class:`~indextts_client.Pool` and its streams (``_stream.py``) hold a router; the
 healer (in ``_pool.py``) reads the members and wakes waiters once a member revived.
 """
 
@@ -17,8 +17,8 @@ from typing import Union
 
 import anyio
 
-from ._client import Client
-from ._exceptions import BusyError, ClosedError, RestartLimitError
+from .._client import Client
+from .._exceptions import BusyError, ClosedError, RestartLimitError
 
 __all__ = ["Member", "Router", "device_env"]
 
