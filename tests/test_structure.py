@@ -514,8 +514,8 @@ def test_test_files_have_unique_names() -> None:
     assert sorted({name for name in names if names.count(name) > 1}) == []
 
 
-#: The longest function the sidecar's modules (the IndexTTS adapter's folder has its own owner)
-#: and the client's may hold.
+#: The longest function the sidecar's modules (the IndexTTS adapter's included) and the client's
+#: may hold.
 MAX_FUNCTION_LINES = 80
 
 
@@ -531,12 +531,13 @@ def _long_functions(source: str, limit: int) -> list[str]:
 
 def test_no_sidecar_function_is_over_80_lines() -> None:
     # A synthesis, lone or batched, writes through one Sink (_jobs.py): what a request sends is
-    # said once, and execute_batch is a loop over the engine's steps, not a second copy.
+    # said once, and execute_batch is a loop over the engine's steps, not a second copy.  The
+    # adapter's interceptors are methods of one class (_batched._Interceptors), not closures
+    # inside one install() of 178 lines.
     sidecar = Path(REPO) / "indextts_sidecar"
     long = [
         f"{path.relative_to(REPO)}: {name}"
         for path in sorted(sidecar.rglob("*.py"))
-        if (sidecar / "engines" / "indextts") not in path.parents
         for name in _long_functions(path.read_text(encoding="utf-8"), MAX_FUNCTION_LINES)
     ]
     assert long == []

@@ -184,27 +184,59 @@ def install(model: Any) -> Hooks:
     if existing is not None:
         return existing  # type: ignore[no-any-return]
     gpt, cfm, vocoder = model.gpt, model.s2mel.models["cfm"], model.bigvgan
-    gpt_original, cfm_original, vocoder_original = gpt.inference_speech, cfm.inference, vocoder.forward
+    gpt_original = gpt.inference_speech
     hooks = Hooks(
         gpt,
         cfm,
         vocoder,
         gpt_original,
-        cfm_original,
-        vocoder_original,
+        cfm.inference,
+        vocoder.forward,
         inspect.signature(gpt_original),
         int(getattr(gpt, "stop_text_token", 1)),
     )
+    latent_original = getattr(gpt, "forward", None)
+    if callable(latent_original):
+        hooks.latent_original = latent_original
+        hooks.latent_signature = inspect.signature(latent_original)
+    interceptors = _Interceptors(hooks)
+    gpt.inference_speech = interceptors.inference_speech
+    if callable(latent_original):
+        gpt.forward = interceptors.latents
+    if callable(interceptors.merge_original):
+        gpt.merge_emovec = interceptors.merge_emovec
+    if callable(interceptors.conditioning_original):
+        gpt.get_conditioning = interceptors.get_conditioning
+    cfm.inference = interceptors.inference
+    vocoder.forward = interceptors.forward
+    cfm.estimator.forward = interceptors.estimate
+    model._indextts_sidecar_hooks = hooks
+    return hooks
 
-    def inference_speech(*args: Any, **kwargs: Any) -> Any:
+
+class _Interceptors:
+    """What :func:`install` puts in front of upstream's calls on one model instance.
+
+    Each passes the call through unchanged unless the calling thread runs a request with a
+    :class:`Decoding` context (the module's docstring says what each does then).
+    """
+
+    def __init__(self, hooks: Hooks) -> None:
+        self.hooks = hooks
+        gpt = hooks.gpt
+        self.estimator_original = hooks.cfm.estimator.forward
+        self.merge_original: Union[Callable[..., Any], None] = getattr(gpt, "merge_emovec", None)
+        self.conditioning_original: Union[Callable[..., Any], None] = getattr(gpt, "get_conditioning", None)
+
+    def inference_speech(self, *args: Any, **kwargs: Any) -> Any:
         context = current()
         if context is None or not context.intercepts:
-            return gpt_original(*args, **kwargs)
+            return self.hooks.gpt_original(*args, **kwargs)
         torch = _torch()
 
-        bound = hooks.gpt_signature.bind(*args, **kwargs)
+        bound = self.hooks.gpt_signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments)
-        extra = arguments.pop(_var_keyword(hooks.gpt_signature), {})
+        extra = arguments.pop(_var_keyword(self.hooks.gpt_signature), {})
         arguments.update(extra)
         if context.greedy:
             arguments["do_sample"] = False
@@ -214,12 +246,13 @@ def install(model: Any) -> Hooks:
             if arguments["num_beams"] == 1:
                 arguments.pop("length_penalty", None)
         if context.batch is None:
-            return gpt_original(**arguments)
+            return self.hooks.gpt_original(**arguments)
         device = arguments["text_inputs"].device
         key = ("gpt", _amp(torch, device.type), _settings_key(torch, arguments))
         return context.batch.park(Call("gpt", key, (), arguments))
 
     def inference(
+        self,
         mu: Any,
         x_lens: Any,
         prompt: Any,
@@ -233,10 +266,10 @@ def install(model: Any) -> Hooks:
         if context is not None:
             n_timesteps, inference_cfg_rate = context.s2mel(n_timesteps, inference_cfg_rate)
         if context is None or (context.seed is None and context.batch is None):
-            return cfm_original(mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate)
+            return self.hooks.cfm_original(mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate)
         torch = _torch()
 
-        noise = context.noise(torch, [1, cfm.in_channels, mu.size(1)], mu.device) * temperature
+        noise = context.noise(torch, [1, self.hooks.cfm.in_channels, mu.size(1)], mu.device) * temperature
         arguments = {
             "x": noise,
             "x_lens": x_lens,
@@ -248,7 +281,7 @@ def install(model: Any) -> Hooks:
             "inference_cfg_rate": inference_cfg_rate,
         }
         if context.batch is None or mu.size(0) != 1:
-            return _solve(torch, cfm, [arguments])[0]
+            return _solve(torch, self.hooks.cfm, [arguments])[0]
         key = (
             "cfm",
             tuple(mu.shape),
@@ -261,36 +294,31 @@ def install(model: Any) -> Hooks:
         )
         return context.batch.park(Call("cfm", key, (), arguments))
 
-    def forward(x: Any) -> Any:
+    def forward(self, x: Any) -> Any:
         context = current()
         if context is None or context.batch is None or not context.batch_vocoder or x.size(0) != 1:
-            return vocoder_original(x)
+            return self.hooks.vocoder_original(x)
         torch = _torch()
 
         key = ("vocoder", tuple(x.shape), x.dtype, str(x.device), _amp(torch, x.device.type))
         return context.batch.park(Call("vocoder", key, (), {"x": x}))
 
-    estimator = cfm.estimator
-    estimator_original = estimator.forward
-
-    def estimate(x: Any, prompt_x: Any, x_lens: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
+    def estimate(self, x: Any, prompt_x: Any, x_lens: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
         # Upstream's solver stacks one time step per guidance half ([t, t]), written for one
         # row each: with b rows a half, each row gets its half's time step.
         rows = int(x.size(0))
         if t.dim() == 1 and 0 < t.size(0) < rows and rows % t.size(0) == 0:
             t = t.repeat_interleave(rows // t.size(0))
-        return estimator_original(x, prompt_x, x_lens, t, *args, **kwargs)
+        return self.estimator_original(x, prompt_x, x_lens, t, *args, **kwargs)
 
-    merge_original = getattr(gpt, "merge_emovec", None)
-
-    def merge_emovec(speaker: Any, emotion: Any, *args: Any, **kwargs: Any) -> Any:
+    def merge_emovec(self, speaker: Any, emotion: Any, *args: Any, **kwargs: Any) -> Any:
         # A voice's emotion vector (two conditioning encoders over its clips): upstream
         # recomputes it for every segment of every request.  The requests of a batch that
         # share a voice get it once, from upstream's own cached conditioning tensors.
         context = current()
-        assert merge_original is not None
+        assert self.merge_original is not None
         if context is None or context.memo is None:
-            return merge_original(speaker, emotion, *args, **kwargs)
+            return self.merge_original(speaker, emotion, *args, **kwargs)
         torch = _torch()
 
         amp = _amp(torch, speaker.device.type)
@@ -298,44 +326,37 @@ def install(model: Any) -> Hooks:
         held = context.memo.get(key)
         if held is not None and held[0] is speaker and held[1] is emotion:
             return held[2]
-        result = merge_original(speaker, emotion, *args, **kwargs)
+        result = self.merge_original(speaker, emotion, *args, **kwargs)
         context.memo[key] = (speaker, emotion, result)  # the tensors held: their ids stay theirs
         return result
 
-    conditioning_original = getattr(gpt, "get_conditioning", None)
-
-    def get_conditioning(inputs: Any, lengths: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def get_conditioning(self, inputs: Any, lengths: Any = None, *args: Any, **kwargs: Any) -> Any:
         # In a batched GPT call, rows of the same voice hold the same reference features:
         # the conditioning encoder runs once per distinct row.
-        assert conditioning_original is not None
+        assert self.conditioning_original is not None
         if not getattr(_local, "dedupe_rows", False) or args or kwargs or int(inputs.size(0)) < 2:
-            return conditioning_original(inputs, lengths, *args, **kwargs)
+            return self.conditioning_original(inputs, lengths, *args, **kwargs)
         torch = _torch()
 
         firsts, inverse = _distinct_rows(torch, inputs, lengths)
         if len(firsts) == int(inputs.size(0)):
-            return conditioning_original(inputs, lengths)
+            return self.conditioning_original(inputs, lengths)
         index = torch.tensor(firsts, device=inputs.device)
-        once = conditioning_original(inputs.index_select(0, index), None if lengths is None else lengths[index])
+        once = self.conditioning_original(inputs.index_select(0, index), None if lengths is None else lengths[index])
         return once.index_select(0, torch.tensor(inverse, device=once.device))
 
-    latent_original = getattr(gpt, "forward", None)
-    if callable(latent_original):
-        hooks.latent_original = latent_original
-        hooks.latent_signature = inspect.signature(latent_original)
-
-    def latents(*args: Any, **kwargs: Any) -> Any:
+    def latents(self, *args: Any, **kwargs: Any) -> Any:
         # The GPT's forward pass over a decoded segment (upstream's latents for s2mel): in a
         # batch, the rows whose every tensor has the same shape run as one pass.
         context = current()
-        assert latent_original is not None and hooks.latent_signature is not None
+        assert self.hooks.latent_original is not None and self.hooks.latent_signature is not None
         if context is None or context.batch is None:
-            return latent_original(*args, **kwargs)
+            return self.hooks.latent_original(*args, **kwargs)
         torch = _torch()
 
-        arguments = dict(hooks.latent_signature.bind(*args, **kwargs).arguments)
-        if _var_keyword(hooks.latent_signature) in arguments or not _one_row(torch, arguments):
-            return latent_original(*args, **kwargs)
+        arguments = dict(self.hooks.latent_signature.bind(*args, **kwargs).arguments)
+        if _var_keyword(self.hooks.latent_signature) in arguments or not _one_row(torch, arguments):
+            return self.hooks.latent_original(*args, **kwargs)
         shapes = tuple(
             (name, tuple(value.shape), str(value.dtype), str(value.device))
             if isinstance(value, torch.Tensor)
@@ -345,19 +366,6 @@ def install(model: Any) -> Hooks:
         device = next(v.device for v in arguments.values() if isinstance(v, torch.Tensor))
         key = ("latent", shapes, _amp(torch, device.type))
         return context.batch.park(Call("latent", key, (), arguments))
-
-    gpt.inference_speech = inference_speech
-    if callable(latent_original):
-        gpt.forward = latents
-    if callable(merge_original):
-        gpt.merge_emovec = merge_emovec
-    if callable(conditioning_original):
-        gpt.get_conditioning = get_conditioning
-    cfm.inference = inference
-    vocoder.forward = forward
-    estimator.forward = estimate
-    model._indextts_sidecar_hooks = hooks
-    return hooks
 
 
 def _torch() -> Any:
