@@ -220,18 +220,21 @@ def encode_request(message: protocol.Request, max_frame_size: int) -> bytes:
             request_id=request_id,
             detail={"field": "$"},
         ) from None
-    if isinstance(message, protocol.Synthesize) and any(
-        not isinstance(value, _SCALARS) for value in message.options.values()
-    ):
-        # Only engine options can nest without limit; the sidecar may refuse deeper ones.
-        depth = protocol.peek(data[protocol.HEADER :]).depth
-        if depth > protocol.MAX_DEPTH:
-            raise InvalidRequestError(
-                f"the request is nested {depth} levels deep, more than the {protocol.MAX_DEPTH} a sidecar must accept",
-                code="invalid_option",
-                request_id=request_id,
-                detail={"field": "$", "depth": depth},
-            )
+    if type(message) is protocol.Synthesize:
+        for value in message.options.values():
+            if isinstance(value, _SCALARS):
+                continue
+            # Only engine options can nest without limit; the sidecar may refuse deeper ones.
+            depth = protocol.peek(data[protocol.HEADER :]).depth
+            if depth > protocol.MAX_DEPTH:
+                raise InvalidRequestError(
+                    f"the request is nested {depth} levels deep, more than the {protocol.MAX_DEPTH} "
+                    "a sidecar must accept",
+                    code="invalid_option",
+                    request_id=request_id,
+                    detail={"field": "$", "depth": depth},
+                )
+            break
     size = len(data) - protocol.HEADER
     if size > max_frame_size:
         raise InvalidRequestError(

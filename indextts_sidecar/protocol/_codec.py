@@ -76,8 +76,14 @@ def decode_request(body: Union[bytes, bytearray, memoryview]) -> Request:
     thousands of levels), and engine options are the one place a request can nest freely.
     """
     request = _request_decoder.decode(body)
-    if isinstance(request, Synthesize) and request.options and nests_deeper(request.options, MAX_DEPTH - 1):
-        raise msgspec.ValidationError(f"the message nests deeper than {MAX_DEPTH} levels - at `$.options`")
+    if type(request) is Synthesize and request.options:
+        for value in request.options.values():
+            # Options are mostly scalars: only a container (msgpack decodes to dict and list)
+            # can nest, so the walk runs only then.
+            if type(value) is dict or type(value) is list:
+                if nests_deeper(request.options, MAX_DEPTH - 1):
+                    raise msgspec.ValidationError(f"the message nests deeper than {MAX_DEPTH} levels - at `$.options`")
+                break
     return request
 
 
