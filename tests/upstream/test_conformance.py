@@ -105,6 +105,9 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         info = await c.load()
         assert info["model_version"] == name
         assert info["module"] == ("indextts.infer_v2" if name == "2" else "indextts.infer_v2_5")
+        # torch's OpenMP threads spin briefly before they sleep, unless the environment says otherwise.
+        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
+        assert info["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), info
 
         # One segment: exactly upstream's samples, no trailing silence.
         events: list[ProgressEvent] = []

@@ -64,6 +64,7 @@ from ._upstream import (
     empty_caches,
     named_parameters,
     offline,
+    openmp_waits,
     preserved_process_state,
     takes_var_keyword,
 )
@@ -106,8 +107,9 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts = SegmentTexts()
         #: Why upstream's model calls cannot be intercepted (see _batched.py); None when they can.
         self._intercept_problem: Union[str, None] = None
-        #: Whether the GPT's weights run in bfloat16 (``bf16_weights``, or the fast profile's).
+        #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
+        self.openmp: dict[str, str] = {}
 
     @property
     def max_batch(self) -> int:
@@ -137,6 +139,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             "batch_stages": self.batch_stages(),
             "profile": self.options.profile,
             "bf16_weights": self.bf16_weights,
+            "openmp": self.openmp,
         }
 
     def batch_stages(self) -> str:
@@ -264,6 +267,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         progress("load", 0.1, f"importing {flavour.module} ({flavour.label})")
+        self.openmp = openmp_waits()
         cls = self._import(flavour)
         if cancelled():
             raise Cancelled

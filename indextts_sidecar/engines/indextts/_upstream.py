@@ -30,6 +30,7 @@ __all__ = [
     "empty_caches",
     "named_parameters",
     "offline",
+    "openmp_waits",
     "preserved_process_state",
     "takes_var_keyword",
 ]
@@ -38,6 +39,29 @@ __all__ = [
 def accelerated(model: Any) -> bool:
     """Whether upstream's GPT runs on its accel engine (``use_accel`` on CUDA)."""
     return getattr(getattr(model, "gpt", None), "accel_engine", None) is not None
+
+
+#: How long (in spins, a few microseconds) an idle OpenMP thread of torch's waits for work before
+#: it sleeps: GNU libgomp, which torch's Linux wheels use, spins 300,000 times by default.
+OPENMP_SPINCOUNT = "1000"
+#: The environment variables that say how OpenMP threads wait; a user's own are left alone.
+OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def openmp_waits() -> dict[str, str]:
+    """Bound the spinning of torch's OpenMP threads before torch is imported; what is in effect.
+
+    An OpenMP thread that waits for its team spins before it sleeps.  On a CPU whose cores are
+    busy with anything else (the parent app, a second sidecar, a test suite), a team's thread
+    spins while its partner waits for a core, at every one of the thousands of parallel regions
+    of a request: a tiny IndexTTS-2 request on 2 cores took 0.46 s quiet and 31 s with one core
+    busy (``bench/bench_openmp_wait.py``); with ``GOMP_SPINCOUNT=1000`` it took 0.46 s quiet and
+    0.94 s so.  libgomp reads these variables when torch loads it, so this must run first; a
+    variable the user set (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) wins.
+    """
+    if "torch" not in sys.modules and not any(name in os.environ for name in OPENMP_WAIT_VARIABLES):
+        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPINCOUNT
+    return {name: os.environ[name] for name in OPENMP_WAIT_VARIABLES if name in os.environ}
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,3 +52,16 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
 
     yield use
     _forget_indextts()
+
+
+@pytest.fixture(autouse=True)
+def _openmp_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load sets GOMP_SPINCOUNT in this process (``_upstream.openmp_waits``): undone after each test."""
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        # monkeypatch restores what it saw first: a set, then the value as it was (or none).
+        value = os.environ.get(name)
+        monkeypatch.setenv(name, "")
+        if value is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, value)

@@ -18,7 +18,7 @@ import pytest
 from indextts_support import loaded_engine
 
 from indextts_sidecar.engines.indextts import IndexTTS25Engine
-from indextts_sidecar.engines.indextts._upstream import StageTimes
+from indextts_sidecar.engines.indextts._upstream import StageTimes, openmp_waits
 
 
 def test_importing_upstream_leaves_the_process_as_it_was(
@@ -60,3 +60,22 @@ def test_stage_times_are_read_from_upstreams_stdout_which_still_gets_everything(
     )
     times.write("x" * 10_000)  # a line without its end is kept bounded
     assert len(times._partial) <= 256
+
+
+def test_openmp_threads_spin_briefly_unless_the_user_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Set before torch loads libgomp: its idle threads spin 1,000 times, not 300,000, then sleep.
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert openmp_waits() == {"GOMP_SPINCOUNT": "1000"} and os.environ["GOMP_SPINCOUNT"] == "1000"
+    # A user's own setting wins, whichever of the two it is.
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert openmp_waits() == {"OMP_WAIT_POLICY": "ACTIVE"} and "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "50000")
+    assert openmp_waits() == {"GOMP_SPINCOUNT": "50000"}
+    # Once torch is imported, libgomp has read its environment: nothing is set that would not count.
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert openmp_waits() == {} and "GOMP_SPINCOUNT" not in os.environ
