@@ -60,11 +60,13 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   (median first audio at c over c = 1), ``first_audio_over_lone`` (``earliest`` and ``median``
   first audio at c over the lone request's), ``stage_throughput_ratio`` (per c and stage, ``gpt``,
   ``s2mel``, ``vocoder``: c rows in the stage's time at c against one row in the lone request's, c
-  x t_1 / t_c), ``bound`` (per c: the end-to-end throughput over the lone request that the lone
-  request's stage shares and ``stage_throughput_ratio`` allow, the rest of its time paid per
-  request; :func:`stage_bound`) and ``over_bound`` (``throughput_ratio_over_lone`` over it),
-  ``memory_per_extra_row`` (peak memory at c less at c = 1, over c - 1), the same throughput
-  against the other two configurations, and memory per configuration.
+  x t_1 / t_c; for the stages the sidecar batched only, ``row_by_row_stages`` naming the others,
+  whose throughput is 1 by construction), ``bound`` (per c: the end-to-end throughput over the
+  lone request that the lone request's stage shares and ``stage_throughput_ratio`` allow, the rest
+  of its time paid per request; :func:`stage_bound`) and ``over_bound``
+  (``throughput_ratio_over_lone`` over it), ``memory_per_extra_row`` (peak memory at c less at c =
+  1, over c - 1), the same throughput against the other two configurations, and memory per
+  configuration.
 * ``overhead``: the same request through the public client and through upstream's
   ``IndexTTS2.infer`` called directly in one process (``bench/_upstream_direct.py``) on the same
   device, interleaved: our wall time over upstream's, median and spread.
@@ -848,7 +850,7 @@ class Run:
                 "memory": memory,
             }
         )
-        self.batch_section(model, equal, figures, memory)
+        self.batch_section(model, equal, figures, memory, stages_ran[0] if len(stages_ran) == 1 else None)
 
     async def round_stages(self, sidecars: list[Sidecar]) -> list[dict[str, float]]:
         """Upstream's stage times of the requests just sent to ``sidecars`` (one per entry), once printed."""
@@ -961,7 +963,9 @@ class Run:
         plain = tuple(sorted(default.items()))
         return [s for key, s in self.shared.items() if key[0] == model and key[2] == plain and len(key) == 3]
 
-    def batch_section(self, model: str, equal: bool, figures: dict[str, Any], memory: dict[str, Any]) -> None:
+    def batch_section(
+        self, model: str, equal: bool, figures: dict[str, Any], memory: dict[str, Any], stages_ran: Any = "gpt"
+    ) -> None:
         section = self.result.setdefault(
             "batch",
             {
@@ -1008,14 +1012,19 @@ class Run:
                 }
                 for c, v in batched.items()
             }
+            # Only for the stages the sidecar ran batched: a stage run row by row (batch_stages=gpt
+            # runs the CFM and the vocoder so) has a throughput of 1 by construction, and each
+            # request's printed time for it includes its wait for the rows before it.
+            together = BATCHED_STAGES.get(stages_ran, STAGES)
             section.setdefault("stage_throughput_ratio", {})[model] = {
                 c: {
                     name: int(c) * lone["stages"][name]["median"] / v["stages"][name]["median"]
-                    for name in STAGES
+                    for name in together
                     if name in v["stages"] and name in lone["stages"] and v["stages"][name]["median"] > 0
                 }
                 for c, v in batched.items()
             }
+            section.setdefault("row_by_row_stages", {})[model] = [name for name in STAGES if name not in together]
             section.setdefault("bound", {})[model] = {
                 c: stage_bound(lone, ratios) for c, ratios in section["stage_throughput_ratio"][model].items()
             }
@@ -1072,6 +1081,8 @@ class Run:
 BATCH_WAIT_MS = 100
 #: Upstream's printed stages the batch cell compares, by the names of ``stage_throughput_ratio``.
 STAGES = ("gpt", "s2mel", "vocoder")
+#: The stages a batching sidecar runs as one call for all rows, by its ``batch_stages`` fact.
+BATCHED_STAGES = {"gpt": ("gpt",), "all": STAGES}
 #: Seconds between the batch cell's health pings for the peak memory of a round.
 MEMORY_POLL = 0.25
 
@@ -1094,17 +1105,18 @@ def stage_bound(lone: dict[str, Any], ratios: dict[str, float]) -> Union[float, 
     """The end-to-end throughput at c over a lone request that the stages allow (Amdahl's law).
 
     A lone request's wall time is its stages' times plus the rest (conditioning, text, the
-    wire); at c each stage runs ``ratios[stage]`` times as many rows a second as alone, and the
-    rest is paid per request as alone.  So c requests take at least c x (rest + the sum of t_s /
-    r_s), and the bound is wall / (rest + the sum of t_s / r_s).  None without every stage.
+    wire); at c each batched stage runs ``ratios[stage]`` times as many rows a second as alone,
+    a stage run row by row (not in ``ratios``) 1 time, and the rest is paid per request as
+    alone.  So c requests take at least c x (rest + the sum of t_s / r_s), and the bound is
+    wall / (rest + the sum of t_s / r_s).  None without every stage's lone time.
     """
     stages = lone["stages"]
-    if any(name not in stages or name not in ratios or ratios[name] <= 0 for name in STAGES):
+    if any(name not in stages or ratios.get(name, 1.0) <= 0 for name in STAGES):
         return None
     wall = lone["wall"]["median"]
     times = {name: stages[name]["median"] for name in STAGES}
     rest = max(0.0, wall - sum(times.values()))
-    return float(wall / (rest + sum(times[name] / ratios[name] for name in STAGES)))
+    return float(wall / (rest + sum(times[name] / ratios.get(name, 1.0) for name in STAGES)))
 
 
 def round_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
