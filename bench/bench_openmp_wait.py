@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import anyio
+from _upstream_env import upstream_env
 
 from indextts_client import Client
 
@@ -75,11 +76,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=2, help="timed requests per sidecar and round")
     args = parser.parse_args()
-    python = os.environ.get("INDEXTTS_UPSTREAM_PYTHON")
-    if not python:
-        print("set INDEXTTS_UPSTREAM_PYTHON (python3 tests/upstream/build_venv.py github prints it)", file=sys.stderr)
+    found = upstream_env()
+    if found is None:
         return 2
-    src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
+    python, src = found
     runs = [(name, busy) for busy in (False, True) for name in SETTINGS]
     times: dict[tuple[str, bool], list[float]] = {run: [] for run in runs}
     for number in range(args.rounds):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _upstream_env import upstream_env
 
 from indextts_client import Client
 
@@ -111,11 +112,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ckpt", help="an IndexTTS-2 fixture from tests/upstream/fixture.py (else built now)")
     args = parser.parse_args()
-    python = os.environ.get("INDEXTTS_UPSTREAM_PYTHON")
-    if not python:
-        print("set INDEXTTS_UPSTREAM_PYTHON (python3 tests/upstream/build_venv.py github prints it)", file=sys.stderr)
+    found = upstream_env()
+    if found is None:
         return 2
-    src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
+    python, src = found
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.ckpt) if args.ckpt else Path(tmp) / "ckpt"
         if not args.ckpt:
