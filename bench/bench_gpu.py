@@ -112,6 +112,7 @@ from typing import Any, Union
 
 import anyio
 import numpy as np
+from _upstream_env import upstream_env
 
 from indextts_client import Client, MpsUnavailableError, Pool, ProgressEvent, SidecarError
 from indextts_sidecar.engines.indextts._segments import STREAM_FIRST_SEGMENT_TOKENS
@@ -1472,11 +1473,10 @@ def main(argv: Union[list[str], None] = None) -> int:
     for name in args.texts:
         if name not in TEXTS:
             parser.error(f"unknown text {name!r}: {', '.join(TEXTS)}")
-    python = os.environ.get("INDEXTTS_UPSTREAM_PYTHON")
-    if not python:
-        print("set INDEXTTS_UPSTREAM_PYTHON (python3 tests/upstream/build_venv.py github prints it)", file=sys.stderr)
+    found = upstream_env()
+    if found is None:
         return 2
-    src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
+    python, src = found
     out = Path(args.out).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(args.ckpt_root) if args.ckpt_root else Path(tmp)
