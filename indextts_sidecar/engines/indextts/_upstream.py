@@ -54,9 +54,9 @@ def openmp_waits() -> dict[str, str]:
     An OpenMP thread that waits for its team spins before it sleeps.  On a CPU whose cores are
     busy with anything else (the parent app, a second sidecar, a test suite), a team's thread
     spins while its partner waits for a core, at every one of the thousands of parallel regions
-    of a request: a tiny IndexTTS-2 request on 2 cores took 0.46 s quiet and 31 s with one core
-    busy (``bench/bench_openmp_wait.py``); with ``GOMP_SPINCOUNT=1000`` it took 0.46 s quiet and
-    0.94 s so.  libgomp reads these variables when torch loads it, so this must run first; a
+    of a request: a tiny IndexTTS-2 request on 2 cores took 0.49 s quiet and 34 s with one core
+    busy (``bench/bench_openmp_wait.py``); with ``GOMP_SPINCOUNT=1000``, 0.57 s (0.50-0.64) quiet
+    and 1.0 s so.  libgomp reads these variables when torch loads it, so this must run first; a
     variable the user set (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) wins.
     """
     if "torch" not in sys.modules and not any(name in os.environ for name in OPENMP_WAIT_VARIABLES):
