@@ -11,7 +11,9 @@ then reads one JSON request a line on stdin
 (``text``, ``voice``, ``max_mel_tokens``) and answers each with one JSON line: the wall
 seconds of ``infer(..., stream_return=True)`` consumed to its end, and the samples it gave.
 Upstream prints to stdout, so its prints go to stderr and the answers to the stdout this
-process was given.
+process was given.  OpenMP's idle threads wait as in the sidecar (``openmp_waits``: a bounded
+spin unless the environment says otherwise), so that the ``overhead`` cell compares the paths,
+not two wait policies; the ready line says which setting was in effect.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 from indextts_sidecar.engines.indextts._install import aux_paths
+from indextts_sidecar.engines.indextts._upstream import openmp_waits
 
 
 def load_model(version: str, model_dir: str, device: str) -> Any:
@@ -42,8 +45,9 @@ def main() -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # upstream's prints
     sys.stdout = sys.stderr
+    openmp = openmp_waits()  # before upstream imports torch
     model = load_model(version, model_dir, device)
-    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.write(json.dumps({"ready": True, "openmp": openmp}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
         kwargs = {"max_mel_tokens": int(request["max_mel_tokens"])}

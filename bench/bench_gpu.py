@@ -1069,6 +1069,7 @@ class Run:
                 "ours": summary([p["ours"] for p in pairs]),
                 "upstream": summary([p["upstream"] for p in pairs]),
                 "ratio": summary(ratios),
+                "upstream_openmp": direct.openmp,
             }
         )
         self.result.setdefault("overhead", {})[model] = summary(ratios)
@@ -1196,6 +1197,8 @@ class Direct:
     def __init__(self, process: Any) -> None:
         self.process = process
         self.lines = process.stdout
+        #: OpenMP's wait setting in effect there (the sidecar's rule, so both sides wait alike).
+        self.openmp: dict[str, str] = {}
 
     @classmethod
     async def start(cls, setup: Setup, model: str) -> Direct:
@@ -1209,7 +1212,7 @@ class Direct:
         process = await anyio.open_process([*command, setup.device], env=env, stderr=subprocess.DEVNULL)
         direct = cls(process)
         with anyio.fail_after(LOAD_TIMEOUT):
-            await direct.answer()
+            direct.openmp = (await direct.answer()).get("openmp", {})
         return direct
 
     async def answer(self) -> dict[str, Any]:

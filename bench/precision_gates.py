@@ -6,7 +6,7 @@ checkpoint directory, driving the adapter in process::
 
     PYTHONPATH=.:../shared/upstream/index-tts $INDEXTTS_UPSTREAM_PYTHON bench/precision_gates.py 2.5 DIR \\
         --profile fast [--knob diffusion_steps=10 ...] [--tokens 20] [--rounds 1] [--json OUT] \\
-        [--require token_match=0.9 --require mel_cosine=0.95 --require snr_db=10]
+        [--require token_match=0.9 --require mel_cosine=0.95 --require snr_db=10] [--hold-both]
 
 Both paths run the same requests: each text of ``--texts`` with the fixture's ``voice.wav``
 (``--voice`` for another), greedy (``do_sample=False``, so that a difference is the knobs',
@@ -14,8 +14,13 @@ not the sampler's), a seed each, at most ``--tokens`` GPT tokens.  The baseline 
 path with upstream's own three beams (``num_beams=3``); the candidate is the same requests
 with the knobs: ``--profile fast`` and each ``--knob NAME=VALUE`` (``diffusion_steps``,
 ``cfg_rate``, ``num_beams``: request options; ``bf16_weights``: the engine's).  A knob given
-overrides the profile's.  The baseline runs first, its engine unloaded before the
-candidate's loads (full-size models are not held twice).
+overrides the profile's.  Where the two differ in request knobs only, one engine serves
+both and each text runs on both paths back to back, the order alternating round by round, so
+that the machine's drift (1.5x within minutes here) falls on both alike; ``speedup_rounds``
+gives each round's ratio.  An engine knob (``bf16_weights``, and ``--profile fast``, which
+turns it on where the device has bf16) needs a second engine: by default the baseline runs
+all its rounds and is unloaded before the candidate loads (full-size models are not held
+twice), and ``--hold-both`` holds both and interleaves them (twice the memory).
 
 The gates, per input and over all:
 
@@ -72,16 +77,18 @@ GATES = ("token_match", "mel_cosine", "snr_db", "speedup")
 
 
 class Recorder:
-    """What one model's calls saw and returned: per request, the GPT's codes and the CFM's mels."""
+    """What one model's calls saw and returned, request by request: the GPT's codes, the CFM's mels."""
 
     def __init__(self) -> None:
         self.codes: list[list[int]] = []
         self.mels: list[np.ndarray] = []
         self.calls: dict[str, list[Any]] = {"num_beams": [], "diffusion_steps": [], "cfg_rate": [], "cfm_rows": []}
 
-    def take(self) -> tuple[list[list[int]], list[np.ndarray]]:
-        codes, mels, self.codes, self.mels = self.codes, self.mels, [], []
-        return codes, mels
+    def take(self) -> tuple[list[list[int]], list[np.ndarray], dict[str, list[Any]]]:
+        """What the calls since the last take saw (one request's), and a fresh start."""
+        taken = self.codes, self.mels, self.calls
+        self.codes, self.mels, self.calls = [], [], {name: [] for name in self.calls}
+        return taken
 
     def install(self, model: Any) -> None:
         """Wrap the GPT's decoding and the CFM's solver on the instance (before the adapter's
@@ -114,6 +121,105 @@ class Recorder:
         cfm.solve_euler = solve_euler
 
 
+class Engine:
+    """One loaded engine with its recorder; the baseline and the candidate share one when their
+    engine options are equal (only request knobs differ)."""
+
+    def __init__(self, cls: Any, options: dict[str, Any], voice: str) -> None:
+        self.cls, self.voice = cls, voice
+        self.engine: Any = cls(msgspec.convert(options, cls.Options))
+        # The same seed before each load: a checkpoint that leaves weights to their random
+        # initialisation (the tiny fixtures do) loads them equal for both paths.
+        torch.manual_seed(0)
+        self.engine.load(lambda *a: None, lambda: False)
+        self.recorder = Recorder()
+        self.recorder.install(self.engine._model)
+
+    def speak(self, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        """One request, timed: its audio, ``done.facts``, codes, mels and what the calls saw."""
+        request = SynthesisRequest(
+            id=0, text=text, voice=self.voice, emotion=None, options=msgspec.convert(options, self.cls.RequestOptions)
+        )
+        self.recorder.take()
+        started = time.perf_counter()
+        pieces = list(self.engine.synthesize(request, lambda *a: None, lambda: False))
+        wall = time.perf_counter() - started
+        codes, mels, calls = self.recorder.take()
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+        facts = self.engine.request_facts()
+        return {"wall": wall, "audio": audio, "facts": facts, "codes": codes, "mels": mels, "calls": calls}
+
+    def unload(self) -> dict[str, Any]:
+        info: dict[str, Any] = self.engine.info()
+        self.engine.unload()
+        return info
+
+
+class Path:
+    """What one side (baseline or candidate) measured: per round its wall time, per stage its
+    seconds, the first round's outputs, and what its model calls saw."""
+
+    def __init__(self, requests: list[dict[str, Any]]) -> None:
+        self.requests = requests
+        self.rounds: list[float] = []
+        self.stages: dict[str, float] = {}
+        self.outputs: list[dict[str, Any]] = []
+        self.calls: dict[str, list[Any]] = {}
+        self.info: dict[str, Any] = {}
+
+    def warm(self, engine: Engine, texts: list[str]) -> None:
+        """First-call costs (allocations, the voice's conditioning, a knob's first shapes) out of the timing."""
+        engine.speak(texts[0], self.requests[0])
+
+    def run(self, engine: Engine, texts: list[str], i: int, round_: int) -> None:
+        out = engine.speak(texts[i], self.requests[i])
+        if len(self.rounds) <= round_:
+            self.rounds.append(0.0)
+        self.rounds[round_] += out["wall"]
+        for name, seconds in (out["facts"].get("stages") or {}).items():
+            self.stages[name] = self.stages.get(name, 0.0) + float(seconds)
+        for name, seen in out["calls"].items():
+            self.calls.setdefault(name, []).extend(seen)
+        if round_ == 0:
+            self.outputs.append(out)
+
+
+def measure(
+    cls: Any, options: tuple[dict[str, Any], dict[str, Any]], paths: tuple[Path, Path], texts: list[str], args: Any
+) -> bool:
+    """Run both paths; True when interleaved.
+
+    With equal engine options one engine serves both, and with ``--hold-both`` two are held:
+    then every text runs on both paths back to back, in an order that alternates round by
+    round, so that the machine's drift falls on both alike.  Otherwise (an engine knob, one
+    engine at a time) the baseline runs all its rounds, is unloaded, then the candidate."""
+    voice = args.voice or os.path.join(args.model_dir, "voice.wav")
+    shared = options[0] == options[1]
+    if shared or args.hold_both:
+        engines = (Engine(cls, options[0], voice),) * 2 if shared else tuple(Engine(cls, o, voice) for o in options)
+        for path, engine in zip(paths, engines, strict=True):
+            path.warm(engine, texts)
+        for round_ in range(args.rounds):
+            order = (0, 1) if round_ % 2 == 0 else (1, 0)
+            for i in range(len(texts)):
+                for side in order:
+                    paths[side].run(engines[side], texts, i, round_)
+        for path, engine in zip(paths, engines, strict=True):
+            path.info = engine.engine.info()
+        for engine in dict.fromkeys(engines):
+            engine.unload()
+        return True
+    for path, engine_options in zip(paths, options, strict=True):
+        print(f"{'baseline' if path is paths[0] else 'candidate'}: engine {engine_options}", file=sys.stderr)
+        engine = Engine(cls, engine_options, voice)
+        path.warm(engine, texts)
+        for round_ in range(args.rounds):
+            for i in range(len(texts)):
+                path.run(engine, texts, i, round_)
+        path.info = engine.unload()
+    return False
+
+
 def token_match(base: list[list[int]], cand: list[list[int]]) -> tuple[int, int]:
     """(tokens decoded identically, tokens counted) over segments taken pairwise."""
     same = total = 0
@@ -142,48 +248,6 @@ def snr_db(base: np.ndarray, cand: np.ndarray) -> float:
     return 10.0 * math.log10(signal / noise) if signal else -math.inf
 
 
-def run_path(
-    cls: Any, engine_options: dict[str, Any], requests: list[dict[str, Any]], texts: list[str], voice: str, rounds: int
-) -> dict[str, Any]:
-    """Load an engine, run every request (one warm-up, then ``rounds`` timed), unload it."""
-    engine: Any = cls(msgspec.convert(engine_options, cls.Options))
-    # The same seed before each load: a checkpoint that leaves weights to their random
-    # initialisation (the tiny fixtures do) loads them equal for both paths.
-    torch.manual_seed(0)
-    engine.load(lambda *a: None, lambda: False)
-    recorder = Recorder()
-    recorder.install(engine._model)
-
-    def synthesize(i: int) -> tuple[np.ndarray, dict[str, Any]]:
-        request = SynthesisRequest(
-            id=i, text=texts[i], voice=voice, emotion=None, options=msgspec.convert(requests[i], cls.RequestOptions)
-        )
-        pieces = list(engine.synthesize(request, lambda *a: None, lambda: False))
-        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
-        return audio, engine.request_facts()
-
-    synthesize(0)  # warm-up: first-call costs (allocations, the voice's conditioning) out of the timing
-    recorder.take()
-    for key in recorder.calls:
-        recorder.calls[key].clear()
-    outputs: list[dict[str, Any]] = []
-    wall = 0.0
-    stages: dict[str, float] = {}
-    for round_ in range(rounds):
-        for i in range(len(texts)):
-            started = time.perf_counter()
-            audio, facts = synthesize(i)
-            wall += time.perf_counter() - started
-            codes, mels = recorder.take()
-            for name, seconds in (facts.get("stages") or {}).items():
-                stages[name] = stages.get(name, 0.0) + float(seconds)
-            if round_ == 0:
-                outputs.append({"audio": audio, "codes": codes, "mels": mels, "facts": facts})
-    info = engine.info()
-    engine.unload()
-    return {"wall": wall, "stages": stages, "outputs": outputs, "calls": recorder.calls, "info": info}
-
-
 def parse_knobs(pairs: list[str]) -> dict[str, Any]:
     knobs: dict[str, Any] = {}
     for pair in pairs:
@@ -208,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--require", action="append", default=[], metavar="GATE=MIN")
+    parser.add_argument(
+        "--hold-both",
+        action="store_true",
+        help="with an engine knob, hold both engines loaded and interleave (twice the memory)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -219,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--require {pair!r}: GATE is one of {GATES}")
         requires[name] = float(value)
     cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
-    voice = args.voice or os.path.join(args.model_dir, "voice.wav")
     engine_options: dict[str, Any] = {"model_dir": args.model_dir, "device": args.device, "use_qwen_emo": False}
     base = [
         {"do_sample": False, "seed": 7 + i, "max_mel_tokens": args.tokens, "num_beams": UPSTREAM_BEAMS}
@@ -237,16 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     cand_engine = {**engine_options, **{k: v for k, v in knobs.items() if k in ENGINE_KNOBS}}
     if args.profile == "fast":
         cand_engine["profile"] = "fast"  # its bf16_weights, where the device has them
-    print(f"baseline: upstream's path, {UPSTREAM_BEAMS} beams, greedy", file=sys.stderr)
-    baseline = run_path(cls, engine_options, base, args.texts, voice, args.rounds)
-    print(f"candidate: {cand_request} engine {cand_engine}", file=sys.stderr)
-    cand = run_path(cls, cand_engine, candidate, args.texts, voice, args.rounds)
+    print(f"baseline: upstream's path, {UPSTREAM_BEAMS} beams, greedy; candidate: {cand_request}", file=sys.stderr)
+    baseline, cand = Path(base), Path(candidate)
+    interleaved = measure(cls, (engine_options, cand_engine), (baseline, cand), args.texts, args)
+    ratios = [b / c for b, c in zip(baseline.rounds, cand.rounds, strict=True) if c]
 
     inputs = []
     same = total = 0
     cosines: list[float] = []
     snrs: list[float] = []
-    for text, b, c in zip(args.texts, baseline["outputs"], cand["outputs"], strict=True):
+    for text, b, c in zip(args.texts, baseline.outputs, cand.outputs, strict=True):
         s, t = token_match(b["codes"], c["codes"])
         same, total = same + s, total + t
         mel = [cosine(x, y) for x, y in zip(b["mels"], c["mels"], strict=False)]  # segments both have
@@ -271,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "mel_cosine_mean": float(np.mean(cosines)) if cosines else 1.0,
         "snr_db": min(snrs) if snrs else math.inf,
         "snr_db_mean": float(np.mean(snrs)) if snrs else math.inf,
-        "speedup": baseline["wall"] / cand["wall"] if cand["wall"] else math.inf,
+        "speedup": sum(baseline.rounds) / sum(cand.rounds) if sum(cand.rounds) else math.inf,
     }
     failed = [name for name, minimum in requires.items() if not gates[name] >= minimum]
     report = {
@@ -286,11 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         "gates": gates,
         "required": requires,
         "failed": failed,
-        "wall_s": {"baseline": baseline["wall"], "candidate": cand["wall"]},
-        "stages_s": {"baseline": baseline["stages"], "candidate": cand["stages"]},
-        "calls": {"baseline": baseline["calls"], "candidate": cand["calls"]},
-        "facts": [out["facts"] for out in cand["outputs"]],
-        "engine": {"baseline": baseline["info"], "candidate": cand["info"]},
+        "interleaved": interleaved,
+        "speedup_rounds": ratios,
+        "wall_s": {"baseline": sum(baseline.rounds), "candidate": sum(cand.rounds)},
+        "wall_rounds_s": {"baseline": baseline.rounds, "candidate": cand.rounds},
+        "stages_s": {"baseline": baseline.stages, "candidate": cand.stages},
+        "calls": {"baseline": baseline.calls, "candidate": cand.calls},
+        "facts": [out["facts"] for out in cand.outputs],
+        "engine": {"baseline": baseline.info, "candidate": cand.info},
         "inputs": inputs,
     }
     print_table(report)
@@ -311,6 +382,10 @@ def print_table(report: dict[str, Any]) -> None:
         ("vocoder SNR dB (mean)", "{:.1f}".format, gates["snr_db_mean"]),
         ("speed-up", "{:.2f}x".format, gates["speedup"]),
     ]
+    ratios = report["speedup_rounds"]
+    if len(ratios) > 1:
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} rounds"
+        rows.append(("  its rounds", str, spread + (", interleaved" if report["interleaved"] else "")))
     print(f"IndexTTS-{report['version']} profile={report['profile']} knobs={report['knobs']}")
     for label, fmt, value in rows:
         print(f"  {label:<24}{fmt(value)}")

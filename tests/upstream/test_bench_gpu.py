@@ -174,6 +174,10 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
             assert by_c["1"]["peak_memory"]["median"] > 0, name
         overhead = result["overhead"][model]
         assert overhead["n"] == 2 and overhead["median"] > 0
+        # Upstream called directly waits for OpenMP's threads as the sidecar does (the same rule).
+        (priced,) = [c for c in by_kind["overhead"] if c["model"] == model]
+        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
+        assert priced["upstream_openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), priced
         # mps: this machine has no NVIDIA driver, so the pool refuses the daemon and the cell says why.
         (mps,) = [c for c in by_kind["mps"] if c["model"] == model]
         assert mps["status"] == "skipped" and mps["sidecars"] == 2, mps

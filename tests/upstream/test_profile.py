@@ -198,3 +198,6 @@ def test_gates_harness(name: str, checkpoints: Any, tmp_path: Path) -> None:
     (only,) = report["inputs"]
     assert only["samples"] == only["candidate_samples"] > 0 and len(only["mel_cosine"]) == 1
     assert report["failed"] == ["mel_cosine"] and report["required"] == {"token_match": 1.0, "mel_cosine": 1.01}
+    # Request knobs only: one engine serves both paths, interleaved; one round, one ratio.
+    assert report["interleaved"] is True and len(report["speedup_rounds"]) == 1
+    assert report["speedup_rounds"][0] == pytest.approx(gates["speedup"])
