@@ -75,8 +75,6 @@ class Job:
         "cancel_code",
         "enqueued",
         "finished",
-        "held",
-        "holds",
         "id",
         "kind",
         "last_frame",
@@ -110,12 +108,6 @@ class Job:
         self.last_frame = self.enqueued
         #: It runs in a batch: a cancel answers it at once (guarded by the scheduler's lock).
         self.batched = False
-        #: Its parent takes the audio whole and asked for no progress (``stream`` and ``progress``
-        #: false: ``synthesize()``): each audio frame waits for the next frame of the job and goes
-        #: out with it, the last one with the terminal frame (see :class:`JobOutput`).
-        self.holds = request is not None and not request.stream and not progress_wanted
-        #: The audio frame it holds, if any (guarded by the scheduler's lock; see JobOutput.audio).
-        self.held: Union[FrameParts, None] = None
 
 
 #: Bytes of an ``audio`` frame besides its samples, kept free below ``--max-frame-size``: the
@@ -153,13 +145,6 @@ class JobOutput:
     time gets one.  ``live`` is the connection's map of request ids in flight: an id leaves it
     only after its terminal frame is queued, both under the lock, and the reader checks it under
     the lock, so an id is free the moment its terminal frame can be read, and never earlier.
-
-    The audio of a job whose parent takes it whole and asked for no progress (``stream`` and
-    ``progress`` false: what ``synthesize()`` sends) goes out one frame late: each frame is held
-    until the job's next frame, sign of life or terminal frame and written with it in one
-    write, so that a short request wakes its parent once, not once a frame.  That parent uses
-    none of it before the end; a held frame waits no longer than the engine's next chunk or
-    the next sign of life, which goes out behind it.
     """
 
     def __init__(
@@ -208,18 +193,8 @@ class JobOutput:
             # answer to a frame reusing the id (a pong, an error, a new request's audio) comes
             # after this frame on the wire; and as the frame may be written to the stream right
             # here, a parent that read it finds its id free, never still in flight.
-            self._after_held(job, message)  # the last audio frame and the terminal one: one write
+            self.send(message)
             self.live.pop(job.id, None)
-
-    def _after_held(self, job: Job, message: protocol.Reply) -> None:
-        """Send ``job``'s ``message`` behind the audio frame it holds, in one write.  Under the lock."""
-        held, job.held = job.held, None
-        parts = self._wire.encode(message)
-        if held is None:
-            if parts is not None:
-                self._outbox.put(parts)
-        else:
-            self._outbox.put(held if parts is None else (*held, *parts))
 
     def audio(self, job: Job, seq: int, rate: int, pcm: memoryview, words: Sequence[WordSpan] = ()) -> bool:
         """An audio frame of a running job (with ``words``, its ``Audio.words``): written at
@@ -233,30 +208,10 @@ class JobOutput:
         outbox = self._outbox
         if not job.progress_wanted:
             job.last_frame = time.monotonic()
-        if job.holds:
-            # The samples are copied: the engine may write over its buffer once this returns.
-            return self._hold(job, parts if len(parts) == 1 else (parts[0], memoryview(bytes(parts[1]))))
         with self._lock:
             if job.finished or outbox.put_if_free(parts):
                 return True
         return self._audio_when_free(job, parts)
-
-    def _hold(self, job: Job, parts: FrameParts) -> bool:
-        """Hold ``parts`` (a frame of a job that :attr:`Job.holds`) and send the frame held before it."""
-        with self._lock:
-            if job.finished:
-                return True
-            held = job.held
-            if held is None or self._outbox.put_if_free(held):
-                job.held = parts
-                return True
-            job.held = None  # it waits for an audio slot below, and goes out before this one
-        if not self._audio_when_free(job, held):
-            return False
-        with self._lock:
-            if not job.finished:
-                job.held = parts
-        return True
 
     def _audio_when_free(self, job: Job, parts: FrameParts) -> bool:
         """Queue an audio frame once an audio slot is free; False if the job was cancelled first."""
@@ -296,7 +251,7 @@ class JobOutput:
                 job.last_frame = now  # a sign of life after a quiet spell
                 send = True
             if send:
-                self._after_held(job, Progress(id=job.id, stage=stage, fraction=fraction, message=message))
+                self.send(Progress(id=job.id, stage=stage, fraction=fraction, message=message))
             if stage == "load":
                 # Every request queued behind this one, on any connection, waits on the same load.
                 for output, waiting in self._scheduler.waiting_jobs("synthesize"):
