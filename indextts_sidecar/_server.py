@@ -373,6 +373,13 @@ class Server:
         """Answer ``message`` at once (ping, cancel, voices), or queue its job."""
         assert self._lane is not None
         match message:
+            case Synthesize():  # first: the most frequent
+                try:
+                    request = validate_synthesis(self.engine, message, self.limits, self.voices)
+                except EngineError as exc:
+                    self.send(error_for(message.id, exc))
+                    return
+                self._queue(Job(message.id, "synthesize", request, progress_wanted=message.progress))
             case Ping(id=request_id):
                 self.send(self._pong(request_id))
             case Cancel(id=request_id, target=target):
@@ -394,13 +401,6 @@ class Server:
                 # Decoding the clip takes up to a second: the read loop does it in a worker
                 # thread, and reads this connection's next frame once it is answered.
                 self._pending_voice = message
-            case Synthesize():
-                try:
-                    request = validate_synthesis(self.engine, message, self.limits, self.voices)
-                except EngineError as exc:
-                    self.send(error_for(message.id, exc))
-                    return
-                self._queue(Job(message.id, "synthesize", request, progress_wanted=message.progress))
             case Load(id=request_id):
                 self._queue(Job(request_id, "load"))
             case Unload(id=request_id):

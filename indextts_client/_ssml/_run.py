@@ -249,6 +249,10 @@ class SsmlSynthesis(Synthesis):
         assert self._audio is not None
         return self._audio
 
+    async def whole(self) -> Audio:
+        async with self:
+            return await self.result()
+
     async def aclose(self) -> None:
         items, self._items = self._items, None
         self._ended = True

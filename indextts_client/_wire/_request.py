@@ -339,8 +339,7 @@ class Requester:
             ssml_strict=ssml_strict,
             max_silence=max_silence,
         )
-        async with synthesis:
-            return await synthesis.result()
+        return await synthesis.whole()
 
     async def _call(
         self,

@@ -543,6 +543,19 @@ class Synthesis(_RequestRun):
         assert self._audio is not None
         return self._audio
 
+    async def whole(self) -> Audio:
+        """``async with self: return await self.result()``, in one coroutine (``synthesize()``)."""
+        await self.start()
+        try:
+            while await self._step() is not None:
+                pass
+        except BaseException as exc:
+            await self._close(wait=not isinstance(exc, anyio.get_cancelled_exc_class()))
+            raise
+        await self._close(wait=True)
+        assert self._audio is not None
+        return self._audio
+
     async def aclose(self) -> None:
         """Cancel the request if it has not finished (the cancel is written before this returns)."""
         await self._close(wait=True)
