@@ -8,12 +8,15 @@ each request's codes (what ``inference_speech`` returned, row by row), its int16
 ``off``
     ``prefix_cache=0``: a request at upstream's three beams, the same again, one at one beam;
 ``on``
-    the default cache: the same three requests (cold, then warm), a second voice, and the first
-    voice again in a batch of two (``max_batch=2``) beside the second voice;
+    the same engine, its cache's bounds set to the defaults: the same three requests (cold, then
+    warm), a second voice, and the first voice again in a batch of two (``max_batch=2``) beside
+    the second voice;
 ``bounded``
     ``prefix_cache=1``: voice 1, voice 2, voice 1 (evicted by voice 2);
 ``bytes``
-    ``prefix_cache_bytes`` below one voice's keys and values: nothing of that kind is kept.
+    a byte bound below one voice's keys and values: nothing of that kind is kept;
+``unloaded``
+    ``memory()`` after the unload: the cache reports nothing.
 ``tests/upstream/test_prefix_cache.py`` runs it and judges the results.
 """
 
@@ -31,6 +34,8 @@ import torch
 
 from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine
+from indextts_sidecar.engines.indextts._options import PREFIX_CACHE_BYTES_DEFAULT
+from indextts_sidecar.engines.indextts._prefix_store import KINDS
 
 TEXT = "Hello there, how are you today."
 OTHER = "The quick brown fox jumps."
@@ -57,9 +62,6 @@ class Codes:
 
 
 def engine_of(cls: Any, ckpt: str, **options: Any) -> Any:
-    # The fixtures leave some of w2v-bert's weights to the loader's random init: the same seed
-    # before each load makes the engines' models equal, so that their requests compare.
-    torch.manual_seed(0)
     engine = cls(msgspec.convert({"model_dir": ckpt, "device": "cpu", "use_qwen_emo": False, **options}, cls.Options))
     engine.load(lambda *a: None, lambda: False)
     return engine
@@ -94,35 +96,39 @@ def batch(engine: Any, codes: Codes, requests: list[Any]) -> dict[str, Any]:
     return {"codes": codes.take(), "samples": samples, "health": engine.memory()}
 
 
+def bounds(engine: Any, entries: int, max_bytes: int = PREFIX_CACHE_BYTES_DEFAULT) -> None:
+    """The engine's prefix cache emptied, its counters zeroed and its bounds set, as a fresh
+    engine's with those options would be (one load serves every phase: loads are the slow part)."""
+    store = engine._prefix
+    store.clear(problem=None)
+    store.entries, store.max_bytes, store.evictions = entries, max_bytes, 0
+    store.hits, store.misses = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
+
+
 def run(cls: Any, ckpt: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     three = [request(cls, ckpt, 0), request(cls, ckpt, 1), request(cls, ckpt, 2, text=OTHER, num_beams=1)]
-    engine = engine_of(cls, ckpt, prefix_cache=0)
+    engine = engine_of(cls, ckpt, max_batch=2, prefix_cache=0)
     codes = Codes(engine._model)
     out["off"] = [lone(engine, codes, r) for r in three]
     out["off_info"] = engine.info()["prefix_cache"]
-    engine.unload()
 
-    engine = engine_of(cls, ckpt, max_batch=2)
-    codes = Codes(engine._model)
+    bounds(engine, 8)
     out["on"] = [lone(engine, codes, r) for r in three]
     out["on"].append(lone(engine, codes, request(cls, ckpt, 3, voice="voice2.wav")))
     out["on_batch"] = batch(engine, codes, [request(cls, ckpt, 4), request(cls, ckpt, 5, voice="voice2.wav")])
     out["on_info"] = engine.info()["prefix_cache"]
-    engine.unload()
 
-    engine = engine_of(cls, ckpt, prefix_cache=1)
-    codes = Codes(engine._model)
+    bounds(engine, 1)
     voices = ("voice.wav", "voice2.wav", "voice.wav")
     out["bounded"] = [lone(engine, codes, request(cls, ckpt, i, voice=v)) for i, v in enumerate(voices)]
     out["bounded_info"] = engine.info()["prefix_cache"]
-    engine.unload()
 
-    engine = engine_of(cls, ckpt, prefix_cache_bytes=4096)
-    codes = Codes(engine._model)
+    bounds(engine, 8, 4096)
     out["bytes"] = [lone(engine, codes, request(cls, ckpt, i)) for i in range(2)]
     out["bytes_info"] = engine.info()["prefix_cache"]
     engine.unload()
+    out["unloaded"] = engine.memory()
     return out
 
 

@@ -301,8 +301,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts.install(model)
         self.bf16_weights = apply_bf16(self.options, model, flavour.label)
         self._intercept_problem = interceptable(model)
-        self._prefix.clear()
-        self._prefix.problem = install_prefix(model, self._prefix)
+        self._prefix.clear(install_prefix(model, self._prefix))
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
         self._model = model

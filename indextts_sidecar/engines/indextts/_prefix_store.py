@@ -17,12 +17,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-__all__ = ["KINDS", "PrefixStore", "PrefixTally"]
+__all__ = ["KINDS", "NOT_LOADED", "PrefixStore", "PrefixTally"]
 
 #: What a voice's prefix is made of, in the order upstream computes it: the emotion vector
 #: (``merge_emovec``), the speaker's conditioning latents (``get_conditioning``), and the
 #: GPT's keys and values over the conditioning positions (``kv``: what ``health`` counts).
 KINDS = ("emotion", "conditioning", "kv")
+
+#: :attr:`PrefixStore.problem` before a load and after an unload.
+NOT_LOADED = "no model is loaded"
 
 
 @dataclass
@@ -60,8 +63,8 @@ class PrefixStore:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     #: The current request's tally (the adapter starts one per lone request).
     tally: PrefixTally = field(default_factory=PrefixTally)
-    #: Why the loaded model's GPT cannot use the cache (an unknown upstream); None when it can.
-    problem: Union[str, None] = None
+    #: Why the cache does not run (no model loaded, an unknown upstream); None when it does.
+    problem: Union[str, None] = NOT_LOADED
 
     def __post_init__(self) -> None:
         if self.entries < 0 or self.max_bytes < 0:
@@ -115,7 +118,9 @@ class PrefixStore:
                 self.evictions += 1
                 return
 
-    def clear(self) -> None:
+    def clear(self, problem: Union[str, None] = NOT_LOADED) -> None:
+        """Drop every item (a load or an unload: the keys hold for one model only)."""
+        self.problem = problem
         self._items.clear()
         self.bytes = 0
         self.counts = dict.fromkeys(KINDS, 0)
@@ -126,7 +131,10 @@ class PrefixStore:
         return self.tally
 
     def health(self) -> dict[str, int]:
-        """What ``health`` (``pong.memory``) reports: bytes held, prefixes held, their hits and misses."""
+        """What ``health`` (``pong.memory``) reports: bytes held, prefixes held, their hits and misses;
+        nothing while the cache does not run (off, no model loaded, an unknown upstream)."""
+        if not self.enabled or self.problem is not None:
+            return {}
         return {
             "prefix_cache_bytes": self.bytes,
             "prefix_cache_entries": self.counts["kv"],
