@@ -95,6 +95,8 @@ class _Wrappers:
         self.forward_original: Callable[..., Any] = inference.forward
         self.merge_original: Union[Callable[..., Any], None] = getattr(gpt, "merge_emovec", None)
         self.conditioning_original: Union[Callable[..., Any], None] = getattr(gpt, "get_conditioning", None)
+        #: The class of the keys and values the model answers with, when not a tuple (a Cache).
+        self.past_type: Any = None
 
     def inference_speech(self, *args: Any, **kwargs: Any) -> Any:
         _local.started = time.perf_counter()
@@ -176,9 +178,11 @@ class _Wrappers:
                 pair.append(torch.cat(rows, dim=0).repeat_interleave(plan.beams, dim=0))
             layers.append(tuple(pair))
         past = kwargs.get("past_key_values")
+        if past is None and self.past_type is not None:
+            past = self.past_type()  # the Cache class the model answered with (transformers 5's)
         if past is None:
-            past = tuple(layers)
-        else:  # an empty Cache object (transformers 5 hands one to the first pass)
+            past = tuple(layers)  # transformers 4: a tuple of pairs, as the model answers
+        else:  # an empty Cache object
             for index, (keys, values) in enumerate(layers):
                 past.update(keys, values, index)
         call = dict(kwargs, past_key_values=past, input_ids=kwargs["input_ids"][:, width:])
@@ -194,9 +198,11 @@ class _Wrappers:
 
     def _keep(self, plan: _Plan, kept: Sequence[Any], out: Any) -> None:
         """Keep the conditioning's keys and values of each row whose were missing (one row each)."""
-        layers = _layers(getattr(out, "past_key_values", None))
+        answered = getattr(out, "past_key_values", None)
+        layers = _layers(answered)
         if layers is None:
             return
+        self.past_type = None if isinstance(answered, (tuple, list)) else type(answered)
         width = plan.width
         for row, (key, pad) in enumerate(zip(plan.keys, plan.pads, strict=True)):
             if kept[row] is not None or (pad and len(plan.keys) > 1):
@@ -230,7 +236,7 @@ class _Plan:
 def _plan(torch: Any, emb: Any, conds: Any, kwargs: dict[str, Any]) -> Union[_Plan, None]:
     """How the prompt ``emb`` holds ``conds`` row by row; None where it is not upstream's layout."""
     input_ids, mask, past = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("past_key_values")
-    if input_ids is None or mask is None or emb is None or not _empty(past) or conds.dim() != 3:
+    if input_ids is None or emb is None or not _empty(past) or conds.dim() != 3:
         return None
     batch, length = int(emb.size(0)), int(emb.size(1))
     rows, width = int(input_ids.size(0)), int(conds.size(1))
@@ -240,7 +246,7 @@ def _plan(torch: Any, emb: Any, conds: Any, kwargs: dict[str, Any]) -> Union[_Pl
     keys: list[Hashable] = []
     pads: list[int] = []
     for row in range(batch):
-        pad = int((mask[row * beams].cumsum(0) == 0).sum())
+        pad = 0 if mask is None else int((mask[row * beams].cumsum(0) == 0).sum())  # no mask: no padding
         cond = conds[row if int(conds.size(0)) == batch else 0]
         if pad + width + 1 >= length or not torch.equal(emb[row, pad : pad + width], cond):
             return None
