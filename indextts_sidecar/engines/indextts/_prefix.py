@@ -168,14 +168,19 @@ class _Wrappers:
         return out
 
     def _warm(self, torch: Any, plan: _Plan, kept: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        """The first forward pass over the positions after the conditioning, its past the kept keys and values."""
-        width = plan.width
+        """The first forward pass over the positions after the conditioning, its past the kept keys and values.
+
+        ``generate`` hands the pass each row once per beam, all alike: it runs over one of each
+        (``beams`` times less work) and its answer is repeated for the beams, as upstream's is.
+        """
+        width, mask = plan.width, kwargs.get("attention_mask")
+        beams = plan.beams if _alike(torch, kwargs, plan.beams) else 1
         layers = []
         for index in range(len(kept[0])):
             pair = []
             for part in (0, 1):
                 rows = [_shifted(torch, kept[row][index][part], pad, width) for row, pad in enumerate(plan.pads)]
-                pair.append(torch.cat(rows, dim=0).repeat_interleave(plan.beams, dim=0))
+                pair.append(torch.cat(rows, dim=0).repeat_interleave(plan.beams // beams, dim=0))
             layers.append(tuple(pair))
         past = kwargs.get("past_key_values")
         if past is None and self.past_type is not None:
@@ -185,16 +190,19 @@ class _Wrappers:
         else:  # an empty Cache object
             for index, (keys, values) in enumerate(layers):
                 past.update(keys, values, index)
-        call = dict(kwargs, past_key_values=past, input_ids=kwargs["input_ids"][:, width:])
+        call = dict(kwargs, past_key_values=past, input_ids=kwargs["input_ids"][::beams, width:])
+        if mask is not None:
+            call["attention_mask"] = mask[::beams]
         for name in ("position_ids", "token_type_ids"):
             if call.get(name) is not None:
-                call[name] = call[name][:, width:]
+                call[name] = call[name][::beams, width:]
         whole = self.inference.cached_mel_emb
         self.inference.cached_mel_emb = whole[:, width:]
         try:
-            return self.forward_original(**call)
+            out = self.forward_original(**call)
         finally:
             self.inference.cached_mel_emb = whole
+        return out if beams == 1 else _repeated(out, beams)
 
     def _keep(self, plan: _Plan, kept: Sequence[Any], out: Any) -> None:
         """Keep the conditioning's keys and values of each row whose were missing (one row each)."""
@@ -253,6 +261,29 @@ def _plan(torch: Any, emb: Any, conds: Any, kwargs: dict[str, Any]) -> Union[_Pl
         keys.append((_digest(torch, cond), _amp(torch, cond)))
         pads.append(pad)
     return _Plan(keys, pads, width, beams)
+
+
+def _alike(torch: Any, kwargs: dict[str, Any], beams: int) -> bool:
+    """Whether the pass's rows come ``beams`` alike (``generate``'s expansion), and its answer
+    can be repeated: a model output with logits, its keys and values a tuple or a Cache."""
+    if beams == 1:
+        return False
+    for name in ("input_ids", "attention_mask", "position_ids", "token_type_ids"):
+        value = kwargs.get(name)
+        if value is not None and not torch.equal(value, value[::beams].repeat_interleave(beams, dim=0)):
+            return False
+    return kwargs.get("return_dict") is not False
+
+
+def _repeated(out: Any, beams: int) -> Any:
+    """A forward pass's answer over one row of each beam group, repeated for the beams."""
+    out.logits = out.logits.repeat_interleave(beams, dim=0)
+    past = out.past_key_values
+    if isinstance(past, (tuple, list)):
+        out.past_key_values = tuple(tuple(t.repeat_interleave(beams, dim=0) for t in layer) for layer in past)
+    elif past is not None:
+        past.batch_repeat_interleave(beams)  # a Cache, in place
+    return out
 
 
 def _shifted(torch: Any, part: Any, pad: int, width: int) -> Any:
