@@ -107,6 +107,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import wave
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
@@ -1333,11 +1334,24 @@ def build_checkpoints(python: str, src: str, root: Path, models: list[str], smal
             if done.returncode:
                 raise SystemExit(f"building the {kind} checkpoint failed:\n{done.stderr[-3000:]}")
             print(f"built {kind} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        warm = out / "warmup.wav"
-        if not warm.exists():
-            shutil.copyfile(out / "voice3.wav", warm)  # another path: another cache key
+        warm_up_clip(out / "voice3.wav", out / "warmup.wav")
         ckpts[model] = out
     return ckpts
+
+
+def warm_up_clip(source: Path, warm: Path) -> None:
+    """The warm-up clip: ``source`` at another path (another key of the path-keyed voice cache)
+    and one sample one int16 step off (another key of the content-keyed prefix cache), so that
+    the voice_cache cell's three voices stay cold.  An older exact copy is made anew."""
+    if warm.exists() and warm.read_bytes() != source.read_bytes():
+        return
+    with wave.open(str(source), "rb") as clip:
+        params, frames = clip.getparams(), bytearray(clip.readframes(clip.getnframes()))
+    frames[0] ^= 1  # the low byte of the first sample (16-bit little-endian PCM)
+    warm.unlink(missing_ok=True)
+    with wave.open(str(warm), "wb") as clip:
+        clip.setparams(params)
+        clip.writeframes(bytes(frames))
 
 
 # ------------------------------------------------------------------ the table
