@@ -58,6 +58,11 @@ def test_a_warm_request_decodes_what_a_cold_one_does(report: Any) -> None:
     assert on[3]["health"]["prefix_cache_bytes"] == 2 * on[0]["health"]["prefix_cache_bytes"]
 
 
+def test_upstream_still_has_the_calls_it_wraps(report: Any) -> None:
+    # An upstream that renamed them would load with the cache off, its reason here: fail loudly.
+    assert report["on_info"]["problem"] is None and report["off_info"]["problem"] is None
+
+
 def test_a_batch_reuses_its_voices_prefixes(report: Any) -> None:
     batch, on = report["on_batch"], report["on"]
     # Voice 1's request and voice 2's, both kept: both rows hit and decode what each did alone.
