@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import torch
+from probe_profile import engine_of  # a script beside this one: its folder is on the path
 
 from indextts_sidecar.engines import BatchItem, ItemDone, SynthesisRequest
 from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine
@@ -59,12 +60,6 @@ class Codes:
     def take(self) -> list[list[int]]:
         seen, self.seen = self.seen, []
         return seen
-
-
-def engine_of(cls: Any, ckpt: str, **options: Any) -> Any:
-    engine = cls(msgspec.convert({"model_dir": ckpt, "device": "cpu", "use_qwen_emo": False, **options}, cls.Options))
-    engine.load(lambda *a: None, lambda: False)
-    return engine
 
 
 def request(cls: Any, ckpt: str, i: int, text: str = TEXT, voice: str = "voice.wav", **options: Any) -> Any:
