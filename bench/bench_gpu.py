@@ -33,8 +33,12 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   (``Client.stream``: the engine's default for a stream, its first segment cut at 10 text tokens;
   ``--first-segment-tokens`` sets another length, 0 upstream's segments), against when the whole
   audio is there (``synthesize``, upstream's segments).
-* ``voice_cache``: three voices in turn, the adapter's cache (``voice_cache=4``) against
-  none (``voice_cache=0``).
+* ``voice_cache``: three voices in turn, the adapter's caches (``voice_cache=4`` and the voice
+  prefix cache, ``prefix_cache=8``) against none (``voice_cache=0``, ``prefix_cache=0``): wall
+  time per request, and the GPT's prefill as the adapter reports it (``done.facts``:
+  ``prefix_cache.prefill_s``, the emotion vector, the conditioning and the first forward pass)
+  of each voice's first request (the first round) against its later ones (later rounds, and one
+  more request of the first voice after them, so that one round has a second request too).
 * ``sidecars``: 1, 2 and 4 sidecars of one model on one device, all busy at once: aggregate
   audio seconds per second and the memory of each sidecar (torch's allocator as the
   sidecar's health answer reports it, and ``nvidia-smi``'s per-process figure on a GPU).
@@ -103,6 +107,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import wave
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
@@ -115,6 +120,7 @@ import numpy as np
 from _upstream_env import upstream_env
 
 from indextts_client import Client, MpsUnavailableError, Pool, ProgressEvent, SidecarError
+from indextts_sidecar.engines.indextts._options import PREFIX_CACHE_DEFAULT
 from indextts_sidecar.engines.indextts._segments import STREAM_FIRST_SEGMENT_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +152,8 @@ UPSTREAM_BEAMS = 3
 #: The precision upstream offers besides fp32, per model, and the engine option that turns it on.
 HALF = {"2": "fp16", "2.5": "bf16"}
 ENGINES = {"2": "indextts2", "2.5": "indextts2.5"}
+#: The voice_cache cell's other sidecar: neither the voice cache nor the voice prefix cache.
+NO_CACHES: dict[str, Any] = {"voice_cache": 0, "prefix_cache": 0}
 STAGE_RE = re.compile(r">> (gpt_gen_time|gpt_forward_time|s2mel_time|bigvgan_time|Total inference time): ([0-9.]+)")
 STAGE_NAMES = {
     "gpt_gen_time": "gpt",
@@ -268,7 +276,8 @@ class Sidecar:
             text, voice=voice, max_mel_tokens=tokens, timeout=REQUEST_TIMEOUT, **options
         )
         wall = time.perf_counter() - started
-        return {"wall": wall, "audio": audio.duration, **await self.stage_times()}
+        prefill = dict(audio.facts).get("prefix_cache", {}).get("prefill_s")
+        return {"wall": wall, "audio": audio.duration, "prefill": prefill, **await self.stage_times()}
 
     async def stream(self, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
         """One streamed request: first chunk and end, in wall seconds, and the segment count."""
@@ -485,7 +494,7 @@ class Run:
         if {"stream", "voice_cache", "sidecars", "batch", "overhead", "mps"} & set(cells):
             keys.append((0, default))
         if "voice_cache" in cells:
-            keys.append((0, {**default, "voice_cache": 0}))
+            keys.append((0, {**default, **NO_CACHES}))
         if {"sidecars", "mps"} & set(cells):
             keys += [(index, default) for index in range(1, max(self.args.sidecars))]
         unique: list[tuple[int, dict[str, Any]]] = []
@@ -706,15 +715,20 @@ class Run:
         pair = []
         for size in (4, 0):
             # 4 is the adapter's default (VOICE_CACHE_DEFAULT): the default variant's sidecar as it is.
-            extra: dict[str, Any] = {"voice_cache": 0} if size == 0 else {}
+            extra: dict[str, Any] = NO_CACHES if size == 0 else {}
             pair.append(await self.sidecar(model, warm, **self.default_variant(model), **extra))
         tokens = budget(model, natural_seconds(TEXTS["short"]))
         times: dict[int, list[float]] = {0: [], 1: []}
+        prefills: dict[int, list[float]] = {0: [], 1: []}
         for number in range(self.args.rounds):
             for voice in voices:
                 order = (0, 1) if number % 2 == 0 else (1, 0)
                 for index in order:
-                    times[index].append((await pair[index].speak(TEXTS["short"], voice, tokens))["wall"])
+                    spoken = await pair[index].speak(TEXTS["short"], voice, tokens)
+                    times[index].append(spoken["wall"])
+                    prefills[index].append(spoken["prefill"])
+        for index in (0, 1):  # the first voice once more: a second request even with one round
+            prefills[index].append((await pair[index].speak(TEXTS["short"], voices[0], tokens))["prefill"])
         for index, size in enumerate((4, 0)):
             # The first round is cold for both: every voice is new.  One round: no later rounds.
             later = times[index][len(voices) :]
@@ -722,10 +736,12 @@ class Run:
                 {
                     **base,
                     "voice_cache": size,
+                    "prefix_cache": PREFIX_CACHE_DEFAULT if size else 0,
                     "status": "ok",
                     "voices": len(voices),
                     "first_round": summary(times[index][: len(voices)]),
                     "later_rounds": summary(later) if later else None,
+                    "gpt_prefill": prefill_figures(prefills[index], len(voices)),
                 }
             )
 
@@ -1137,6 +1153,14 @@ def round_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def prefill_figures(prefills: list[Any], first: int) -> Union[dict[str, Any], None]:
+    """The GPT prefill of each voice's first request (the first ``first``) against the later ones'."""
+    if any(value is None for value in prefills):
+        return None  # an engine that does not report it
+    cold, warm = summary(prefills[:first]), summary(prefills[first:])
+    return {"first": cold, "second": warm, "second_over_first": round(warm["median"] / cold["median"], 3)}
+
+
 async def collect(sidecar: Sidecar, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
     """One streamed request, greedy: first audio, wall, its samples.  Upstream still prints its
     times for it (counted, so that later waits for a sidecar's stage times stay in step).
@@ -1313,11 +1337,24 @@ def build_checkpoints(python: str, src: str, root: Path, models: list[str], smal
             if done.returncode:
                 raise SystemExit(f"building the {kind} checkpoint failed:\n{done.stderr[-3000:]}")
             print(f"built {kind} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        warm = out / "warmup.wav"
-        if not warm.exists():
-            shutil.copyfile(out / "voice3.wav", warm)  # another path: another cache key
+        warm_up_clip(out / "voice3.wav", out / "warmup.wav")
         ckpts[model] = out
     return ckpts
+
+
+def warm_up_clip(source: Path, warm: Path) -> None:
+    """The warm-up clip: ``source`` at another path (another key of the path-keyed voice cache)
+    and one sample one int16 step off (another key of the content-keyed prefix cache), so that
+    the voice_cache cell's three voices stay cold.  An older exact copy is made anew."""
+    if warm.exists() and warm.read_bytes() != source.read_bytes():
+        return
+    with wave.open(str(source), "rb") as clip:
+        params, frames = clip.getparams(), bytearray(clip.readframes(clip.getnframes()))
+    frames[0] ^= 1  # the low byte of the first sample (16-bit little-endian PCM)
+    warm.unlink(missing_ok=True)
+    with wave.open(str(warm), "wb") as clip:
+        clip.setparams(params)
+        clip.writeframes(bytes(frames))
 
 
 # ------------------------------------------------------------------ the table
@@ -1364,9 +1401,12 @@ def table(result: dict[str, Any]) -> str:
                 f"whole {fmt(cell['whole'])} s, first/whole {fmt(cell['first_over_whole'])}"
             )
         elif cell["kind"] == "voice_cache":
+            prefill = cell.get("gpt_prefill") or {}
             lines.append(
-                f"{label} voice_cache={cell['voice_cache']}: first round {fmt(cell['first_round'])} s, "
-                f"later rounds {fmt(cell['later_rounds'])} s"
+                f"{label} voice_cache={cell['voice_cache']} prefix_cache={cell.get('prefix_cache')}: first round "
+                f"{fmt(cell['first_round'])} s, later rounds {fmt(cell['later_rounds'])} s; GPT prefill first "
+                f"{fmt(prefill.get('first'), digits=3)} s, second {fmt(prefill.get('second'), digits=3)} s "
+                f"(ratio {prefill.get('second_over_first')})"
             )
         elif cell["kind"] == "batch":
             parts = []

@@ -137,6 +137,12 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert set(caches) == {4, 0} and all(c["status"] == "ok" for c in caches.values())
         assert all(c["first_round"]["n"] == 3 and c["first_round"]["median"] > 0 for c in caches.values())
         assert all(c["later_rounds"] is None for c in caches.values())  # one round: nothing later
+        # The GPT prefill: each voice's first request, and the first voice's second (after the round).
+        assert caches[4]["prefix_cache"] > 0 and caches[0]["prefix_cache"] == 0
+        for cache in caches.values():
+            prefill = cache["gpt_prefill"]
+            assert prefill["first"]["n"] == 3 and prefill["second"]["n"] == 1 and prefill["first"]["median"] > 0
+            assert prefill["second_over_first"] > 0
         fleet = {c["sidecars"]: c for c in by_kind["sidecars"] if c["model"] == model}
         assert set(fleet) == {1, 2}
         for count, cell in fleet.items():

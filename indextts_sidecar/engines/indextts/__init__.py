@@ -30,6 +30,9 @@ torch and numpy are imported.  Its modules:
 ``_lockstep``, ``_batched``, ``_batch_run``
     batches: upstream's generators stepped in lockstep, its three model calls intercepted on
     the loaded instance and run together, and the batch's coordinator (requests join it);
+``_prefix``, ``_prefix_store``
+    the voice prefix cache: a voice's emotion vector, speaker latents and the GPT's keys and
+    values over its conditioning, kept (bounded in entries and bytes) and reused;
 ``_emotion``, ``_pcm``, ``_voice_cache``, ``_upstream``
     emotion mapping, int16 conversion, the voice conditioning cache, and the guards and
     introspection that living with upstream's code in this process needs.

@@ -35,7 +35,7 @@ from .. import (
 )
 from ._batch_run import BatchRun, one_after_another, request_decoding, resolve_stages
 from ._batched import Decoding, decoding, install, interceptable
-from ._checks import check_readable, check_text
+from ._checks import check_readable, check_text, decoding_asked
 from ._emotion import check_vector, emotion_kwargs
 from ._install import (
     FLAVOUR_MODULES,
@@ -53,9 +53,11 @@ from ._install import (
 )
 from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
+from ._prefix import install as install_prefix
+from ._prefix_store import PrefixStore, PrefixTally
 from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs
 from ._segments import SegmentTexts, first_length
-from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, stream_segments, within
+from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, check_rate, stream_segments, within
 from ._upstream import (
     StageTimes,
     accelerated,
@@ -102,6 +104,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._infer_params: frozenset[str] = frozenset()
         self._qwen_emo: Union[bool, None] = None
         self._voices = VoiceCache(options.voice_cache)
+        self._prefix = PrefixStore(options.prefix_cache, options.prefix_cache_bytes)  # _prefix.py
         self._request_facts: dict[str, Any] = {}
         #: What upstream's segmenter cut the current request into (see _segments.py).
         self._segment_texts = SegmentTexts()
@@ -136,6 +139,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             "module": flavour.module,
             "model_dir": os.path.abspath(self.options.model_dir),
             "voice_cache": self._voices.stats(),
+            "prefix_cache": self._prefix.stats(),
             "batch_stages": self.batch_stages(),
             "profile": self.options.profile,
             "bf16_weights": self.bf16_weights,
@@ -169,6 +173,8 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def request_facts(self) -> dict[str, Any]:
         facts, self._request_facts = self._request_facts, {}
+        if isinstance(tally := facts.get("prefix_cache"), PrefixTally):
+            facts["prefix_cache"] = tally.facts()  # a lone request's, filled as it ran
         return facts
 
     def _normalize_emotion(self, request: SynthesisRequest[Any]) -> bool:
@@ -230,7 +236,7 @@ class IndexTTSEngine(Engine[Any, Any]):
                     field=f"$.options.{name}",
                     code="unknown_option",
                 )
-        if _decoding_asked(options) and self._intercept_problem is not None:
+        if decoding_asked(options) and self._intercept_problem is not None:
             name = "do_sample" if getattr(options, "do_sample", None) is False else "seed"
             raise RequestError(
                 f"option {name!r} needs the adapter to reach upstream's model calls, which it cannot with "
@@ -295,6 +301,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._segment_texts.install(model)
         self.bf16_weights = apply_bf16(self.options, model, flavour.label)
         self._intercept_problem = interceptable(model)
+        self._prefix.clear(install_prefix(model, self._prefix))
         if self._intercept_problem is not None and opts.max_batch > 1:
             log.warning("batches run one request after another, none joining: %s", self._intercept_problem)
         self._model = model
@@ -453,6 +460,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         restored = self._voices.restore(model, voice)
         times = StageTimes()
         self._request_facts = {"voice_cache": "hit" if restored else "miss", "stages": times.stages}
+        self._request_facts["prefix_cache"] = self._prefix.start()
         self._request_facts.update(self.knob_facts(request))
         self._segment_texts.start(first_length(request.options, self.options, request.stream))
         emotion_path = kwargs.get("emo_audio_prompt")
@@ -465,7 +473,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             result = call(**kwargs)
         if isinstance(result, tuple):
             rate, audio = result
-            self._check_rate(rate)
+            check_rate(rate)
             if self._segment_texts.texts:  # one chunk speaks every segment
                 progress("synthesize", None, segment_text_message(" ".join(self._segment_texts.texts)))
             yield to_pcm16(audio, unit_scale=flavour.unit_scale and peak(as_numpy(audio)) <= UNIT_SCALE_CEILING)
@@ -486,7 +494,7 @@ class IndexTTSEngine(Engine[Any, Any]):
     def _decoding(self, request: SynthesisRequest[Any]) -> Union[Decoding, None]:
         """How a lone ``request`` decodes when it is not upstream's own way (None: upstream's own way)."""
         knobs = self.knobs(request)
-        if not (_decoding_asked(request.options) or knobs.s2mel):
+        if not (decoding_asked(request.options) or knobs.s2mel):
             return None
         return self.decoding_of(request)
 
@@ -550,13 +558,6 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._check_flavour(request)
         return self._infer_kwargs(request)
 
-    def _check_rate(self, rate: Any) -> None:
-        if int(rate) != NATIVE_SAMPLE_RATE:
-            raise EngineError(
-                f"the model returned {rate} Hz audio, not {NATIVE_SAMPLE_RATE} Hz; this sidecar does not resample",
-                code="internal",
-            )
-
     def _infer_kwargs(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
         """The exact keyword arguments of ``infer`` for ``request``."""
         params = self._infer_params
@@ -588,13 +589,10 @@ class IndexTTSEngine(Engine[Any, Any]):
             return
         self._model = None
         self._voices.clear()
+        self._prefix.clear()
         gc.collect()
         empty_caches()
 
     def memory(self) -> dict[str, int]:
-        """CUDA or MPS memory, only if torch is already imported: never imports it."""
-        return device_memory()
-
-
-def _decoding_asked(options: Any) -> bool:
-    return getattr(options, "do_sample", None) is False or getattr(options, "seed", None) is not None
+        """CUDA or MPS memory, only if torch is already imported (never imports it); the prefix cache's."""
+        return {**device_memory(), **self._prefix.health()}

@@ -4,10 +4,11 @@ clips that exist and can be read (the sidecar's path policy has already run on t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from .. import RequestError
 
-__all__ = ["check_readable", "check_text"]
+__all__ = ["check_readable", "check_text", "decoding_asked"]
 
 
 def check_text(text: str) -> None:
@@ -31,3 +32,8 @@ def check_readable(path: str, field: str, what: str) -> None:
         raise RequestError(f"{what} {path!r} is not a file", field=field)
     if not os.access(path, os.R_OK):
         raise RequestError(f"{what} {path!r} is not readable", field=field)
+
+
+def decoding_asked(options: Any) -> bool:
+    """Whether request ``options`` ask for decoding other than upstream's (greedy, or a seed)."""
+    return getattr(options, "do_sample", None) is False or getattr(options, "seed", None) is not None

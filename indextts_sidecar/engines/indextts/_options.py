@@ -16,6 +16,8 @@ __all__ = [
     "LANGUAGES",
     "MAX_BATCH_LIMIT",
     "MAX_DIFFUSION_STEPS",
+    "PREFIX_CACHE_BYTES_DEFAULT",
+    "PREFIX_CACHE_DEFAULT",
     "PROFILES",
     "VOICE_CACHE_DEFAULT",
     "IndexTTS2Options",
@@ -30,6 +32,10 @@ __all__ = [
 LANGUAGES = ("zh", "en", "ja", "es", "ar")
 #: Reference conditionings kept per engine by default (``voice_cache`` engine option).
 VOICE_CACHE_DEFAULT = 4
+#: Voice prefixes (conditioning and the GPT's keys and values over it) kept by default
+#: (``prefix_cache``), and the bytes they may hold together (``prefix_cache_bytes``).
+PREFIX_CACHE_DEFAULT = 8
+PREFIX_CACHE_BYTES_DEFAULT = 256 * 2**20
 #: The largest ``max_batch`` accepted (upstream's accel engine plans for 8 sequences; 64 bounds memory).
 MAX_BATCH_LIMIT = 64
 
@@ -71,6 +77,12 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Voice conditionings kept (keyed by the reference file's path, size and mtime), so
     #: switching between recent voices skips reprocessing them.  0 keeps only upstream's own.
     voice_cache: _NonNegativeInt = VOICE_CACHE_DEFAULT
+    #: Voice prefixes kept: a voice's emotion vector and speaker latents, and the GPT's keys and
+    #: values over its conditioning positions, reused by the next request with the same voice
+    #: (docs/indextts.md, "Voice prefix cache").  0 turns the cache off.
+    prefix_cache: _NonNegativeInt = PREFIX_CACHE_DEFAULT
+    #: The bytes the prefix cache may hold in all (least recently used first out); 0: off.
+    prefix_cache_bytes: _NonNegativeInt = PREFIX_CACHE_BYTES_DEFAULT
     #: Scale emotion vectors as upstream's web UI does (per-emotion bias, sum capped at 0.8)
     #: unless a request says otherwise, so a vector sounds the same as there.
     normalize_emotion: bool = True

@@ -27,6 +27,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "NATIVE_SAMPLE_RATE",
     "Tally",
+    "check_rate",
     "failed_reference",
     "next_chunk",
     "stream_segments",
@@ -192,3 +193,12 @@ def next_chunk(
                     field=failed_reference(exc, voice, emotion_path),
                 ) from exc
             raise
+
+
+def check_rate(rate: Any) -> None:
+    """Refuse audio that is not at upstream's rate: this sidecar does not resample."""
+    if int(rate) != NATIVE_SAMPLE_RATE:
+        raise EngineError(
+            f"the model returned {rate} Hz audio, not {NATIVE_SAMPLE_RATE} Hz; this sidecar does not resample",
+            code="internal",
+        )
