@@ -204,10 +204,9 @@ def measure(
             for i in range(len(texts)):
                 for side in order:
                     paths[side].run(engines[side], texts, i, round_)
+        infos = {id(engine): engine.unload() for engine in dict.fromkeys(engines)}
         for path, engine in zip(paths, engines, strict=True):
-            path.info = engine.engine.info()
-        for engine in dict.fromkeys(engines):
-            engine.unload()
+            path.info = infos[id(engine)]
         return True
     for path, engine_options in zip(paths, options, strict=True):
         print(f"{'baseline' if path is paths[0] else 'candidate'}: engine {engine_options}", file=sys.stderr)
