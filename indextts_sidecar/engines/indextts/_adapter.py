@@ -37,6 +37,8 @@ from ._batch_run import BatchRun, one_after_another, request_decoding, resolve_s
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text, decoding_asked
 from ._emotion import check_vector, emotion_kwargs
+from ._gpt_fast import PARTS as SPEEDUPS
+from ._gpt_fast import install as install_speedups
 from ._install import (
     FLAVOUR_MODULES,
     PYPI25_DISTRIBUTION,
@@ -113,6 +115,8 @@ class IndexTTSEngine(Engine[Any, Any]):
         #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
         self.openmp: dict[str, str] = {}
+        #: Each of the GPT's same-output speed-ups (``_gpt_fast.py``): None when on, else why not.
+        self.speedups: dict[str, Union[str, None]] = {}
 
     @property
     def max_batch(self) -> int:
@@ -144,6 +148,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             "profile": self.options.profile,
             "bf16_weights": self.bf16_weights,
             "openmp": self.openmp,
+            "gpt_speedups": {name: problem or "on" for name, problem in self.speedups.items()},
         }
 
     def batch_stages(self) -> str:
@@ -300,6 +305,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             model = cls(**kwargs)
         self._segment_texts.install(model)
         self.bf16_weights = apply_bf16(self.options, model, flavour.label)
+        self.speedups = install_speedups(model) if opts.gpt_speedups else dict.fromkeys(SPEEDUPS, "off")
         self._intercept_problem = interceptable(model)
         self._prefix.clear(install_prefix(model, self._prefix))
         if self._intercept_problem is not None and opts.max_batch > 1:

@@ -121,6 +121,10 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: The GPT's weights in bfloat16, where the device has bf16 matrix products (a CPU with
     #: AVX512-BF16 or AMX, a CUDA GPU with bf16): refused at load, named, elsewhere.
     bf16_weights: Union[bool, None] = None
+    #: The GPT's same-output speed-ups where they apply (docs/indextts.md, "The same output,
+    #: faster"): its linear layers in oneDNN's layout on a CPU in float32, and a key-value cache
+    #: that grows in place and moves only the beams that changed.  False: upstream's path as is.
+    gpt_speedups: bool = True
 
 
 class IndexTTS2Options(_Options):

@@ -1,0 +1,213 @@
+"""The GPT's same-output speed-ups (``gpt_speedups``) against upstream's path, on one loaded model.
+
+Runs in upstream's venv, the adapter in process (a fixture of ``tests/upstream/fixture.py``:
+tiny ``2``/``2.5``, or ``2-full``/``2.5-full``), the medium text of ``bench_gpu.py``, greedy
+decoding with a seed (``do_sample=false``, ``seed=1``), ``--beams`` beams, ``--tokens`` codes.
+The engine loads with ``gpt_speedups=false``; each round runs one request on upstream's path
+and one with the speed-ups (``_gpt_fast.install(..., keep_weights=True)``, taken off again by
+``uninstall``), in alternating order.  For each request:
+
+- ``step_s``: the median time of a decoding step, from one step's forward pass to the next's
+  (the pass, the beam search's bookkeeping and its reordering of the cache);
+- ``gpt_s``: the GPT stage (``gpt.inference_speech``: conditioning, prefill, decoding);
+- ``wall_s``: the whole request;
+- the codes it decoded and its int16 samples: the speed-ups must give the same codes and audio
+  within one int16 step (``codes_equal``, ``max_sample_step``).
+
+The floor of a step is measured in the same run: this process's memory-read bandwidth (the
+best of several ``sum()`` over 256 MiB, as ``_floor.py``, taken again each round: the floor is
+the median's) and the bytes a step reads, the decoder's weights plus each row's keys and values
+at the mean context::
+
+    $(python3 tests/upstream/build_venv.py github) bench/bench_gpt_step.py 2 CKPT_DIR --rounds 3
+
+(``PYTHONPATH`` holding this checkout, ``bench/`` and upstream's.)  Prints a table and, with
+``--json``, writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+from _floor import bandwidth
+
+from indextts_sidecar.engines import SynthesisRequest
+from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _gpt_fast
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back to the woods."
+
+
+class Recorder:
+    """Times ``inference_speech`` and each decoding step; keeps the codes."""
+
+    def __init__(self, gpt: Any) -> None:
+        self.gpt_s = 0.0
+        self.starts: list[float] = []
+        self.contexts: list[int] = []
+        self.codes: list[list[int]] = []
+        speech, forward = gpt.inference_speech, gpt.inference_model.forward
+
+        @functools.wraps(speech)
+        def timed_speech(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            out = speech(*args, **kwargs)
+            self.gpt_s += time.perf_counter() - started
+            codes = out[0] if isinstance(out, tuple) else out
+            self.codes.extend(getattr(codes, "sequences", codes).tolist())
+            return out
+
+        @functools.wraps(forward)  # Hugging Face's generate reads its signature
+        def timed_forward(*args: Any, **kwargs: Any) -> Any:
+            ids = kwargs.get("input_ids")
+            if ids is not None and int(ids.shape[1]) == 1:  # a decoding step, not the prefill
+                self.starts.append(time.perf_counter())
+                self.contexts.append(int(kwargs["attention_mask"].shape[1]))
+            return forward(*args, **kwargs)
+
+        gpt.inference_speech = timed_speech
+        gpt.inference_model.forward = timed_forward
+
+    def reset(self) -> None:
+        self.gpt_s = 0.0
+        self.starts.clear()
+        self.contexts.clear()
+        self.codes.clear()
+
+
+def speak(engine: Any, cls: Any, ckpt: str, args: argparse.Namespace, recorder: Recorder) -> dict[str, Any]:
+    base = {"max_mel_tokens": args.tokens, "first_segment_tokens": 0, "do_sample": False, "seed": 1}
+    base["num_beams"] = args.beams
+    if args.diffusion_steps:
+        base["diffusion_steps"] = args.diffusion_steps
+    options = msgspec.convert(base, cls.RequestOptions)
+    request = SynthesisRequest(id=1, text=TEXT, voice=f"{ckpt}/voice.wav", emotion=None, options=options)
+    recorder.reset()
+    samples = []
+    started = time.perf_counter()
+    for chunk in engine.synthesize(request, lambda *a: None, lambda: False):
+        samples.append(np.asarray(chunk, dtype=np.int16))
+    wall = time.perf_counter() - started
+    steps = [later - earlier for earlier, later in zip(recorder.starts[:-1], recorder.starts[1:], strict=True)]
+    audio = np.concatenate([s.reshape(-1) for s in samples]) if samples else np.zeros(0)
+    return {
+        "wall_s": wall,
+        "gpt_s": recorder.gpt_s,
+        "step_s": statistics.median(steps) if steps else None,
+        "steps": len(recorder.starts),
+        "mean_context": statistics.mean(recorder.contexts) if recorder.contexts else 0,
+        "codes": list(recorder.codes),
+        "audio": audio,
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("version", choices=["2", "2.5"])
+    parser.add_argument("ckpt")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=60)
+    parser.add_argument("--beams", type=int, default=3)
+    parser.add_argument("--diffusion-steps", type=int, default=0, help="s2mel steps (0: upstream's 25)")
+    parser.add_argument("--parts", default=",".join(_gpt_fast.PARTS), help="the speed-ups to install")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
+    options = {"model_dir": args.ckpt, "device": "cpu", "use_qwen_emo": False, "gpt_speedups": False}
+    options["prefix_cache"] = 0  # every request computes its prefill, as upstream does
+    engine = cls(msgspec.convert(options, cls.Options))
+    engine.load(lambda *a: None, lambda: False)
+    model = engine._model
+    gpt = model.gpt
+    weights = sum(p.numel() * p.element_size() for m in (gpt.gpt, gpt.final_norm, gpt.mel_head) for p in m.parameters())
+    reads = []  # the bandwidth, measured again each round: it drifts with the machine
+    recorder = Recorder(gpt)
+    speak(engine, cls, args.ckpt, args, recorder)  # upstream's first request is slower than the rest
+    runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "speedups": []}
+    for number in range(args.rounds):
+        reads.append(bandwidth(torch, "cpu")["bytes_per_s"])
+        order = ("upstream", "speedups") if number % 2 == 0 else ("speedups", "upstream")
+        for mode in order:
+            if mode == "speedups":
+                parts = args.parts.split(",")
+                problems = _gpt_fast.install(model, parts=parts, keep_weights=True)
+                assert not any(problems[part] for part in parts), problems
+            else:
+                _gpt_fast.uninstall(model)
+            runs[mode].append(speak(engine, cls, args.ckpt, args, recorder))
+        _gpt_fast.uninstall(model)
+    layers, dim = int(gpt.layers), int(gpt.model_dim)
+    first = runs["upstream"][0]
+    kv_row = 2 * layers * dim * first["mean_context"] * 4
+    read = statistics.median(reads)
+    floor = (weights + args.beams * kv_row) / read  # at the median bandwidth
+    same_codes = all(run["codes"] == first["codes"] for mode in runs for run in runs[mode])
+    steps_apart = max(
+        int(np.abs(run["audio"].astype(np.int64) - first["audio"].astype(np.int64)).max())
+        if run["audio"].shape == first["audio"].shape
+        else 1 << 16
+        for mode in runs
+        for run in runs[mode]
+    )
+    figures: dict[str, Any] = {
+        "version": args.version,
+        "ckpt": Path(args.ckpt).name,
+        "tokens": args.tokens,
+        "beams": args.beams,
+        "parts": args.parts.split(","),
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "bandwidth_bytes_per_s": spread(reads),
+        "weight_bytes": weights,
+        "floor_step_s": floor,
+        "codes_equal": same_codes,
+        "max_sample_step": steps_apart,
+        "decoded": [len(row) for row in first["codes"]],
+    }
+    step_bytes = weights + args.beams * kv_row
+    for mode, values in runs.items():
+        figures[mode] = {name: spread([run[name] for run in values]) for name in ("wall_s", "gpt_s", "step_s")}
+        # each round's step over its own floor (that round's bandwidth)
+        over = [run["step_s"] * read / step_bytes for run, read in zip(values, reads, strict=True)]
+        figures[mode]["step_over_floor"] = spread(over)
+    pairs = list(zip(runs["upstream"], runs["speedups"], strict=True))
+    figures["speedup"] = {
+        name: spread([up[name] / ours[name] for up, ours in pairs]) for name in ("wall_s", "gpt_s", "step_s")
+    }
+    head = f"IndexTTS-{args.version} {figures['ckpt']}: {args.beams} beams, {args.tokens} codes"
+    print(f"{head}, floor {floor * 1e3:.1f} ms")
+    print(f"codes equal: {same_codes}; audio within {steps_apart} int16 step(s)")
+    print("| path | step (ms) | over floor | GPT (s) | whole (s) |")
+    print("|---|---|---|---|---|")
+    for mode in runs:
+        f = figures[mode]
+        print(
+            f"| {mode} | {f['step_s']['median'] * 1e3:.1f} | {f['step_over_floor']['median']:.2f} "
+            f"| {f['gpt_s']['median']:.2f} | {f['wall_s']['median']:.2f} |"
+        )
+    s = figures["speedup"]
+    print(
+        "speed-up (upstream / speedups, per round): "
+        + ", ".join(f"{n} {s[n]['median']:.2f} ({s[n]['min']:.2f}-{s[n]['max']:.2f})" for n in s)
+    )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+    if not same_codes or steps_apart > 1:
+        sys.exit("the speed-ups changed the output")
+
+
+if __name__ == "__main__":
+    main()
