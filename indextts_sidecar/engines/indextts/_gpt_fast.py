@@ -162,11 +162,82 @@ def _cache(gpt: Any) -> Union[str, None]:
             return forward(*args, **kwargs)
         return _in_cache_order(forward, rows, kwargs)
 
+    problem = _strided_attention()
+    if problem is not None:
+        return problem
     inference.generate = with_beam_cache
     inference.forward = in_cache_order
     # Upstream's GPT2InferenceModel says it takes no Cache (its generate then hands the model a tuple
     # that transformers turns into a DynamicCache and back at every step); its GPT-2 does take one.
     inference._supports_cache_class = True
+    return None
+
+
+#: The attribute that marks a beam cache's keys and values (views of its buffers) for ``_strided_attention``.
+_MARK = "_indextts_sidecar_in_place"
+
+
+def _marked(view: Any) -> Any:
+    setattr(view, _MARK, True)
+    return view
+
+
+def _strided_attention() -> Union[str, None]:
+    """GPT-2's ``sdpa`` attention, without the copy of a beam cache's keys and values.
+
+    transformers' ``sdpa_attention_forward`` makes its keys and values contiguous (a guard for a
+    CUDA kernel's bug with strided inputs); a beam cache's are views of buffers with room to grow,
+    so that guard would copy every layer's whole cache at every step, what ``DynamicCache``'s
+    concatenation did.  torch's CPU attention reads strided keys and values as they are (the same
+    numbers: checked bit for bit by tests/upstream/test_gpt_fast.py).  transformers' own way to
+    override an attention function for one model family is another ``AttentionInterface`` in its
+    modeling module: GPT-2's gets one whose ``sdpa`` passes a beam cache's keys and values on CPU
+    straight to torch, and everything else to transformers' function unchanged.  Once per process:
+    it changes nothing for tensors no beam cache made."""
+    try:
+        gpt2: Any = importlib.import_module("transformers.models.gpt2.modeling_gpt2")
+    except ImportError:
+        return "transformers has no GPT-2 module"
+    interface: Any = getattr(gpt2, "ALL_ATTENTION_FUNCTIONS", None)
+    original = interface["sdpa"] if interface is not None and hasattr(interface, "_global_mapping") else None
+    if original is None:
+        return "its transformers' GPT-2 has no attention interface"
+    if getattr(original, _MARK, False):
+        return None
+    torch = _torch()
+
+    def sdpa(
+        module: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        dropout: float = 0.0,
+        scaling: Any = None,
+        is_causal: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        if not getattr(key, _MARK, False) or key.device.type != "cpu" or hasattr(module, "num_key_value_groups"):
+            return original(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+        if attention_mask is not None and attention_mask.ndim == 4:
+            attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        if is_causal is None:
+            is_causal = query.shape[2] > 1 and attention_mask is None
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.contiguous(),
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            is_causal=is_causal,
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+    setattr(sdpa, _MARK, True)
+    ours = type(interface)()
+    ours["sdpa"] = sdpa
+    gpt2.ALL_ATTENTION_FUNCTIONS = ours
     return None
 
 
@@ -223,8 +294,8 @@ def _beam_cache_class(dynamic: Any) -> Any:
             keys, values = buffers
             keys[:, :, length:end].copy_(key_states)
             values[:, :, length:end].copy_(value_states)
-            self.key_cache[layer_idx] = keys[:, :, :end]
-            self.value_cache[layer_idx] = values[:, :, :end]
+            self.key_cache[layer_idx] = _marked(keys[:, :, :end])
+            self.value_cache[layer_idx] = _marked(values[:, :, :end])
             return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
         def _lay(self, layer_idx: int, key: Any, value: Any, end: int, old: Any) -> tuple[Any, Any]:
