@@ -57,6 +57,7 @@ def test_the_speedups_decode_what_upstream_does(report: Any) -> None:
 def test_taken_off_they_leave_upstreams_path_as_it_was(report: Any) -> None:
     assert report["restored"] == report["off"]
     assert report["off_float_weights"] > 0 and report["installed_float_weights"] == 0
+    assert report["installed"]["packed_linear"] == "on"
 
 
 def test_the_engine_reports_which_are_on(report: Any) -> None:

@@ -76,6 +76,8 @@ from ._voice_cache import VoiceCache
 
 __all__ = ["HEARTBEAT_INTERVAL", "NATIVE_SAMPLE_RATE", "IndexTTSEngine"]
 
+_CAPABILITIES = ("streaming", "voice_clone", "emotion_vector", "emotion_audio", "emotion_text")
+
 # Named after the package, as before it was split: log lines and logging configs name it.
 log = logging.getLogger("indextts_sidecar.engines.indextts")
 
@@ -84,13 +86,7 @@ class IndexTTSEngine(Engine[Any, Any]):
     """The adapter; subclasses choose the model versions they accept."""
 
     native_sample_rate = NATIVE_SAMPLE_RATE
-    capabilities: ClassVar[tuple[str, ...]] = (
-        "streaming",
-        "voice_clone",
-        "emotion_vector",
-        "emotion_audio",
-        "emotion_text",
-    )
+    capabilities: ClassVar[tuple[str, ...]] = _CAPABILITIES
     #: Model versions this engine may load ("2", "2.5"); the checkpoint directory picks one.
     _PREFER: ClassVar[tuple[str, ...]] = ()
 
@@ -115,8 +111,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
         self.openmp: dict[str, str] = {}
-        #: Each of the GPT's same-output speed-ups (``_gpt_fast.py``): None when on, else why not.
-        self.speedups: dict[str, Union[str, None]] = {}
+        self.speedups: dict[str, str] = {}  # _gpt_fast.py's parts: "on", "off" or why not
 
     @property
     def max_batch(self) -> int:
@@ -148,7 +143,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             "profile": self.options.profile,
             "bf16_weights": self.bf16_weights,
             "openmp": self.openmp,
-            "gpt_speedups": {name: problem or "on" for name, problem in self.speedups.items()},
+            "gpt_speedups": self.speedups,
         }
 
     def batch_stages(self) -> str:

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
+import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any, Union
 
 __all__ = ["PARTS", "install"]
-
-log = logging.getLogger(__name__)
 
 #: The speed-ups, by name: what ``install`` reports on.
 PARTS = ("packed_linear", "beam_cache")
@@ -46,29 +45,33 @@ PARTS = ("packed_linear", "beam_cache")
 _LAYOUT_ROWS = 3
 #: Positions a beam cache's buffer grows by when full.
 _GROW = 256
+#: What :func:`install` replaced on each GPT's inference model (its instance attributes before,
+#: None where it had none), and the weights it kept beside each packed layer (``keep_weights``).
+_REPLACED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_KEPT: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def install(model: Any, *, parts: Sequence[str] = PARTS, keep_weights: bool = False) -> dict[str, Union[str, None]]:
-    """Put the speed-ups named in ``parts`` on ``model``: each part's name, and why it is not on
-    (None: on).
+def install(model: Any, *, parts: Sequence[str] = PARTS, keep_weights: bool = False) -> dict[str, str]:
+    """Put the speed-ups named in ``parts`` on ``model``: each part's name, and ``on``, ``off`` (not
+    in ``parts``) or why it is not on.
 
     ``keep_weights`` keeps the original weights beside the packed ones, so that
     :func:`uninstall` can restore upstream's path (the benchmark interleaves both).
     """
     gpt = getattr(model, "gpt", None)
-    problems: dict[str, Union[str, None]] = dict.fromkeys(PARTS, "off")
+    report = dict.fromkeys(PARTS, "off")
     if "packed_linear" in parts:
-        problems["packed_linear"] = _pack(model, gpt, keep_weights)
+        report["packed_linear"] = _pack(model, gpt, keep_weights) or "on"
     if "beam_cache" in parts:
-        problems["beam_cache"] = _cache(gpt)
-    return problems
+        report["beam_cache"] = _cache(gpt) or "on"
+    return report
 
 
 def uninstall(model: Any) -> None:
     """Upstream's path again (only where :func:`install` kept the weights)."""
     gpt = getattr(model, "gpt", None)
     inference = getattr(gpt, "inference_model", None)
-    replaced = vars(inference).pop("_indextts_sidecar_replaced", None) if inference is not None else None
+    replaced = _REPLACED.pop(inference, None) if inference is not None else None
     if replaced is not None:
         for name, before in replaced.items():
             if before is None:
@@ -76,7 +79,7 @@ def uninstall(model: Any) -> None:
             else:
                 setattr(inference, name, before)
     for module in _conv1ds(getattr(gpt, "gpt", None)):
-        kept = vars(module).pop("_indextts_sidecar_weight", None)
+        kept = _KEPT.pop(module, None)
         if kept is not None:
             module.weight = kept
             del module.forward
@@ -95,10 +98,10 @@ def _conv1ds(stack: Any) -> list[Any]:
 
 
 def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
-    torch = _torch()
     layers = _conv1ds(getattr(gpt, "gpt", None))
     if not layers:
         return "its GPT has no GPT-2 Conv1D layers"
+    torch = _torch()
     if getattr(model, "dtype", None) is not None:
         return f"the GPT runs under autocast ({model.dtype})"
     reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
@@ -115,7 +118,7 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
         with torch.no_grad():
             packed = reorder(weight.detach().t().contiguous(), _LAYOUT_ROWS)
         if keep_weights:
-            vars(module)["_indextts_sidecar_weight"] = weight
+            _KEPT[module] = weight
         module.weight = None  # the packed layout replaces it: the memory stays as it was
         module.forward = functools.partial(_packed_forward, torch.ops.mkldnn._linear_pointwise, packed, module.bias)
     return None
@@ -133,6 +136,8 @@ def _cache(gpt: Any) -> Union[str, None]:
         return "its GPT has no generate"
     if not getattr(inference, "kv_cache", True):
         return "its GPT decodes without a key-value cache"
+    if "torch" not in sys.modules:
+        return "torch is not loaded"
     try:
         utils = importlib.import_module("transformers.cache_utils")
     except ImportError:
@@ -141,10 +146,10 @@ def _cache(gpt: Any) -> Union[str, None]:
     probe = dynamic() if dynamic is not None else None
     if probe is None or not isinstance(getattr(probe, "key_cache", None), list) or hasattr(probe, "layers"):
         return "its transformers' DynamicCache is not the key_cache/value_cache one this cache extends"
-    if "_indextts_sidecar_replaced" in vars(inference):
+    if inference in _REPLACED:
         return None
     names = ("generate", "forward", "_supports_cache_class")
-    inference._indextts_sidecar_replaced = {name: vars(inference).get(name) for name in names}
+    _REPLACED[inference] = {name: vars(inference).get(name) for name in names}
     cache_class = _beam_cache_class(dynamic)
 
     @functools.wraps(generate)
@@ -265,117 +270,114 @@ def _in_cache_order(forward: Any, rows: list[int], kwargs: dict[str, Any]) -> An
 @functools.cache
 def _beam_cache_class(dynamic: Any) -> Any:
     """A ``DynamicCache`` whose layers grow in place and whose beams move row by row."""
-    torch = _torch()
+    return type("BeamCache", (_BeamCache, dynamic), {"__doc__": _BeamCache.__doc__})
 
-    class BeamCache(dynamic):  # type: ignore[misc]
-        """Each layer's keys and values: a view ``[:, :, :length]`` of a buffer with room to grow."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._buffers: list[Union[tuple[Any, Any], None]] = []
-            #: The cache row holding each beam's past; None: row ``i`` holds beam ``i``'s.
-            self.rows: Union[list[int], None] = None
+class _BeamCache:
+    """Each layer's keys and values: a view ``[:, :, :length]`` of a buffer with room to grow."""
 
-        def update(self, key_states: Any, value_states: Any, layer_idx: int, cache_kwargs: Any = None) -> Any:
-            if layer_idx == 0 and hasattr(self, "_seen_tokens"):
-                self._seen_tokens += key_states.shape[-2]
-            while len(self.key_cache) <= layer_idx:
-                self.key_cache.append(torch.tensor([]))
-                self.value_cache.append(torch.tensor([]))
-            while len(self._buffers) <= layer_idx:
-                self._buffers.append(None)
-            held = self.key_cache[layer_idx]
-            length = int(held.shape[-2]) if held.numel() else 0
-            end = length + int(key_states.shape[-2])
-            buffers = self._buffers[layer_idx]
-            if buffers is None or not _fits(buffers[0], key_states, end) or not _fits(buffers[1], value_states, end):
-                old = (self.key_cache[layer_idx], self.value_cache[layer_idx]) if length else None
-                buffers = self._lay(layer_idx, key_states, value_states, end, old)
-            keys, values = buffers
-            keys[:, :, length:end].copy_(key_states)
-            values[:, :, length:end].copy_(value_states)
-            self.key_cache[layer_idx] = _marked(keys[:, :, :end])
-            self.value_cache[layer_idx] = _marked(values[:, :, :end])
-            return self.key_cache[layer_idx], self.value_cache[layer_idx]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._buffers: list[Union[tuple[Any, Any], None]] = []
+        #: The cache row holding each beam's past; None: row ``i`` holds beam ``i``'s.
+        self.rows: Union[list[int], None] = None
 
-        def _lay(self, layer_idx: int, key: Any, value: Any, end: int, old: Any) -> tuple[Any, Any]:
-            """New buffers for a layer, shaped as ``key``/``value`` with room for ``end`` positions and
-            more; ``old`` (keys and values) copied to their start."""
-            keys = key.new_empty((*key.shape[:2], end + _GROW, key.shape[-1]))
-            values = value.new_empty((*value.shape[:2], end + _GROW, value.shape[-1]))
-            if old is not None:
-                keys[:, :, : old[0].shape[-2]].copy_(old[0])
-                values[:, :, : old[1].shape[-2]].copy_(old[1])
-            self._buffers[layer_idx] = (keys, values)
-            return keys, values
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, cache_kwargs: Any = None) -> Any:
+        if layer_idx == 0 and hasattr(self, "_seen_tokens"):
+            self._seen_tokens += key_states.shape[-2]
+        while len(self.key_cache) <= layer_idx:
+            self.key_cache.append(key_states.new_empty(0))
+            self.value_cache.append(value_states.new_empty(0))
+        while len(self._buffers) <= layer_idx:
+            self._buffers.append(None)
+        held = self.key_cache[layer_idx]
+        length = int(held.shape[-2]) if held.numel() else 0
+        end = length + int(key_states.shape[-2])
+        buffers = self._buffers[layer_idx]
+        if buffers is None or not _fits(buffers[0], key_states, end) or not _fits(buffers[1], value_states, end):
+            old = (self.key_cache[layer_idx], self.value_cache[layer_idx]) if length else None
+            buffers = self._lay(layer_idx, key_states, value_states, end, old)
+        keys, values = buffers
+        keys[:, :, length:end].copy_(key_states)
+        values[:, :, length:end].copy_(value_states)
+        self.key_cache[layer_idx] = _marked(keys[:, :, :end])
+        self.value_cache[layer_idx] = _marked(values[:, :, :end])
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
-        def reorder_cache(self, beam_idx: Any) -> None:
-            """Beam ``i`` now continues beam ``beam_idx[i]``'s past.  Nothing moves but a past that
-            two beams continue: the first keeps its row, the other gets a copy in a row that no
-            beam continues any more.  Which row holds which beam is :attr:`rows`, and a decoding
-            step sends each beam's input to its row (``_in_cache_order``)."""
-            order = beam_idx.tolist()
-            current = self.rows or list(range(len(order)))
-            rows: list[int] = [-1] * len(order)
-            taken: set[int] = set()
-            shared: list[tuple[int, int]] = []
-            for beam, source in enumerate(order):
-                row = current[source]
-                if row in taken:
-                    shared.append((beam, row))
-                else:
-                    rows[beam] = row
-                    taken.add(row)
-            free = [row for row in range(len(order)) if row not in taken]
-            for (beam, row), spare in zip(shared, free, strict=False):
-                rows[beam] = spare
-                self._copy_row(row, spare)
-            self.rows = None if rows == list(range(len(order))) else rows
+    def _lay(self, layer_idx: int, key: Any, value: Any, end: int, old: Any) -> tuple[Any, Any]:
+        """New buffers for a layer, shaped as ``key``/``value`` with room for ``end`` positions and
+        more; ``old`` (keys and values) copied to their start."""
+        keys = key.new_empty((*key.shape[:2], end + _GROW, key.shape[-1]))
+        values = value.new_empty((*value.shape[:2], end + _GROW, value.shape[-1]))
+        if old is not None:
+            keys[:, :, : old[0].shape[-2]].copy_(old[0])
+            values[:, :, : old[1].shape[-2]].copy_(old[1])
+        self._buffers[layer_idx] = (keys, values)
+        return keys, values
 
-        def _copy_row(self, source: int, target: int) -> None:
-            for layer_idx, buffers in enumerate(self._buffers):
-                if buffers is None or not self.key_cache[layer_idx].numel():
-                    continue
-                length = int(self.key_cache[layer_idx].shape[-2])
-                for buffer in buffers:
-                    buffer[target, :, :length].copy_(buffer[source, :, :length])
+    def reorder_cache(self, beam_idx: Any) -> None:
+        """Beam ``i`` now continues beam ``beam_idx[i]``'s past.  Nothing moves but a past that
+        two beams continue: the first keeps its row, the other gets a copy in a row that no
+        beam continues any more.  Which row holds which beam is :attr:`rows`, and a decoding
+        step sends each beam's input to its row (``_in_cache_order``)."""
+        order = beam_idx.tolist()
+        current = self.rows or list(range(len(order)))
+        rows: list[int] = [-1] * len(order)
+        taken: set[int] = set()
+        shared: list[tuple[int, int]] = []
+        for beam, source in enumerate(order):
+            row = current[source]
+            if row in taken:
+                shared.append((beam, row))
+            else:
+                rows[beam] = row
+                taken.add(row)
+        free = [row for row in range(len(order)) if row not in taken]
+        for (beam, row), spare in zip(shared, free, strict=False):
+            rows[beam] = spare
+            self._copy_row(row, spare)
+        self.rows = None if rows == list(range(len(order))) else rows
 
-        def _beams(self, tensor: Any) -> Any:
-            """A layer's keys or values in beam order."""
-            if self.rows is None or not tensor.numel():
-                return tensor
-            return tensor[torch.tensor(self.rows, dtype=torch.long, device=tensor.device)]
+    def _copy_row(self, source: int, target: int) -> None:
+        for layer_idx, buffers in enumerate(self._buffers):
+            if buffers is None or not self.key_cache[layer_idx].numel():
+                continue
+            length = int(self.key_cache[layer_idx].shape[-2])
+            for buffer in buffers:
+                buffer[target, :, :length].copy_(buffer[source, :, :length])
 
-        def to_legacy_cache(self) -> Any:
-            return tuple(
-                (self._beams(k), self._beams(v)) for k, v in zip(self.key_cache, self.value_cache, strict=True)
-            )
+    def _beams(self, tensor: Any) -> Any:
+        """A layer's keys or values in beam order."""
+        if self.rows is None or not tensor.numel():
+            return tensor
+        return tensor[tensor.new_tensor(self.rows, dtype=_torch().long)]
 
-        def _replace(self, keys: list[Any], values: list[Any]) -> None:
-            """Every layer replaced whole (the rows repeated or selected): laid into new buffers, in beam order."""
-            self._buffers = [None] * len(keys)
-            self.rows = None
-            self.key_cache, self.value_cache = list(keys), list(values)
-            for layer_idx, (key, value) in enumerate(zip(keys, values, strict=True)):
-                if key.numel():
-                    end = int(key.shape[-2])
-                    laid_keys, laid_values = self._lay(layer_idx, key, value, end, (key, value))
-                    self.key_cache[layer_idx] = laid_keys[:, :, :end]
-                    self.value_cache[layer_idx] = laid_values[:, :, :end]
+    def to_legacy_cache(self) -> Any:
+        return tuple((self._beams(k), self._beams(v)) for k, v in zip(self.key_cache, self.value_cache, strict=True))
 
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            self._replace(
-                [self._beams(k).repeat_interleave(repeats, dim=0) for k in self.key_cache],
-                [self._beams(v).repeat_interleave(repeats, dim=0) for v in self.value_cache],
-            )
+    def _replace(self, keys: list[Any], values: list[Any]) -> None:
+        """Every layer replaced whole (the rows repeated or selected): laid into new buffers, in beam order."""
+        self._buffers = [None] * len(keys)
+        self.rows = None
+        self.key_cache, self.value_cache = list(keys), list(values)
+        for layer_idx, (key, value) in enumerate(zip(keys, values, strict=True)):
+            if key.numel():
+                end = int(key.shape[-2])
+                laid_keys, laid_values = self._lay(layer_idx, key, value, end, (key, value))
+                self.key_cache[layer_idx] = laid_keys[:, :, :end]
+                self.value_cache[layer_idx] = laid_values[:, :, :end]
 
-        def batch_select_indices(self, indices: Any) -> None:
-            self._replace(
-                [self._beams(k)[indices, ...] for k in self.key_cache],
-                [self._beams(v)[indices, ...] for v in self.value_cache],
-            )
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._replace(
+            [self._beams(k).repeat_interleave(repeats, dim=0) for k in self.key_cache],
+            [self._beams(v).repeat_interleave(repeats, dim=0) for v in self.value_cache],
+        )
 
-    return BeamCache
+    def batch_select_indices(self, indices: Any) -> None:
+        self._replace(
+            [self._beams(k)[indices, ...] for k in self.key_cache],
+            [self._beams(v)[indices, ...] for v in self.value_cache],
+        )
 
 
 def _fits(buffer: Any, states: Any, end: int) -> bool:

@@ -1,0 +1,91 @@
+"""The GPT-2 stack's linear layers at full size, three ways, by the rows a product carries.
+
+Runs in upstream's venv (torch only; nothing of upstream's is loaded).  Random float32 weights
+of IndexTTS-2's and 2.5's GPT (24 layers, model width 1280: per layer ``c_attn`` 1280x3840,
+``c_proj`` 1280x1280, ``c_fc`` 1280x5120, ``mlp.c_proj`` 5120x1280; 1.89 GB), multiplied by
+``rows`` rows the way each path does it:
+
+- ``mkl``: transformers' ``Conv1D`` (``torch.addmm`` with the weight stored ``[in, out]``), the
+  path upstream runs;
+- ``onednn``: oneDNN's linear over the weights reordered once for three rows
+  (``torch.ops.mkldnn._reorder_linear_weight``, ``_linear_pointwise``), the adapter's
+  ``packed_linear`` (``_gpt_fast.py``);
+- ``mkl_transposed``: MKL with the weight stored ``[out, in]`` (``nn.Linear``'s layout).
+
+Each figure is the median of ``--repeats`` passes over the 96 products of the 24 layers; the row
+counts are interleaved, and the whole runs ``--rounds`` times.  Beside them, a ``sum()`` over the
+weights (the read a pass cannot beat)::
+
+    $(python3 tests/upstream/build_venv.py github) bench/bench_gpt_linear.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+WIDTH = 1280
+LAYERS = 24
+SHAPES = ((WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH))
+
+
+def timed(work: Callable[[], Any], repeats: int) -> float:
+    work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="1,2,3,4,8,12,24,100,300")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    weights = [[torch.randn(i, o) * 0.02 for i, o in SHAPES] for _ in range(LAYERS)]
+    biases = [[torch.randn(o) * 0.02 for _i, o in SHAPES] for _ in range(LAYERS)]
+    transposed = [[w.t().contiguous().t() for w in layer] for layer in weights]
+    packed = [[torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), 3) for w in layer] for layer in weights]
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def paths(rows: int) -> dict[str, Callable[[], None]]:
+        inputs = {WIDTH: torch.randn(rows, WIDTH), 4 * WIDTH: torch.randn(rows, 4 * WIDTH)}
+
+        def mkl(stored: list[list[torch.Tensor]]) -> Callable[[], None]:
+            def run() -> None:
+                for layer, bias in zip(stored, biases, strict=True):
+                    for w, b in zip(layer, bias, strict=True):
+                        torch.addmm(b, inputs[w.shape[0]], w)
+
+            return run
+
+        def onednn() -> None:
+            for layer, plain, bias in zip(packed, weights, biases, strict=True):
+                for w, p, b in zip(layer, plain, bias, strict=True):
+                    linear(inputs[p.shape[0]], w, b, "none", [], "")
+
+        return {"mkl": mkl(weights), "onednn": onednn, "mkl_transposed": mkl(transposed)}
+
+    size = sum(w.numel() * w.element_size() for layer in weights for w in layer)
+    print(f"{size / 1e9:.2f} GB of weights, {torch.get_num_threads()} threads; ms per pass over the 24 layers")
+    for number in range(args.rounds):
+        read = timed(lambda: [w.sum() for layer in weights for w in layer], args.repeats)
+        print(f"round {number + 1}: sum() over the weights {read * 1e3:.1f} ms")
+        print("| rows | mkl (upstream) | onednn (packed_linear) | mkl, [out, in] |")
+        print("|---|---|---|---|")
+        for rows in (int(r) for r in args.rows.split(",")):
+            figures = {name: timed(run, args.repeats) for name, run in paths(rows).items()}
+            print(f"| {rows} | " + " | ".join(f"{figures[n] * 1e3:.1f}" for n in figures) + " |")
+
+
+if __name__ == "__main__":
+    main()
