@@ -7,16 +7,19 @@ records each request's codes (row by row) and int16 samples:
 ``off``
     an engine loaded with ``gpt_speedups=false``: a request at upstream's three beams, one at
     one beam (another text), and the two in a batch (``max_batch=2``); its ``info()``;
-``restored``
-    the same engine after ``install(keep_weights=True)`` then ``uninstall``: the same requests
-    (upstream's path again, so the same samples bit for bit);
 ``on``
-    an engine loaded with the defaults (the speed-ups on; both loads seeded alike, since the tiny
-    fixtures leave some weights to random initialisation): the same requests; its ``info()``
-    and how many of the GPT-2 stack's ``Conv1D`` layers still hold a float weight;
+    the same engine after ``install(keep_weights=True)`` (what it reported): the same requests, and
+    how many of the GPT-2 stack's ``Conv1D`` layers still hold a float weight;
+``restored``
+    the same engine after ``uninstall``: the same requests (upstream's path again, so the same
+    samples bit for bit).
+
+One load serves all three (the tiny fixtures leave some weights to the constructor's random
+initialisation, so two loads are two models unless seeded alike); an engine loaded with the
+defaults reports the speed-ups on in ``probe_prefix.py``.
 ``cache``
     the beam cache beside transformers' ``DynamicCache`` on random keys and values through
-    updates past its growth step, reorders (swaps, cycles, duplicates, none), a repeat, a
+    updates through several regrowths of its buffers, reorders (swaps, cycles, duplicates, none), a repeat, a
     selection and a crop: whether every layer's keys and values stayed equal (None where the
     installed transformers has no such cache: the PyPI flavours').
 ``tests/upstream/test_gpt_fast.py`` runs it and judges the results.
@@ -124,26 +127,16 @@ def main() -> None:
     torch.set_num_threads(1)
     cls = IndexTTS2Engine if version == "2" else IndexTTS25Engine
     report: dict[str, Any] = {}
-    # The tiny fixtures leave some weights to the constructor's random initialisation: each load
-    # starts from one seed, so that the two engines hold the same model.
-    torch.manual_seed(0)
     engine = engine_of(cls, ckpt, max_batch=2, prefix_cache=0, gpt_speedups=False)
     codes = Codes(engine._model)
     report["off"] = speak(engine, codes, cls, ckpt)
     report["off_info"] = engine.info()["gpt_speedups"]
     report["off_float_weights"] = float_weights(engine._model)
     report["installed"] = _gpt_fast.install(engine._model, keep_weights=True)
-    report["installed_float_weights"] = float_weights(engine._model)
+    report["on"] = speak(engine, codes, cls, ckpt)
+    report["on_float_weights"] = float_weights(engine._model)
     _gpt_fast.uninstall(engine._model)
     report["restored"] = speak(engine, codes, cls, ckpt)
-    engine.unload()
-
-    torch.manual_seed(0)
-    engine = engine_of(cls, ckpt, max_batch=2, prefix_cache=0)
-    codes = Codes(engine._model)
-    report["on"] = speak(engine, codes, cls, ckpt)
-    report["on_info"] = engine.info()["gpt_speedups"]
-    report["on_float_weights"] = float_weights(engine._model)
     engine.unload()
     report["cache"] = cache_check()
     out.mkdir(parents=True, exist_ok=True)

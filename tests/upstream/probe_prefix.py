@@ -113,6 +113,7 @@ def run(cls: Any, ckpt: str) -> dict[str, Any]:
     out["on"].append(lone(engine, codes, request(cls, ckpt, 3, voice="voice2.wav")))
     out["on_batch"] = batch(engine, codes, [request(cls, ckpt, 4), request(cls, ckpt, 5, voice="voice2.wav")])
     out["on_info"] = engine.info()["prefix_cache"]
+    out["speedups"] = engine.info()["gpt_speedups"]  # loaded with the defaults: on (_gpt_fast.py)
 
     bounds(engine, 1)
     voices = ("voice.wav", "voice2.wav", "voice.wav")

@@ -19,7 +19,7 @@ import pytest
 from conftest import HERE, flavour_named
 from test_profile import run_probe
 
-#: Two tiny loads and nine short requests.
+#: One tiny load and nine short requests.
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -56,13 +56,12 @@ def test_the_speedups_decode_what_upstream_does(report: Any) -> None:
 
 def test_taken_off_they_leave_upstreams_path_as_it_was(report: Any) -> None:
     assert report["restored"] == report["off"]
-    assert report["off_float_weights"] > 0 and report["installed_float_weights"] == 0
-    assert report["installed"]["packed_linear"] == "on"
+    assert report["off_float_weights"] > 0 and report["on_float_weights"] == 0
 
 
 def test_the_engine_reports_which_are_on(report: Any) -> None:
     assert report["off_info"] == {"packed_linear": "off", "beam_cache": "off"}
-    info = report["on_info"]
+    info = report["installed"]
     assert info["packed_linear"] == "on" and report["on_float_weights"] == 0
     if report["name"].startswith("pypi"):  # transformers 5: another Cache, not the one extended here
         assert "DynamicCache" in info["beam_cache"]
@@ -76,4 +75,4 @@ def test_the_beam_cache_keeps_what_dynamic_cache_keeps(report: Any) -> None:
         assert cache is None
         return
     assert cache["equal"] is True and cache["checks"] > 300 and cache["moved"] > 100
-    assert cache["length"] == 5 + 300 - 2 + 3 + 1  # past the growth step of 256
+    assert cache["length"] == 5 + 300 - 2 + 3 + 1  # its buffers laid anew several times on the way

@@ -91,3 +91,8 @@ def test_the_byte_bound_keeps_no_item_over_it(report: Any) -> None:
     assert prefix(warm["health"]) == (0, 0, 2)  # one voice's keys and values are over 4096 bytes
     assert 0 <= warm["health"]["prefix_cache_bytes"] <= 4096
     assert report["bytes_info"]["max_bytes"] == 4096
+
+
+def test_an_engine_loads_with_the_gpt_speedups_on(report: Any) -> None:
+    """The default load (this probe's engine) puts the same-output speed-ups on (test_gpt_fast.py)."""
+    assert report["speedups"] == {"packed_linear": "on", "beam_cache": "on"}

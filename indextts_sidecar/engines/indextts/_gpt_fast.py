@@ -43,8 +43,10 @@ PARTS = ("packed_linear", "beam_cache")
 #: The rows oneDNN's weight layout is chosen for: upstream's three beams.  One layout serves
 #: every row count (measured 1 to 300: docs/indextts.md).
 _LAYOUT_ROWS = 3
-#: Positions a beam cache's buffer grows by when full.
-_GROW = 256
+#: A beam cache's buffer, when full, is laid anew with room for half as many positions again as it
+#: holds (at least this many): a copy of the whole now and then, against one a step before, and at
+#: most a third of the buffer unused.
+_GROW_MIN = 32
 #: What :func:`install` replaced on each GPT's inference model (its instance attributes before,
 #: None where it had none), and the weights it kept beside each packed layer (``keep_weights``).
 _REPLACED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -307,8 +309,9 @@ class _BeamCache:
     def _lay(self, layer_idx: int, key: Any, value: Any, end: int, old: Any) -> tuple[Any, Any]:
         """New buffers for a layer, shaped as ``key``/``value`` with room for ``end`` positions and
         more; ``old`` (keys and values) copied to their start."""
-        keys = key.new_empty((*key.shape[:2], end + _GROW, key.shape[-1]))
-        values = value.new_empty((*value.shape[:2], end + _GROW, value.shape[-1]))
+        room = end + max(_GROW_MIN, end // 2)
+        keys = key.new_empty((*key.shape[:2], room, key.shape[-1]))
+        values = value.new_empty((*value.shape[:2], room, value.shape[-1]))
         if old is not None:
             keys[:, :, : old[0].shape[-2]].copy_(old[0])
             values[:, :, : old[1].shape[-2]].copy_(old[1])
