@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Union
 
-__all__ = ["PARTS", "install"]
+__all__ = ["PARTS", "install", "uninstall"]
 
 #: The speed-ups, by name: what ``install`` reports on.
 PARTS = ("packed_linear", "beam_cache")
