@@ -1,15 +1,17 @@
-"""The GPT's same-output speed-ups (``gpt_speedups``) against upstream's path, on one loaded model.
+"""The same-output speed-ups (``gpt_speedups``, ``s2mel_speedups``) against upstream's path, on one loaded model.
 
 Runs in upstream's venv, the adapter in process (a fixture of ``tests/upstream/fixture.py``:
 tiny ``2``/``2.5``, or ``2-full``/``2.5-full``), the medium text of ``bench_gpu.py``, greedy
 decoding with a seed (``do_sample=false``, ``seed=1``), ``--beams`` beams, ``--tokens`` codes.
-The engine loads with ``gpt_speedups=false``; each round runs one request on upstream's path
-and one with the speed-ups (``_gpt_fast.install(..., keep_weights=True)``, taken off again by
-``uninstall``), in alternating order.  For each request:
+The engine loads with both off; each round runs one request on upstream's path and one with
+the speed-ups (``_gpt_fast.install(..., keep_weights=True)`` with ``--parts``, and
+``_s2mel_fast.install`` with ``--s2mel-parts``; taken off again by each ``uninstall``), in
+alternating order.  For each request:
 
 - ``step_s``: the median time of a decoding step, from one step's forward pass to the next's
   (the pass, the beam search's bookkeeping and its reordering of the cache);
 - ``gpt_s``: the GPT stage (``gpt.inference_speech``: conditioning, prefill, decoding);
+- ``s2mel_s``: the flow-matching solver (``cfm.solve_euler``), ``vocoder_s``: BigVGAN;
 - ``wall_s``: the whole request;
 - the codes it decoded and its int16 samples: the speed-ups must give the same codes and audio
   within one int16 step (``codes_equal``, ``max_sample_step``).
@@ -42,16 +44,19 @@ import torch
 from _floor import bandwidth
 
 from indextts_sidecar.engines import SynthesisRequest
-from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _gpt_fast
+from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _gpt_fast, _s2mel_fast
 
+#: What each request's figures are kept for.
+STAGES = ("wall_s", "gpt_s", "s2mel_s", "vocoder_s", "step_s")
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back to the woods."
 
 
 class Recorder:
     """Times ``inference_speech`` and each decoding step; keeps the codes."""
 
-    def __init__(self, gpt: Any) -> None:
-        self.gpt_s = 0.0
+    def __init__(self, gpt: Any, model: Any = None) -> None:
+        self.gpt_s = self.s2mel_s = self.vocoder_s = 0.0
+        self.started = 0.0
         self.starts: list[float] = []
         self.contexts: list[int] = []
         self.codes: list[list[int]] = []
@@ -76,9 +81,26 @@ class Recorder:
 
         gpt.inference_speech = timed_speech
         gpt.inference_model.forward = timed_forward
+        if model is not None:  # s2mel's solver and the vocoder
+            cfm = model.s2mel.models["cfm"]
+            solve = cfm.solve_euler  # what inference calls, and the adapter's seeded path
+
+            @functools.wraps(solve)
+            def timed_solve(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                out = solve(*args, **kwargs)
+                self.s2mel_s += time.perf_counter() - started
+                return out
+
+            cfm.solve_euler = timed_solve
+            model.bigvgan.register_forward_pre_hook(lambda *_: setattr(self, "started", time.perf_counter()))
+            model.bigvgan.register_forward_hook(lambda *_: self._vocoded())
+
+    def _vocoded(self) -> None:
+        self.vocoder_s += time.perf_counter() - self.started
 
     def reset(self) -> None:
-        self.gpt_s = 0.0
+        self.gpt_s = self.s2mel_s = self.vocoder_s = 0.0
         self.starts.clear()
         self.contexts.clear()
         self.codes.clear()
@@ -102,6 +124,8 @@ def speak(engine: Any, cls: Any, ckpt: str, args: argparse.Namespace, recorder: 
     return {
         "wall_s": wall,
         "gpt_s": recorder.gpt_s,
+        "s2mel_s": recorder.s2mel_s,
+        "vocoder_s": recorder.vocoder_s,
         "step_s": statistics.median(steps) if steps else None,
         "steps": len(recorder.starts),
         "mean_context": statistics.mean(recorder.contexts) if recorder.contexts else 0,
@@ -122,11 +146,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=60)
     parser.add_argument("--beams", type=int, default=3)
     parser.add_argument("--diffusion-steps", type=int, default=0, help="s2mel steps (0: upstream's 25)")
-    parser.add_argument("--parts", default=",".join(_gpt_fast.PARTS), help="the speed-ups to install")
+    parser.add_argument("--parts", default=",".join(_gpt_fast.PARTS), help="the GPT's speed-ups to install")
+    parser.add_argument("--s2mel-parts", default=",".join(_s2mel_fast.PARTS), help="s2mel's ('' for none)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
-    options = {"model_dir": args.ckpt, "device": "cpu", "use_qwen_emo": False, "gpt_speedups": False}
+    options = {"model_dir": args.ckpt, "device": "cpu", "use_qwen_emo": False}
+    options.update(gpt_speedups=False, s2mel_speedups=False)
     options["prefix_cache"] = 0  # every request computes its prefill, as upstream does
     engine = cls(msgspec.convert(options, cls.Options))
     engine.load(lambda *a: None, lambda: False)
@@ -134,7 +160,8 @@ def main() -> None:
     gpt = model.gpt
     weights = sum(p.numel() * p.element_size() for m in (gpt.gpt, gpt.final_norm, gpt.mel_head) for p in m.parameters())
     reads = []  # the bandwidth, measured again each round: it drifts with the machine
-    recorder = Recorder(gpt)
+    recorder = Recorder(gpt, model)
+    s2mel_parts = [part for part in args.s2mel_parts.split(",") if part]
     speak(engine, cls, args.ckpt, args, recorder)  # upstream's first request is slower than the rest
     runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "speedups": []}
     for number in range(args.rounds):
@@ -142,13 +169,16 @@ def main() -> None:
         order = ("upstream", "speedups") if number % 2 == 0 else ("speedups", "upstream")
         for mode in order:
             if mode == "speedups":
-                parts = args.parts.split(",")
+                parts = [part for part in args.parts.split(",") if part]
                 report = _gpt_fast.install(model, parts=parts, keep_weights=True)
-                assert all(report[part] == "on" for part in parts), report
+                report.update(_s2mel_fast.install(model, parts=s2mel_parts))
+                assert all(report[part] == "on" for part in (*parts, *s2mel_parts)), report
             else:
                 _gpt_fast.uninstall(model)
+                _s2mel_fast.uninstall(model)
             runs[mode].append(speak(engine, cls, args.ckpt, args, recorder))
         _gpt_fast.uninstall(model)
+        _s2mel_fast.uninstall(model)
     layers, dim = int(gpt.layers), int(gpt.model_dim)
     first = runs["upstream"][0]
     kv_row = 2 * layers * dim * first["mean_context"] * 4
@@ -167,7 +197,8 @@ def main() -> None:
         "ckpt": Path(args.ckpt).name,
         "tokens": args.tokens,
         "beams": args.beams,
-        "parts": args.parts.split(","),
+        "parts": [part for part in args.parts.split(",") if part],
+        "s2mel_parts": s2mel_parts,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "bandwidth_bytes_per_s": spread(reads),
@@ -179,24 +210,23 @@ def main() -> None:
     }
     step_bytes = weights + args.beams * kv_row
     for mode, values in runs.items():
-        figures[mode] = {name: spread([run[name] for run in values]) for name in ("wall_s", "gpt_s", "step_s")}
+        figures[mode] = {name: spread([run[name] for run in values]) for name in STAGES}
         # each round's step over its own floor (that round's bandwidth)
         over = [run["step_s"] * read / step_bytes for run, read in zip(values, reads, strict=True)]
         figures[mode]["step_over_floor"] = spread(over)
     pairs = list(zip(runs["upstream"], runs["speedups"], strict=True))
-    figures["speedup"] = {
-        name: spread([up[name] / ours[name] for up, ours in pairs]) for name in ("wall_s", "gpt_s", "step_s")
-    }
+    figures["speedup"] = {name: spread([up[name] / ours[name] for up, ours in pairs]) for name in STAGES}
     head = f"IndexTTS-{args.version} {figures['ckpt']}: {args.beams} beams, {args.tokens} codes"
     print(f"{head}, floor {floor * 1e3:.1f} ms")
     print(f"codes equal: {same_codes}; audio within {steps_apart} int16 step(s)")
-    print("| path | step (ms) | over floor | GPT (s) | whole (s) |")
-    print("|---|---|---|---|---|")
+    print("| path | step (ms) | over floor | GPT (s) | s2mel (s) | vocoder (s) | whole (s) |")
+    print("|---|---|---|---|---|---|---|")
     for mode in runs:
         f = figures[mode]
         print(
             f"| {mode} | {f['step_s']['median'] * 1e3:.1f} | {f['step_over_floor']['median']:.2f} "
-            f"| {f['gpt_s']['median']:.2f} | {f['wall_s']['median']:.2f} |"
+            f"| {f['gpt_s']['median']:.2f} | {f['s2mel_s']['median']:.2f} | {f['vocoder_s']['median']:.2f} "
+            f"| {f['wall_s']['median']:.2f} |"
         )
     s = figures["speedup"]
     print(

@@ -1,18 +1,21 @@
-"""Run in an upstream venv: the GPT's same-output speed-ups (``_gpt_fast.py``), the adapter in process.
+"""Run in an upstream venv: the same-output speed-ups (``_gpt_fast.py``, ``_s2mel_fast.py``), the adapter in process.
 
 ``probe_gpt_fast.py VERSION CHECKPOINTS OUT`` writes ``OUT/report.json``.  Every request is
 greedy (``do_sample=False``, a seed), so its GPT codes are a function of its inputs; the probe
 records each request's codes (row by row) and int16 samples:
 
 ``off``
-    an engine loaded with ``gpt_speedups=false``: a request at upstream's three beams, one at
-    one beam (another text), and the two in a batch (``max_batch=2``); its ``info()``;
+    an engine loaded with ``gpt_speedups=false`` and ``s2mel_speedups=false``: a request at
+    upstream's three beams, one at one beam (another text), and the two in a batch
+    (``max_batch=2``); its ``info()``;
 ``on``
-    the same engine after ``install(keep_weights=True)`` (what it reported): the same requests, and
-    how many of the GPT-2 stack's ``Conv1D`` layers still hold a float weight;
+    the same engine after both modules' ``install`` (what they reported; the GPT's with
+    ``keep_weights``): the same requests, how many of the GPT-2 stack's ``Conv1D`` layers still
+    hold a float weight, and the widest input the DiT's transformer and its WaveNet saw (``frames``:
+    the tail crops the reference's frames off);
 ``restored``
-    the same engine after ``uninstall``: the same requests (upstream's path again, so the same
-    samples bit for bit).
+    the same engine after both ``uninstall``: the same requests (upstream's path again, so the
+    same samples bit for bit).
 
 One load serves all three (the tiny fixtures leave some weights to the constructor's random
 initialisation, so two loads are two models unless seeded alike); an engine loaded with the
@@ -36,7 +39,7 @@ import torch
 from probe_prefix import Codes, batch, lone, request  # scripts beside this one: their folder is on the path
 from probe_profile import engine_of
 
-from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _gpt_fast
+from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _gpt_fast, _s2mel_fast
 
 OTHER = "The quick brown fox jumps."
 
@@ -52,6 +55,22 @@ def speak(engine: Any, codes: Codes, cls: Any, ckpt: str) -> dict[str, Any]:
         "lone": [{"codes": r["codes"], "samples": r["samples"]} for r in lone_runs],
         "batch": {"codes": together["codes"], "samples": together["samples"]},
     }
+
+
+def frames_seen(model: Any) -> dict[str, int]:
+    """Hooks that record the widest input of the DiT's transformer and of its WaveNet's first layer."""
+    estimator = model.s2mel.models["cfm"].estimator
+    seen = {"transformer": 0, "wavenet": 0}
+
+    def hook(name: str, axis: int) -> Any:
+        def record(module: Any, args: Any) -> None:
+            seen[name] = max(seen[name], int(args[0].shape[axis]))
+
+        return record
+
+    estimator.transformer.register_forward_pre_hook(hook("transformer", 1))
+    estimator.wavenet.in_layers[0].register_forward_pre_hook(hook("wavenet", -1))
+    return seen
 
 
 def float_weights(model: Any) -> int:
@@ -127,15 +146,21 @@ def main() -> None:
     torch.set_num_threads(1)
     cls = IndexTTS2Engine if version == "2" else IndexTTS25Engine
     report: dict[str, Any] = {}
-    engine = engine_of(cls, ckpt, max_batch=2, prefix_cache=0, gpt_speedups=False)
-    codes = Codes(engine._model)
+    engine = engine_of(cls, ckpt, max_batch=2, prefix_cache=0, gpt_speedups=False, s2mel_speedups=False)
+    model = engine._model
+    codes, seen = Codes(model), frames_seen(model)
     report["off"] = speak(engine, codes, cls, ckpt)
-    report["off_info"] = engine.info()["gpt_speedups"]
-    report["off_float_weights"] = float_weights(engine._model)
-    report["installed"] = _gpt_fast.install(engine._model, keep_weights=True)
+    report["off_info"] = {name: engine.info()[name] for name in ("gpt_speedups", "s2mel_speedups")}
+    report["off_float_weights"] = float_weights(model)
+    report["off_frames"] = dict(seen)
+    report["installed"] = _gpt_fast.install(model, keep_weights=True)
+    report["installed_s2mel"] = _s2mel_fast.install(model)
+    seen.update(transformer=0, wavenet=0)
     report["on"] = speak(engine, codes, cls, ckpt)
-    report["on_float_weights"] = float_weights(engine._model)
-    _gpt_fast.uninstall(engine._model)
+    report["on_float_weights"] = float_weights(model)
+    report["on_frames"] = dict(seen)
+    _gpt_fast.uninstall(model)
+    _s2mel_fast.uninstall(model)
     report["restored"] = speak(engine, codes, cls, ckpt)
     engine.unload()
     report["cache"] = cache_check()

@@ -113,7 +113,8 @@ def run(cls: Any, ckpt: str) -> dict[str, Any]:
     out["on"].append(lone(engine, codes, request(cls, ckpt, 3, voice="voice2.wav")))
     out["on_batch"] = batch(engine, codes, [request(cls, ckpt, 4), request(cls, ckpt, 5, voice="voice2.wav")])
     out["on_info"] = engine.info()["prefix_cache"]
-    out["speedups"] = engine.info()["gpt_speedups"]  # loaded with the defaults: on (_gpt_fast.py)
+    # loaded with the defaults: on (_gpt_fast.py, _s2mel_fast.py)
+    out["speedups"] = {name: engine.info()[name] for name in ("gpt_speedups", "s2mel_speedups")}
 
     bounds(engine, 1)
     voices = ("voice.wav", "voice2.wav", "voice.wav")

@@ -1,11 +1,13 @@
-"""The GPT's same-output speed-ups (issue 42, point 1; docs/indextts.md "The same output, faster")
-against the real upstream code on the tiny fixtures, every flavour: ``probe_gpt_fast.py`` drives
-the adapter in the flavour's venv, and the tests here judge what it recorded.
+"""The same-output speed-ups of the GPT and of s2mel (issue 42, point 1; docs/indextts.md "The
+same output, faster") against the real upstream code on the tiny fixtures, every flavour:
+``probe_gpt_fast.py`` drives the adapter in the flavour's venv, and the tests here judge what it
+recorded.
 
 Greedy decoding with a seed, upstream's three beams and one beam, lone and in a batch of two: the
 speed-ups decode the same codes as upstream's path and give the same audio within one int16 step
-(oneDNN adds in another order than MKL); taken off again, upstream's path gives the very same
-samples.  The beam cache keeps what transformers' ``DynamicCache`` keeps, operation by operation.
+(oneDNN adds in another order than MKL; the DiT's tail runs over fewer frames); taken off again,
+upstream's path gives the very same samples.  The beam cache keeps what transformers'
+``DynamicCache`` keeps, operation by operation.
 """
 
 from __future__ import annotations
@@ -60,7 +62,16 @@ def test_taken_off_they_leave_upstreams_path_as_it_was(report: Any) -> None:
 
 
 def test_the_engine_reports_which_are_on(report: Any) -> None:
-    assert report["off_info"] == {"packed_linear": "off", "beam_cache": "off"}
+    assert report["off_info"] == {
+        "gpt_speedups": {"packed_linear": "off", "beam_cache": "off"},
+        "s2mel_speedups": {"tail_crop": "off", "weight_norm_once": "off"},
+    }
+    s2mel = report["installed_s2mel"]
+    assert s2mel["tail_crop"] == "on"
+    if report["name"] == "pypi2.5":  # the repackaging folds the weight norm into the weights at load
+        assert s2mel["weight_norm_once"] == "its DiT has no weight-norm hooks"
+    else:
+        assert s2mel["weight_norm_once"] == "on"
     info = report["installed"]
     assert info["packed_linear"] == "on" and report["on_float_weights"] == 0
     if report["name"].startswith("pypi"):  # transformers 5: another Cache, not the one extended here
@@ -76,3 +87,12 @@ def test_the_beam_cache_keeps_what_dynamic_cache_keeps(report: Any) -> None:
         return
     assert cache["equal"] is True and cache["checks"] > 300 and cache["moved"] > 100
     assert cache["length"] == 5 + 300 - 2 + 3 + 1  # its buffers laid anew several times on the way
+
+
+def test_the_dits_tail_runs_over_the_new_frames_only(report: Any) -> None:
+    off, on = report["off_frames"], report["on_frames"]
+    # Off: the WaveNet sees every frame the transformer sees (the reference's 3 s, 258 frames, and the new ones).
+    assert off["wavenet"] == off["transformer"] > 258
+    # On: the reference's frames but the WaveNet's reach (one layer of width 5 in the tiny DiT) are cropped.
+    assert on["transformer"] == off["transformer"]
+    assert on["wavenet"] == on["transformer"] - 258 + 4

@@ -93,6 +93,9 @@ def test_the_byte_bound_keeps_no_item_over_it(report: Any) -> None:
     assert report["bytes_info"]["max_bytes"] == 4096
 
 
-def test_an_engine_loads_with_the_gpt_speedups_on(report: Any) -> None:
+def test_an_engine_loads_with_the_speedups_on(report: Any) -> None:
     """The default load (this probe's engine) puts the same-output speed-ups on (test_gpt_fast.py)."""
-    assert report["speedups"] == {"packed_linear": "on", "beam_cache": "on"}
+    assert report["speedups"] == {
+        "gpt_speedups": {"packed_linear": "on", "beam_cache": "on"},
+        "s2mel_speedups": {"tail_crop": "on", "weight_norm_once": "on"},
+    }

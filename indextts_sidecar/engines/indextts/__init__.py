@@ -33,9 +33,10 @@ torch and numpy are imported.  Its modules:
 ``_prefix``, ``_prefix_store``
     the voice prefix cache: a voice's emotion vector, speaker latents and the GPT's keys and
     values over its conditioning, kept (bounded in entries and bytes) and reused;
-``_gpt_fast``
-    the GPT's same-output speed-ups: its linear layers in oneDNN's layout on a CPU, and a beam
-    search cache that grows in place and moves only the beams that changed;
+``_gpt_fast``, ``_s2mel_fast``, ``_speedups``
+    the same-output speed-ups: the GPT's linear layers in oneDNN's layout on a CPU and a beam
+    search cache that grows in place and moves only the beams that changed; s2mel's DiT tail
+    over the new frames only and its weight norm computed once; both put on at load;
 ``_emotion``, ``_pcm``, ``_voice_cache``, ``_upstream``
     emotion mapping, int16 conversion, the voice conditioning cache, and the guards and
     introspection that living with upstream's code in this process needs.

@@ -37,8 +37,6 @@ from ._batch_run import BatchRun, one_after_another, request_decoding, resolve_s
 from ._batched import Decoding, decoding, install, interceptable
 from ._checks import check_readable, check_text, decoding_asked
 from ._emotion import check_vector, emotion_kwargs
-from ._gpt_fast import PARTS as SPEEDUPS
-from ._gpt_fast import install as install_speedups
 from ._install import (
     FLAVOUR_MODULES,
     PYPI25_DISTRIBUTION,
@@ -59,6 +57,7 @@ from ._prefix import install as install_prefix
 from ._prefix_store import PrefixStore, PrefixTally
 from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs
 from ._segments import SegmentTexts, first_length
+from ._speedups import install as install_speedups
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, check_rate, stream_segments, within
 from ._upstream import (
     StageTimes,
@@ -111,7 +110,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
         self.openmp: dict[str, str] = {}
-        self.speedups: dict[str, str] = {}  # _gpt_fast.py's parts: "on", "off" or why not
+        self.speedups: dict[str, dict[str, str]] = {}  # _speedups.py: each part "on", "off" or why not
 
     @property
     def max_batch(self) -> int:
@@ -143,7 +142,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             "profile": self.options.profile,
             "bf16_weights": self.bf16_weights,
             "openmp": self.openmp,
-            "gpt_speedups": self.speedups,
+            **self.speedups,
         }
 
     def batch_stages(self) -> str:
@@ -300,7 +299,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             model = cls(**kwargs)
         self._segment_texts.install(model)
         self.bf16_weights = apply_bf16(self.options, model, flavour.label)
-        self.speedups = install_speedups(model) if opts.gpt_speedups else dict.fromkeys(SPEEDUPS, "off")
+        self.speedups = install_speedups(model, opts)
         self._intercept_problem = interceptable(model)
         self._prefix.clear(install_prefix(model, self._prefix))
         if self._intercept_problem is not None and opts.max_batch > 1:

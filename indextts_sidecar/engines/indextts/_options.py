@@ -125,6 +125,9 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: faster"): its linear layers in oneDNN's layout on a CPU in float32, and a key-value cache
     #: that grows in place and moves only the beams that changed.  False: upstream's path as is.
     gpt_speedups: bool = True
+    #: s2mel's same-output speed-ups (the same section): the DiT's tail over the new frames only,
+    #: and its weight norm computed once.  False: upstream's path as is.
+    s2mel_speedups: bool = True
 
 
 class IndexTTS2Options(_Options):
