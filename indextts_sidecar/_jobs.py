@@ -234,15 +234,7 @@ class JobOutput:
         return True
 
     def progress(self, job: Job, stage: str, fraction: Union[float, None], message: str) -> None:
-        """A progress frame of a running job; from the engine thread or a heartbeat thread."""
-        # Nothing to send until a quiet spell has passed: no lock taken (the engine reports
-        # progress at every step, and most requests ask for none).
-        if (
-            not job.progress_wanted
-            and stage != "load"
-            and time.monotonic() - job.last_frame < protocol.QUIET_PROGRESS_INTERVAL
-        ):
-            return
+        """A progress frame of a running job (:meth:`Sink.progress` has dropped what goes nowhere)."""
         with self._lock:
             if job.finished:
                 return
@@ -291,9 +283,18 @@ class Sink:
 
     def progress(self, stage: str, fraction: Union[float, None] = None, message: str = "") -> None:
         """The engine's progress callback for this job (:data:`~.engines.ProgressFn`)."""
+        job = self.job
+        # Nothing to send until a quiet spell has passed: no lock taken (the engine reports
+        # progress at every step, and most requests ask for none).
+        if (
+            not job.progress_wanted
+            and stage != "load"
+            and time.monotonic() - job.last_frame < protocol.QUIET_PROGRESS_INTERVAL
+        ):
+            return
         if fraction is not None:
             fraction = min(1.0, max(0.0, float(fraction)))
-        self.out.progress(self.job, stage, fraction, message)
+        self.out.progress(job, stage, fraction, message)
 
     def start(self, native: Union[int, None]) -> None:
         """Its synthesis begins now, at the engine's ``native`` rate (known once the engine has loaded)."""

@@ -327,14 +327,16 @@ class Scheduler:
             work = self._take()
             if work is None:
                 return
-            if not work:
-                # A token per job queued, or on close; one left by a job cancelled while
-                # queued, or taken into a batch, only wakes us to find nothing.
-                self._tokens.get()
-            elif len(work) == 1 and not work[0][1].batched:
-                self._run(*work[0])
-            else:
-                self._run_batch(work)
+            if work:
+                if len(work) == 1 and not work[0][1].batched:
+                    self._run(*work[0])
+                else:
+                    self._run_batch(work)
+                if any(lane.waiting for lane in self._lanes) or self._closed:
+                    continue  # (read without the lock: a job queued after this has its token)
+            # A token per job queued, or on close; one left by a job cancelled while
+            # queued, or taken into a batch, only wakes us to find nothing.
+            self._tokens.get()
 
     def _end(self, lane: Lane, job: Job, terminal: Any) -> None:
         """``job`` ended on the engine thread: its terminal frame, unless it has one, and its lane's idle event."""

@@ -15,7 +15,6 @@ so that the rest ride on the frames after it, and no word waits past its own fir
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 
 from .engines import EngineError, Words
 from .protocol import WordSpan
@@ -94,15 +93,19 @@ class PendingWords:
 
 def frames(
     pcm: memoryview, first: int, frame_bytes: int, pending: PendingWords, limit: int
-) -> Iterator[tuple[memoryview, list[WordSpan]]]:
+) -> list[tuple[memoryview, list[WordSpan]]]:
     """``pcm`` (whole int16 samples, the request's from sample ``first`` on) cut into frames of
-    at most ``frame_bytes`` bytes, each with its words (at most ``limit``)."""
+    at most ``frame_bytes`` bytes, each with its words (at most ``limit``).
+
+    A list, not a generator: most chunks make one frame, and a list of one costs less."""
+    cut = []
     offset = 0
     size = len(pcm)
     while offset < size:
         count = min(frame_bytes, size - offset) // 2
         words, end = pending.take(first, first + count, limit)
         piece = pcm[offset : offset + 2 * (end - first)]
-        yield piece, words
+        cut.append((piece, words))
         offset += len(piece)
         first = end
+    return cut

@@ -213,7 +213,8 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
         self.sample_rate = options.sample_rate
         self._loaded = False
         self._loads = 0
-        self._cache: Union[tuple[tuple[str, float | None, float], npt.NDArray[Any]], None] = None
+        #: The last request's audio as laid out in chunks, by (text, seconds, seconds per char, chunk).
+        self._cache: Union[tuple[tuple[str, float | None, float, int], _Layout], None] = None
         #: The voices this process has spoken with: a stand-in for a conditioning cache.
         self._voices_seen: set[str] = set()
         self._request_facts: dict[str, Any] = {}
@@ -405,10 +406,11 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
             self._voices_seen.add(request.voice)
             self._request_facts = {"voice_cache": "hit" if hit else "miss"}
         per_char = opts.seconds_per_char or self.options.seconds_per_char
-        key = (request.text, opts.seconds, per_char)
+        chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
+        key = (request.text, opts.seconds, per_char, chunk)
         began = time.perf_counter()
         if self._cache is not None and self._cache[0] == key:
-            audio = self._cache[1]
+            layout = self._cache[1]
         else:
             audio = render(
                 request.text,
@@ -416,47 +418,50 @@ class FakeEngine(Engine[FakeOptions, FakeRequestOptions]):
                 seconds=opts.seconds,
                 seconds_per_char=per_char,
             )
-            self._cache = (key, audio)
+            char_samples = max(1, round(per_char * self.options.sample_rate))  # as render() lays them out
+            layout = _Layout(request.text, audio, chunk, char_samples)
+            self._cache = (key, layout)
         self._request_facts["stages"] = {"render": time.perf_counter() - began}
-        chunk = max(1, round((opts.chunk_seconds or self.options.chunk_seconds) * self.options.sample_rate))
-        char_samples = max(1, round(per_char * self.options.sample_rate))  # as render() lays them out
-        return _Plan(request, audio, chunk, char_samples, dict(self._request_facts))
+        return _Plan(request, layout, dict(self._request_facts))
+
+
+class _Layout:
+    """A request's audio cut into chunks, with the words each chunk starts and the progress
+    message that names its characters: the same for every request of the same text and
+    settings, so the engine keeps the last one (the chunks are views of one array, never
+    modified)."""
+
+    __slots__ = ("chunks", "count", "messages", "words")
+
+    def __init__(self, text: str, audio: Any, chunk: int, char_samples: int) -> None:
+        self.count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
+        # A ``seconds`` longer than the text's own audio repeats the text: no span names that.
+        spans = bool(text) and len(audio) <= char_samples * len(text)
+        words = _words(text, char_samples, len(audio))
+        starts = [word.start for word in words]
+        self.chunks: list[Any] = []
+        self.messages: list[str] = []
+        self.words: list[list[WordSpan]] = []
+        for index in range(self.count):
+            first, end = index * chunk, min((index + 1) * chunk, len(audio))
+            self.chunks.append(audio[first:end])
+            # The characters whose tones the chunk holds, the one its end cuts included.
+            self.messages.append(segment_message(first // char_samples, -(-end // char_samples)) if spans else "")
+            # The words whose first sample the chunk holds.
+            self.words.append(words[bisect.bisect_left(starts, first) : bisect.bisect_left(starts, first + chunk)])
 
 
 class _Plan:
-    """One request's audio cut into chunks, and the progress that names each chunk's characters."""
+    """One request's chunks (its :class:`_Layout`), the options that inject its faults, its facts."""
 
-    __slots__ = (
-        "audio",
-        "char_samples",
-        "chunk_samples",
-        "count",
-        "facts",
-        "options",
-        "spans",
-        "word_starts",
-        "words",
-    )
+    __slots__ = ("count", "facts", "layout", "options")
 
-    def __init__(
-        self,
-        request: SynthesisRequest[FakeRequestOptions],
-        audio: Any,
-        chunk: int,
-        char_samples: int,
-        facts: dict[str, Any],
-    ) -> None:
+    def __init__(self, request: SynthesisRequest[FakeRequestOptions], layout: _Layout, facts: dict[str, Any]) -> None:
         self.options = request.options
         #: Its ``done.facts`` (``request_facts()``), in a batch too.
         self.facts = facts
-        self.audio = audio
-        self.chunk_samples = chunk
-        self.char_samples = char_samples
-        self.count = max(1, math.ceil(len(audio) / chunk)) if len(audio) else 0
-        # A ``seconds`` longer than the text's own audio repeats the text: no span names that.
-        self.spans = bool(request.text) and len(audio) <= char_samples * len(request.text)
-        self.words = _words(request.text, char_samples, len(audio))
-        self.word_starts = [word.start for word in self.words]
+        self.layout = layout
+        self.count = layout.count
 
     def crash_if_asked(self, index: int) -> None:
         opts = self.options
@@ -467,18 +472,13 @@ class _Plan:
 
     def words_in(self, index: int) -> list[WordSpan]:
         """The words whose first sample chunk ``index`` holds."""
-        first, end = index * self.chunk_samples, (index + 1) * self.chunk_samples
-        starts = self.word_starts
-        return self.words[bisect.bisect_left(starts, first) : bisect.bisect_left(starts, end)]
+        return self.layout.words[index]
 
     def chunk(self, index: int, progress: ProgressFn) -> Any:
         """Chunk ``index``, after its ``synthesize`` progress."""
-        chunk, char_samples = self.chunk_samples, self.char_samples
-        first, end = index * chunk, min((index + 1) * chunk, len(self.audio))
-        # The characters whose tones the chunk holds, the one its end cuts included.
-        message = segment_message(first // char_samples, -(-end // char_samples)) if self.spans else ""
-        progress("synthesize", (index + 1) / self.count, message)
-        return self.audio[first:end]
+        layout = self.layout
+        progress("synthesize", (index + 1) / self.count, layout.messages[index])
+        return layout.chunks[index]
 
 
 def _record(
