@@ -3,7 +3,10 @@
 Runs in upstream's venv, the adapter in process (a fixture of ``tests/upstream/fixture.py``:
 tiny ``2``/``2.5``, or ``2-full``/``2.5-full``), the medium text of ``bench_gpu.py``, greedy
 decoding with a seed (``do_sample=false``, ``seed=1``), ``--beams`` beams, ``--tokens`` codes.
-The engine loads with both off; each round runs one request on upstream's path and one with
+The engine loads with both off (and, unless ``--prefix-cache``, without the voice prefix
+cache: each request computes its prefill, as upstream does; with it, ours keeps the voice's
+prefix from request to request, as the default load does, and upstream's path runs without it);
+each round runs one request on upstream's path and one with
 the speed-ups (``_gpt_fast.install(..., keep_weights=True)`` with ``--parts``, and
 ``_s2mel_fast.install`` with ``--s2mel-parts``; taken off again by each ``uninstall``), in
 alternating order.  For each request:
@@ -119,6 +122,7 @@ def speak(engine: Any, cls: Any, ckpt: str, args: argparse.Namespace, recorder: 
     for chunk in engine.synthesize(request, lambda *a: None, lambda: False):
         samples.append(np.asarray(chunk, dtype=np.int16))
     wall = time.perf_counter() - started
+    hits = engine.request_facts().get("prefix_cache", {}).get("hits", 0)
     steps = [later - earlier for earlier, later in zip(recorder.starts[:-1], recorder.starts[1:], strict=True)]
     audio = np.concatenate([s.reshape(-1) for s in samples]) if samples else np.zeros(0)
     return {
@@ -130,6 +134,7 @@ def speak(engine: Any, cls: Any, ckpt: str, args: argparse.Namespace, recorder: 
         "steps": len(recorder.starts),
         "mean_context": statistics.mean(recorder.contexts) if recorder.contexts else 0,
         "codes": list(recorder.codes),
+        "prefix_hits": hits,
         "audio": audio,
     }
 
@@ -148,12 +153,18 @@ def main() -> None:
     parser.add_argument("--diffusion-steps", type=int, default=0, help="s2mel steps (0: upstream's 25)")
     parser.add_argument("--parts", default=",".join(_gpt_fast.PARTS), help="the GPT's speed-ups to install")
     parser.add_argument("--s2mel-parts", default=",".join(_s2mel_fast.PARTS), help="s2mel's ('' for none)")
+    parser.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="ours with the voice prefix cache as loaded by default (the voice repeats: each request reuses it)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     cls = IndexTTS2Engine if args.version == "2" else IndexTTS25Engine
     options = {"model_dir": args.ckpt, "device": "cpu", "use_qwen_emo": False}
     options.update(gpt_speedups=False, s2mel_speedups=False)
-    options["prefix_cache"] = 0  # every request computes its prefill, as upstream does
+    if not args.prefix_cache:
+        options["prefix_cache"] = 0  # every request computes its prefill, as upstream does
     engine = cls(msgspec.convert(options, cls.Options))
     engine.load(lambda *a: None, lambda: False)
     model = engine._model
@@ -161,24 +172,32 @@ def main() -> None:
     weights = sum(p.numel() * p.element_size() for m in (gpt.gpt, gpt.final_norm, gpt.mel_head) for p in m.parameters())
     reads = []  # the bandwidth, measured again each round: it drifts with the machine
     recorder = Recorder(gpt, model)
+    parts = [part for part in args.parts.split(",") if part]
     s2mel_parts = [part for part in args.s2mel_parts.split(",") if part]
-    speak(engine, cls, args.ckpt, args, recorder)  # upstream's first request is slower than the rest
+    store, entries = engine._prefix, engine._prefix.entries  # the default bound (--prefix-cache) or 0
+
+    def use(mode: str) -> None:
+        if mode == "speedups":
+            report = _gpt_fast.install(model, parts=parts, keep_weights=True)
+            report.update(_s2mel_fast.install(model, parts=s2mel_parts))
+            assert all(report[part] == "on" for part in (*parts, *s2mel_parts)), report
+        else:
+            _gpt_fast.uninstall(model)
+            _s2mel_fast.uninstall(model)
+        # Upstream's path has no prefix cache; ours keeps the voice's across its requests.
+        store.entries = entries if mode == "speedups" else 0
+
+    for mode in ("upstream", "speedups") if args.prefix_cache else ("upstream",):
+        use(mode)  # upstream's first request is slower than the rest; ours fills the prefix cache
+        speak(engine, cls, args.ckpt, args, recorder)
     runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "speedups": []}
     for number in range(args.rounds):
         reads.append(bandwidth(torch, "cpu")["bytes_per_s"])
         order = ("upstream", "speedups") if number % 2 == 0 else ("speedups", "upstream")
         for mode in order:
-            if mode == "speedups":
-                parts = [part for part in args.parts.split(",") if part]
-                report = _gpt_fast.install(model, parts=parts, keep_weights=True)
-                report.update(_s2mel_fast.install(model, parts=s2mel_parts))
-                assert all(report[part] == "on" for part in (*parts, *s2mel_parts)), report
-            else:
-                _gpt_fast.uninstall(model)
-                _s2mel_fast.uninstall(model)
+            use(mode)
             runs[mode].append(speak(engine, cls, args.ckpt, args, recorder))
-        _gpt_fast.uninstall(model)
-        _s2mel_fast.uninstall(model)
+    use("upstream")
     layers, dim = int(gpt.layers), int(gpt.model_dim)
     first = runs["upstream"][0]
     kv_row = 2 * layers * dim * first["mean_context"] * 4
@@ -207,6 +226,8 @@ def main() -> None:
         "codes_equal": same_codes,
         "max_sample_step": steps_apart,
         "decoded": [len(row) for row in first["codes"]],
+        "prefix_cache": args.prefix_cache,
+        "prefix_hits": {mode: [run["prefix_hits"] for run in values] for mode, values in runs.items()},
     }
     step_bytes = weights + args.beams * kv_row
     for mode, values in runs.items():
