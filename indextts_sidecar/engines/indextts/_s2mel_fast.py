@@ -21,6 +21,8 @@ input and final projections) recompute ``g * v / |v|`` at every forward, 40 time
 Here torch's ``remove_weight_norm`` computes it once into the weight: the same tensor as the
 hook's, so the same output bit for bit.
 
+Neither applies to a DiT compiled by ``use_torch_compile``: the report says so.
+
 The products over fewer frames may add in another order (a different blocking), so the
 estimate can differ in its last bits: audio within one int16 step, greedy codes untouched (the
 GPT runs before). tests/upstream/test_s2mel_fast.py checks both on the tiny fixtures;
@@ -71,6 +73,9 @@ def install(model: Any, *, parts: Sequence[str] = PARTS) -> dict[str, str]:
     cfm = _cfm(model)
     if cfm is None:
         why = "its s2mel has no CFM estimator"
+        return {part: why if part in parts else "off" for part in PARTS}
+    if hasattr(cfm.estimator, "_orig_mod"):  # torch.compile's wrapper: a traced graph, not these modules
+        why = "its DiT is compiled (use_torch_compile)"
         return {part: why if part in parts else "off" for part in PARTS}
     if cfm in _INSTALLED:
         uninstall(model)
