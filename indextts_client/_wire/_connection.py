@@ -26,7 +26,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Union
+from typing import NoReturn, Union
 
 import anyio
 import msgspec
@@ -40,7 +40,7 @@ from .._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX
 from .._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
 from .._types import SidecarInfo
 from ._deadlines import DeadlineAlarm
-from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, encode_request
+from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, Wakeup, encode_request, wakeup_class
 from ._handshake import Loss, LossInfo, error_for_loss, handshake
 from ._request import Requester
 from ._sender import FrameSender
@@ -110,6 +110,8 @@ class Connection(Requester):
         self._alarm = DeadlineAlarm()
         #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
         self._new_event: Callable[[], anyio.Event] = anyio.Event
+        #: What a request's task sleeps on until its next frame; :meth:`run` picks the backend's own.
+        self._new_wakeup: Callable[[], Wakeup] = anyio.Event
         self._tg: Union[TaskGroup, None] = None
         self._read_scope = anyio.CancelScope()
         self._abort_reason = "the connection was aborted"
@@ -289,6 +291,7 @@ class Connection(Requester):
             raise RuntimeError("Connection.run() can be called once")
         self._started = True
         self._new_event = self._alarm.new_event = type(anyio.Event())
+        self._new_wakeup = wakeup_class()
         self.clock = self._sender.clock = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
@@ -479,7 +482,7 @@ class Connection(Requester):
         assert self.ready is not None
         request_id = next(self._ids)
         data = encode_request(build(request_id), self.ready.max_frame_size)
-        exchange = Exchange(request_id, self.clock(), self._new_event)
+        exchange = Exchange(request_id, self.clock(), self._new_wakeup)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
@@ -487,7 +490,9 @@ class Connection(Requester):
     async def send(self, exchange: Exchange) -> None:
         """Write an opened exchange's frame.  Once its first byte is written the send is shielded."""
         data, exchange.data = exchange.data, b""
-        await self._send_frame(data, exchange)
+        failure = await self._sender.send(data, exchange, self._check_sendable)  # (_send_frame, inlined)
+        if failure is not None:
+            await self._lost_writing(failure)
 
     def wait(self, exchange: Exchange, deadline: float) -> Awaitable[None]:
         """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes; returns either way.
@@ -537,8 +542,11 @@ class Connection(Requester):
 
     async def _send_frame(self, data: bytes, exchange: Union[Exchange, None]) -> None:
         failure = await self._sender.send(data, exchange, self._check_sendable)
-        if failure is None:
-            return
+        if failure is not None:
+            await self._lost_writing(failure)
+
+    async def _lost_writing(self, failure: str) -> NoReturn:
+        """A write failed (``failure`` says how): end the connection and raise its error."""
         # The reader usually sees the end of the stream at the same time; give it a
         # moment to read what the sidecar wrote before it went away.
         with anyio.move_on_after(1.0):
@@ -561,7 +569,7 @@ class Connection(Requester):
         try:
             if self._pending.get(target.id) is not target or self._error is not None:
                 return  # it ended meanwhile: nothing to cancel
-            cancel = Exchange(next(self._ids), anyio.current_time(), self._new_event)
+            cancel = Exchange(next(self._ids), anyio.current_time(), self._new_wakeup)
             self._pending[cancel.id] = cancel
             try:
                 await self._send_frame(protocol.frame(protocol.Cancel(id=cancel.id, target=target.id)), cancel)

@@ -8,7 +8,7 @@ opener of its subclass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import EllipsisType
 from typing import Any, Literal, Union
 
@@ -122,8 +122,9 @@ class Requester:
     _default_idle_timeout: Union[float, None] = None
     _default_pool_timeout: Union[float, None] = None
 
-    async def _connection(self) -> Channel:
-        raise NotImplementedError
+    #: Opens the connection a request is sent on (a Client's restarts the sidecar if it must):
+    #: the subclass's method, or for a Client its supervisor's, bound once (no layer per request).
+    _connection: Callable[[], Awaitable[Channel]]
 
     def _sidecar_info(self) -> SidecarInfo:
         """The ``ready`` facts an SSML text is rendered by (Client and Connection have ``info``)."""

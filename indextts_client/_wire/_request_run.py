@@ -104,8 +104,10 @@ class _RequestRun:
 
     async def _begin(self) -> None:
         self._phase = RUNNING
-        if self._timeout is not None:
-            self._deadline = anyio.current_time() + self._timeout
+        if self._timeout is None:
+            await self._open_and_send()  # what _send() does without a deadline, one call less
+            return
+        self._deadline = anyio.current_time() + self._timeout
         await self._send()
 
     async def _send(self) -> None:
@@ -544,15 +546,30 @@ class Synthesis(_RequestRun):
         return self._audio
 
     async def whole(self) -> Audio:
-        """``async with self: return await self.result()``, in one coroutine (``synthesize()``)."""
-        await self.start()
+        """``async with self: return await self.result()``, in one coroutine (``synthesize()``).
+
+        For a new run (synthesize()'s) what :meth:`start` and :meth:`_step` do, inlined: it runs
+        until :meth:`_advance` says it is done or raises (then it ends early, as in ``_step``).
+        """
+        self._owned = True
         try:
-            while await self._step() is not None:
-                pass
+            if self._phase is not NEW:
+                while await self._step() is not None:
+                    pass
+            else:
+                try:
+                    await self._begin()
+                    while await self._advance() is not None:
+                        pass
+                except BaseException as exc:
+                    self._end_early(exc)
+                    raise
         except BaseException as exc:
             await self._close(wait=not isinstance(exc, anyio.get_cancelled_exc_class()))
             raise
-        await self._close(wait=True)
+        # Done: closing it only waits for a cancel on its way, which a finished request has not.
+        if self._ex is not None and self._ex.cancel_sent is not None:
+            await self._close(wait=True)
         assert self._audio is not None
         return self._audio
 
