@@ -52,6 +52,10 @@ log = logging.getLogger("indextts_client")
 _Build = Callable[[int], protocol.Request]
 
 
+#: The replies that end the request whose id they carry (see :func:`protocol.is_terminal`).
+_TERMINAL = frozenset({protocol.Done, protocol.Ok, protocol.Pong, protocol.Error})
+
+
 def _identity(text: str) -> str:
     return text
 
@@ -95,6 +99,8 @@ class Connection(Requester):
         self._room = anyio.Event()
         self._room_wanted = False
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
+        #: Whether a frame's bytes are read over once it is handled (bound once: called for every audio frame).
+        self._shares = self._reader.shares
         self._ready_timeout = ready_timeout
         self._describe_loss = describe_loss
         self._redact = redact
@@ -378,10 +384,12 @@ class Connection(Requester):
             reply = protocol.decode_reply(body)
         except msgspec.MsgspecError as exc:
             return Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
-        if isinstance(reply, protocol.Ready):
+        # (type() is: the decoder makes these exact classes; cheaper than isinstance on every frame)
+        if type(reply) is protocol.Audio:
+            if reply.shm_offset is not None:
+                return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
+        elif isinstance(reply, protocol.Ready):
             return Loss("protocol", "the sidecar sent a second 'ready' frame")
-        if isinstance(reply, protocol.Audio) and reply.shm_offset is not None:
-            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         request_id = reply.id
         if request_id is None:
             assert isinstance(reply, protocol.Error)
@@ -392,7 +400,8 @@ class Connection(Requester):
             log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
         now = self.clock()
-        terminal = protocol.is_terminal(reply)
+        # protocol.is_terminal(reply), for a frame with an id (an error without one was handled above).
+        terminal = type(reply) in _TERMINAL
         if terminal:
             del self._pending[request_id]
             if self._room_wanted:  # a request that was refused busy waits for this
@@ -403,7 +412,7 @@ class Connection(Requester):
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
             self.last_activity = now
-        exchange.receive(reply, now, terminal, self._reader.shares)
+        exchange.receive(reply, now, terminal, self._shares)
         if exchange.buffered > self._max_buffered:
             self._overflow(exchange)
         return None

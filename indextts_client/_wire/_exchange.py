@@ -207,17 +207,14 @@ class Exchange:
             self.state = ENDED
         if state is ABANDONED or self.error is not None:
             return
-        kind = type(reply)
-        if kind is protocol.Audio:
-            assert isinstance(reply, protocol.Audio)
+        if type(reply) is protocol.Audio:
             if self.assembler is not None:
                 self._assemble(reply, shares(reply.pcm))
                 return
             if shares(reply.pcm):  # the request keeps a copy
                 reply.pcm = memoryview(bytes(reply.pcm))
             self.buffered += len(reply.pcm)
-        elif kind is protocol.Progress:
-            assert isinstance(reply, protocol.Progress)
+        elif type(reply) is protocol.Progress:
             if self.assembler is not None:  # a segment starts at the audio assembled so far
                 self.assembler.progress(reply.stage, reply.message)
             if not self.progress_wanted:
@@ -227,9 +224,10 @@ class Exchange:
         self.wake()
 
     def _assemble(self, reply: protocol.Audio, transient: bool) -> None:
-        assert self.assembler is not None
+        assembler = self.assembler
+        assert assembler is not None
         try:
-            self.assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient, words=reply.words)
+            assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient, words=reply.words)
         except ProtocolError as exc:
             # Raised in the request's task after the frames before it; later frames are dropped.
             self.assembly_error = self.error = exc

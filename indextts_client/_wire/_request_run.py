@@ -436,33 +436,31 @@ class Synthesis(_RequestRun):
 
     async def _advance(self) -> Union[ProgressEvent, AudioChunk, None]:
         reply = await self._next_reply()
-        assert self._ex is not None
-        if self._assembler is None:
-            self._assembler = AudioAssembler(self._ex.id, keep=self._keep, text=self._text)
-        if isinstance(reply, protocol.Audio):
-            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, reply.words)
-        if isinstance(reply, protocol.Progress):
+        assembler = self._assembler
+        if assembler is None:
+            assert self._ex is not None
+            assembler = self._assembler = AudioAssembler(self._ex.id, keep=self._keep, text=self._text)
+        # (type() is: the decoder makes these exact classes)
+        if type(reply) is protocol.Audio:
+            return assembler.add(reply.seq, reply.sample_rate, reply.pcm, reply.words)
+        if type(reply) is protocol.Done:
+            self._phase = DONE
+            assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
+            # The decoded frame's own dicts: nothing else holds them.
+            self.timings = reply.timings
+            self.facts = reply.facts
+            self.words = assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
+            if self._keep:
+                self._audio = Audio(
+                    assembler.assemble(), reply.sample_rate, self.timings, reply.id, facts=self.facts, words=self.words
+                )
+            return None
+        if type(reply) is protocol.Progress:
             if not self._assemble_in_reader:  # (else the reader saw it in its place among the audio)
-                self._assembler.progress(reply.stage, reply.message)  # it may name the text the audio after it speaks
+                assembler.progress(reply.stage, reply.message)  # it may name the text the audio after it speaks
             event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
             await self._notify(event)
             return event
-        if isinstance(reply, protocol.Done):
-            self._phase = DONE
-            self._assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
-            self.timings = dict(reply.timings)
-            self.facts = dict(reply.facts)
-            self.words = self._assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
-            if self._keep:
-                self._audio = Audio(
-                    self._assembler.assemble(),
-                    reply.sample_rate,
-                    self.timings,
-                    reply.id,
-                    facts=self.facts,
-                    words=self.words,
-                )
-            return None
         if isinstance(reply, protocol.Error):
             raise self._frame_error(reply)
         raise ProtocolError(f"unexpected {type(reply).__name__} frame for synthesize request {self.request_id}")
