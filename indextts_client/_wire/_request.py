@@ -43,7 +43,7 @@ _Build = Callable[[int], protocol.Request]
 
 
 def _resolve(value: TimeoutArg, default: Union[float, None]) -> Union[float, None]:
-    if isinstance(value, EllipsisType):
+    if value is ...:
         return default
     if value is not None and value < 0:
         raise ValueError(f"a timeout must be >= 0 or None, got {value!r}")
@@ -98,7 +98,7 @@ def _synthesize_builder(
         raise TypeError(f"text must be a str, not {type(text).__name__}")
     if voice is not None and not isinstance(voice, str):
         raise TypeError(f"voice must be a str or None, not {type(voice).__name__}")
-    emo = _emotion(emotion)
+    emo = None if emotion is None else _emotion(emotion)
 
     def build(request_id: int) -> protocol.Synthesize:
         return protocol.Synthesize(

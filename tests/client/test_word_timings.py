@@ -206,3 +206,23 @@ def test_no_words_cost_nothing_per_chunk() -> None:
     assert chunk.words == () and assembler.words == []
     # No segment announced and no words: nothing stands in.
     assert assembler.all_words(RATE, by_segment=True) == ()
+
+
+def test_the_hot_path_builders_make_what_the_constructors_make() -> None:
+    # _word and assembled_audio write the fields straight in: a field they miss shows here.
+    from dataclasses import fields
+
+    from indextts_client._audio import _word, assembled_audio
+
+    word = _word("brave", (6, 11), 0.25, 0.5)
+    assert vars(word) == vars(WordTiming("brave", (6, 11), 0.25, 0.5)) and word == WordTiming(
+        "brave", (6, 11), 0.25, 0.5
+    )
+    assert set(vars(word)) == {field.name for field in fields(WordTiming)}
+    samples = np.arange(4, dtype="<i2")
+    args = (samples, RATE, {"total": 0.5}, 7, {"voice_cache": "hit"}, (word,))
+    audio = assembled_audio(*args)
+    expected = Audio(*args[:4], facts=args[4], words=args[5])
+    assert vars(audio) == vars(expected) and set(vars(audio)) == {field.name for field in fields(Audio)}
+    with pytest.raises(AttributeError):
+        audio.sample_rate = 1  # type: ignore[misc]
