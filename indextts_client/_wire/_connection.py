@@ -26,7 +26,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import NoReturn, Union
+from typing import Union
 
 import anyio
 import msgspec
@@ -40,7 +40,7 @@ from .._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX
 from .._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
 from .._types import SidecarInfo
 from ._deadlines import DeadlineAlarm
-from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, Wakeup, encode_request, wakeup_class
+from ._exchange import ABANDONED, ENDED, REGISTERED, TERMINAL_KINDS, Exchange, Wakeup, encode_request, wakeup_class
 from ._handshake import Loss, LossInfo, error_for_loss, handshake
 from ._request import Requester
 from ._sender import FrameSender
@@ -50,10 +50,6 @@ __all__ = ["Connection"]
 log = logging.getLogger("indextts_client")
 
 _Build = Callable[[int], protocol.Request]
-
-
-#: The replies that end the request whose id they carry (see :func:`protocol.is_terminal`).
-_TERMINAL = frozenset({protocol.Done, protocol.Ok, protocol.Pong, protocol.Error})
 
 
 def _identity(text: str) -> str:
@@ -99,8 +95,6 @@ class Connection(Requester):
         self._room = anyio.Event()
         self._room_wanted = False
         self._reader = FrameReader(receive_stream, max_frame_size=max_frame_size, frame_timeout=frame_timeout)
-        #: Whether a frame's bytes are read over once it is handled (bound once: called for every audio frame).
-        self._shares = self._reader.shares
         self._ready_timeout = ready_timeout
         self._describe_loss = describe_loss
         self._redact = redact
@@ -116,8 +110,7 @@ class Connection(Requester):
         self._alarm = DeadlineAlarm()
         #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
         self._new_event: Callable[[], anyio.Event] = anyio.Event
-        #: What a request's task sleeps on until its next frame; :meth:`run` picks the backend's own.
-        self._new_wakeup: Callable[[], Wakeup] = anyio.Event
+        self._new_wakeup: Callable[[], Wakeup] = anyio.Event  # what a request sleeps on; run() picks the backend's
         self._tg: Union[TaskGroup, None] = None
         self._read_scope = anyio.CancelScope()
         self._abort_reason = "the connection was aborted"
@@ -384,11 +377,9 @@ class Connection(Requester):
             reply = protocol.decode_reply(body)
         except msgspec.MsgspecError as exc:
             return Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
-        # (type() is: the decoder makes these exact classes; cheaper than isinstance on every frame)
-        if type(reply) is protocol.Audio:
-            if reply.shm_offset is not None:
-                return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
-        elif isinstance(reply, protocol.Ready):
+        if type(reply) is protocol.Audio and reply.shm_offset is not None:  # (type(): exact classes, decoded)
+            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
+        if isinstance(reply, protocol.Ready):
             return Loss("protocol", "the sidecar sent a second 'ready' frame")
         request_id = reply.id
         if request_id is None:
@@ -400,8 +391,7 @@ class Connection(Requester):
             log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
         now = self.clock()
-        # protocol.is_terminal(reply), for a frame with an id (an error without one was handled above).
-        terminal = type(reply) in _TERMINAL
+        terminal = type(reply) in TERMINAL_KINDS  # (an error without an id was handled above)
         if terminal:
             del self._pending[request_id]
             if self._room_wanted:  # a request that was refused busy waits for this
@@ -412,7 +402,7 @@ class Connection(Requester):
                 log.debug("abandoned request %d ended with %s", request_id, _describe_reply(reply))
         else:
             self.last_activity = now
-        exchange.receive(reply, now, terminal, self._shares)
+        exchange.receive(reply, now, terminal, self._reader.shares)
         if exchange.buffered > self._max_buffered:
             self._overflow(exchange)
         return None
@@ -499,9 +489,17 @@ class Connection(Requester):
     async def send(self, exchange: Exchange) -> None:
         """Write an opened exchange's frame.  Once its first byte is written the send is shielded."""
         data, exchange.data = exchange.data, b""
-        failure = await self._sender.send(data, exchange, self._check_sendable)  # (_send_frame, inlined)
-        if failure is not None:
-            await self._lost_writing(failure)
+        failure = await self._sender.send(data, exchange, self._check_sendable)
+        if failure is None:
+            return
+        # The reader usually sees the end of the stream at the same time; give it a
+        # moment to read what the sidecar wrote before it went away.
+        with anyio.move_on_after(1.0):
+            await self._closed_event.wait()
+        self.abort(failure)
+        await self._closed_event.wait()
+        assert self._error is not None
+        raise fresh(self._error)
 
     def wait(self, exchange: Exchange, deadline: float) -> Awaitable[None]:
         """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes; returns either way.
@@ -549,22 +547,6 @@ class Connection(Requester):
 
     # --------------------------------------------------------------- writing
 
-    async def _send_frame(self, data: bytes, exchange: Union[Exchange, None]) -> None:
-        failure = await self._sender.send(data, exchange, self._check_sendable)
-        if failure is not None:
-            await self._lost_writing(failure)
-
-    async def _lost_writing(self, failure: str) -> NoReturn:
-        """A write failed (``failure`` says how): end the connection and raise its error."""
-        # The reader usually sees the end of the stream at the same time; give it a
-        # moment to read what the sidecar wrote before it went away.
-        with anyio.move_on_after(1.0):
-            await self._closed_event.wait()
-        self.abort(failure)
-        await self._closed_event.wait()
-        assert self._error is not None
-        raise fresh(self._error)
-
     def _check_sendable(self, exchange: Union[Exchange, None]) -> None:
         """Raise the connection's error, or its announced end, if nothing may be sent any more."""
         if self._error is not None:
@@ -581,7 +563,8 @@ class Connection(Requester):
             cancel = Exchange(next(self._ids), anyio.current_time(), self._new_wakeup)
             self._pending[cancel.id] = cancel
             try:
-                await self._send_frame(protocol.frame(protocol.Cancel(id=cancel.id, target=target.id)), cancel)
+                cancel.data = protocol.frame(protocol.Cancel(id=cancel.id, target=target.id))
+                await self.send(cancel)
             finally:
                 # Its ``ok`` is collected by the reader and dropped; one never written never comes.
                 if cancel.abandon() is REGISTERED:

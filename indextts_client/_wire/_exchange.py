@@ -25,7 +25,7 @@ from indextts_sidecar import protocol
 from .._audio import AudioAssembler
 from .._exceptions import InvalidRequestError, ProtocolError, SidecarError
 
-__all__ = ["Channel", "Exchange", "ExchangeState", "Wakeup", "encode_request", "wakeup_class"]
+__all__ = ["TERMINAL_KINDS", "Channel", "Exchange", "ExchangeState", "Wakeup", "encode_request", "wakeup_class"]
 
 #: Option values that cannot nest: a request made of them needs no depth check.
 _SCALARS = (str, int, float, bool, bytes, type(None))
@@ -44,6 +44,10 @@ class ExchangeState(enum.Enum):
     #: The caller gave up on it: its frames are dropped (a ``cancel`` may be on its way).
     ABANDONED = "abandoned"
 
+
+#: The kinds of reply that end the request whose id they carry: :func:`protocol.is_terminal` by
+#: type alone, for the frames with an id (the reader's test on every frame).
+TERMINAL_KINDS = frozenset({protocol.Done, protocol.Ok, protocol.Pong, protocol.Error})
 
 REGISTERED, SENT, ENDED, ABANDONED = (
     ExchangeState.REGISTERED,

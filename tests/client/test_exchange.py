@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from indextts_client import InvalidRequestError, ProtocolError
-from indextts_client._wire._exchange import ABANDONED, ENDED, REGISTERED, SENT, Exchange, encode_request
+from indextts_client._wire._exchange import ABANDONED, ENDED, REGISTERED, SENT, TERMINAL_KINDS, Exchange, encode_request
 from indextts_sidecar import protocol
 
 RATE = 8000
@@ -190,8 +190,6 @@ def test_encode_request_refuses_a_frame_over_the_sidecars_max_frame_size() -> No
 
 def test_the_readers_terminal_kinds_are_the_protocols_terminal_replies() -> None:
     # The reader tells a terminal frame by its type alone (the frames with an id); it must agree with the protocol.
-    from indextts_client._wire._connection import _TERMINAL
-
     replies: list[protocol.Reply] = [
         protocol.Progress(id=1, stage="synthesize", fraction=0.5),
         _audio(0, 1, request_id=1),
@@ -202,4 +200,4 @@ def test_the_readers_terminal_kinds_are_the_protocols_terminal_replies() -> None
     ]
     assert {type(reply) for reply in replies} == set(typing.get_args(protocol.Reply)) - {protocol.Ready}
     for reply in replies:
-        assert (type(reply) in _TERMINAL) == protocol.is_terminal(reply), reply
+        assert (type(reply) in TERMINAL_KINDS) == protocol.is_terminal(reply), reply
