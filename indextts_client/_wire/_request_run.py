@@ -21,7 +21,7 @@ import msgspec
 
 from indextts_sidecar import protocol
 
-from .._audio import Audio, AudioAssembler, AudioChunk, WordTiming, assembled_audio
+from .._audio import Audio, AudioAssembler, AudioChunk, WordTiming, built
 from .._exceptions import (
     ClosedError,
     Deadline,
@@ -451,8 +451,14 @@ class Synthesis(_RequestRun):
             self.facts = reply.facts
             self.words = assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
             if self._keep:
-                self._audio = assembled_audio(
-                    assembler.assemble(), reply.sample_rate, self.timings, reply.id, self.facts, self.words
+                self._audio = built(
+                    Audio,
+                    samples=assembler.assemble(),
+                    sample_rate=reply.sample_rate,
+                    timings=self.timings,
+                    request_id=reply.id,
+                    facts=self.facts,
+                    words=self.words,
                 )
             return None
         if type(reply) is protocol.Progress:
