@@ -46,7 +46,6 @@ from ._supervision._transports import (
     sidecar_command,
 )
 from ._types import RestartCallback, ServedStream, SidecarInfo
-from ._wire._connection import Connection
 from ._wire._request import Requester, merge_options
 
 if TYPE_CHECKING:
@@ -216,6 +215,7 @@ class Client(Requester):
         self._default_idle_timeout = supervisor.settings.idle_timeout
         self._default_pool_timeout = pool_timeout
         self._supervisor = supervisor
+        self._connection = supervisor.connection
 
     @classmethod
     def connect(
@@ -361,9 +361,6 @@ class Client(Requester):
         """Whether a sidecar is up and ready now: False before start, after a crash not yet
         followed by a call (which would restart it), when dead, and once closed."""
         return self._supervisor.is_alive()
-
-    async def _connection(self) -> Connection:
-        return await self._supervisor.connection()
 
     def __repr__(self) -> str:
         supervisor = self._supervisor

@@ -40,7 +40,7 @@ from .._defaults import DEFAULT_FRAME_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX
 from .._exceptions import BufferFullError, ClosedError, SidecarError, StartError, UnreadError, fresh
 from .._types import SidecarInfo
 from ._deadlines import DeadlineAlarm
-from ._exchange import ABANDONED, ENDED, REGISTERED, Exchange, encode_request
+from ._exchange import ABANDONED, ENDED, REGISTERED, TERMINAL_KINDS, Exchange, Wakeup, encode_request, wakeup_class
 from ._handshake import Loss, LossInfo, error_for_loss, handshake
 from ._request import Requester
 from ._sender import FrameSender
@@ -110,6 +110,7 @@ class Connection(Requester):
         self._alarm = DeadlineAlarm()
         #: Makes events; :meth:`run` swaps in the running backend's own class (no backend lookup per event).
         self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._new_wakeup: Callable[[], Wakeup] = anyio.Event  # what a request sleeps on; run() picks the backend's
         self._tg: Union[TaskGroup, None] = None
         self._read_scope = anyio.CancelScope()
         self._abort_reason = "the connection was aborted"
@@ -289,6 +290,7 @@ class Connection(Requester):
             raise RuntimeError("Connection.run() can be called once")
         self._started = True
         self._new_event = self._alarm.new_event = type(anyio.Event())
+        self._new_wakeup = wakeup_class()
         self.clock = self._sender.clock = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
@@ -375,10 +377,10 @@ class Connection(Requester):
             reply = protocol.decode_reply(body)
         except msgspec.MsgspecError as exc:
             return Loss("protocol", f"the sidecar sent an undecodable frame ({exc}): {bytes(body[:48])!r}")
+        if type(reply) is protocol.Audio and reply.shm_offset is not None:  # (type(): exact classes, decoded)
+            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         if isinstance(reply, protocol.Ready):
             return Loss("protocol", "the sidecar sent a second 'ready' frame")
-        if isinstance(reply, protocol.Audio) and reply.shm_offset is not None:
-            return Loss("protocol", "the sidecar sent audio in shared memory, which this client never offers")
         request_id = reply.id
         if request_id is None:
             assert isinstance(reply, protocol.Error)
@@ -389,7 +391,7 @@ class Connection(Requester):
             log.debug("dropping a %s frame for unknown request id %d", type(reply).__name__, request_id)
             return None
         now = self.clock()
-        terminal = protocol.is_terminal(reply)
+        terminal = type(reply) in TERMINAL_KINDS  # (an error without an id was handled above)
         if terminal:
             del self._pending[request_id]
             if self._room_wanted:  # a request that was refused busy waits for this
@@ -479,7 +481,7 @@ class Connection(Requester):
         assert self.ready is not None
         request_id = next(self._ids)
         data = encode_request(build(request_id), self.ready.max_frame_size)
-        exchange = Exchange(request_id, self.clock(), self._new_event)
+        exchange = Exchange(request_id, self.clock(), self._new_wakeup)
         exchange.data = data
         self._pending[request_id] = exchange
         return exchange
@@ -487,7 +489,17 @@ class Connection(Requester):
     async def send(self, exchange: Exchange) -> None:
         """Write an opened exchange's frame.  Once its first byte is written the send is shielded."""
         data, exchange.data = exchange.data, b""
-        await self._send_frame(data, exchange)
+        failure = await self._sender.send(data, exchange, self._check_sendable)
+        if failure is None:
+            return
+        # The reader usually sees the end of the stream at the same time; give it a
+        # moment to read what the sidecar wrote before it went away.
+        with anyio.move_on_after(1.0):
+            await self._closed_event.wait()
+        self.abort(failure)
+        await self._closed_event.wait()
+        assert self._error is not None
+        raise fresh(self._error)
 
     def wait(self, exchange: Exchange, deadline: float) -> Awaitable[None]:
         """Until a frame or a failure arrives for ``exchange``, or ``deadline`` passes; returns either way.
@@ -535,19 +547,6 @@ class Connection(Requester):
 
     # --------------------------------------------------------------- writing
 
-    async def _send_frame(self, data: bytes, exchange: Union[Exchange, None]) -> None:
-        failure = await self._sender.send(data, exchange, self._check_sendable)
-        if failure is None:
-            return
-        # The reader usually sees the end of the stream at the same time; give it a
-        # moment to read what the sidecar wrote before it went away.
-        with anyio.move_on_after(1.0):
-            await self._closed_event.wait()
-        self.abort(failure)
-        await self._closed_event.wait()
-        assert self._error is not None
-        raise fresh(self._error)
-
     def _check_sendable(self, exchange: Union[Exchange, None]) -> None:
         """Raise the connection's error, or its announced end, if nothing may be sent any more."""
         if self._error is not None:
@@ -561,10 +560,11 @@ class Connection(Requester):
         try:
             if self._pending.get(target.id) is not target or self._error is not None:
                 return  # it ended meanwhile: nothing to cancel
-            cancel = Exchange(next(self._ids), anyio.current_time(), self._new_event)
+            cancel = Exchange(next(self._ids), anyio.current_time(), self._new_wakeup)
             self._pending[cancel.id] = cancel
             try:
-                await self._send_frame(protocol.frame(protocol.Cancel(id=cancel.id, target=target.id)), cancel)
+                cancel.data = protocol.frame(protocol.Cancel(id=cancel.id, target=target.id))
+                await self.send(cancel)
             finally:
                 # Its ``ok`` is collected by the reader and dropped; one never written never comes.
                 if cancel.abandon() is REGISTERED:

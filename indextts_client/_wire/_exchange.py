@@ -10,11 +10,12 @@ that module needs no import of :mod:`._connection`, which builds on it.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol, Union
+from typing import Any, Protocol, Union
 
 import anyio
 import msgspec
@@ -24,7 +25,7 @@ from indextts_sidecar import protocol
 from .._audio import AudioAssembler
 from .._exceptions import InvalidRequestError, ProtocolError, SidecarError
 
-__all__ = ["Channel", "Exchange", "ExchangeState", "encode_request"]
+__all__ = ["TERMINAL_KINDS", "Channel", "Exchange", "ExchangeState", "Wakeup", "encode_request", "wakeup_class"]
 
 #: Option values that cannot nest: a request made of them needs no depth check.
 _SCALARS = (str, int, float, bool, bytes, type(None))
@@ -44,12 +45,90 @@ class ExchangeState(enum.Enum):
     ABANDONED = "abandoned"
 
 
+#: The kinds of reply that end the request whose id they carry: :func:`protocol.is_terminal` by
+#: type alone, for the frames with an id (the reader's test on every frame).
+TERMINAL_KINDS = frozenset({protocol.Done, protocol.Ok, protocol.Pong, protocol.Error})
+
 REGISTERED, SENT, ENDED, ABANDONED = (
     ExchangeState.REGISTERED,
     ExchangeState.SENT,
     ExchangeState.ENDED,
     ExchangeState.ABANDONED,
 )
+
+
+class Wakeup(Protocol):
+    """What an exchange's one waiting task sleeps on until :meth:`set`: an :class:`anyio.Event` will do."""
+
+    def set(self) -> None: ...
+
+    def wait(self) -> Awaitable[Any]: ...
+
+
+class _LoopWakeup(asyncio.Future[None]):
+    """asyncio: one future the waiting task awaits itself (no Event, no waiter list, no wrapper).
+
+    Made in the waiting task (the running loop's future).  A cancelled wait cancels it:
+    :meth:`Exchange.wait` makes a new one for each wait, so none is waited on twice.
+    """
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        if not self.done():
+            self.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self
+
+
+class _TaskWakeup:
+    """trio: the waiting task parks itself and :meth:`set` reschedules it (no Event, no parking lot)."""
+
+    __slots__ = ("_is_set", "_task")
+
+    #: ``trio.lowlevel``, put here by :func:`wakeup_class` (trio is imported only where it runs).
+    lowlevel: Any = None
+
+    def __init__(self) -> None:
+        self._task: Any = None
+        self._is_set = False
+
+    def set(self) -> None:
+        self._is_set = True
+        task, self._task = self._task, None
+        if task is not None:
+            self.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        lowlevel = self.lowlevel
+        if self._is_set:
+            await lowlevel.checkpoint()
+            return
+        self._task = lowlevel.current_task()
+        await lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> Any:
+        self._task = None  # cancelled: nothing to reschedule any more
+        return self.lowlevel.Abort.SUCCEEDED
+
+
+def wakeup_class() -> Callable[[], Wakeup]:
+    """The cheapest :class:`Wakeup` of the running backend (call it in a task); anyio's Event elsewhere."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return _LoopWakeup
+    try:
+        import trio
+
+        trio.lowlevel.current_task()
+    except (ImportError, RuntimeError):
+        return type(anyio.Event())
+    _TaskWakeup.lowlevel = trio.lowlevel
+    return _TaskWakeup
 
 
 class Exchange:
@@ -78,15 +157,16 @@ class Exchange:
         self,
         request_id: int,
         now: float,
-        new_event: Callable[[], anyio.Event],
+        new_event: Callable[[], Wakeup],
         state: ExchangeState = REGISTERED,
     ) -> None:
         self.id = request_id
+        #: Makes what :meth:`wait` sleeps on (:func:`wakeup_class`, or :class:`anyio.Event`).
         self.new_event = new_event
         self.state = state
         self.items: deque[protocol.Reply] = deque()
         #: Set when a frame or a failure arrives, if the request's task waits (see :meth:`wait`).
-        self.wakeup: Union[anyio.Event, None] = None
+        self.wakeup: Union[Wakeup, None] = None
         #: Why the request failed (raised in its task once the frames before it are read).
         self.error: Union[SidecarError, None] = None
         #: Bytes of audio in ``items``, not yet taken by :meth:`next_item`.
@@ -131,17 +211,14 @@ class Exchange:
             self.state = ENDED
         if state is ABANDONED or self.error is not None:
             return
-        kind = type(reply)
-        if kind is protocol.Audio:
-            assert isinstance(reply, protocol.Audio)
+        if type(reply) is protocol.Audio:
             if self.assembler is not None:
                 self._assemble(reply, shares(reply.pcm))
                 return
             if shares(reply.pcm):  # the request keeps a copy
                 reply.pcm = memoryview(bytes(reply.pcm))
             self.buffered += len(reply.pcm)
-        elif kind is protocol.Progress:
-            assert isinstance(reply, protocol.Progress)
+        elif type(reply) is protocol.Progress:
             if self.assembler is not None:  # a segment starts at the audio assembled so far
                 self.assembler.progress(reply.stage, reply.message)
             if not self.progress_wanted:
@@ -151,9 +228,10 @@ class Exchange:
         self.wake()
 
     def _assemble(self, reply: protocol.Audio, transient: bool) -> None:
-        assert self.assembler is not None
+        assembler = self.assembler
+        assert assembler is not None
         try:
-            self.assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient, words=reply.words)
+            assembler.absorb(reply.seq, reply.sample_rate, reply.pcm, transient=transient, words=reply.words)
         except ProtocolError as exc:
             # Raised in the request's task after the frames before it; later frames are dropped.
             self.assembly_error = self.error = exc
@@ -193,12 +271,12 @@ class Exchange:
         self.wake()
 
     async def wait(self) -> None:
-        """Until a frame or a failure is there to read."""
+        """Until a frame or a failure is there to read (one task waits on an exchange)."""
         if self.items or self.error is not None:
             return
-        if self.wakeup is None:
-            self.wakeup = self.new_event()
-        await self.wakeup.wait()
+        # A new one each wait: a wait that was cancelled leaves nothing behind that the next one reuses.
+        self.wakeup = wakeup = self.new_event()
+        await wakeup.wait()
 
 
 def encode_request(message: protocol.Request, max_frame_size: int) -> bytes:

@@ -8,7 +8,7 @@ opener of its subclass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import EllipsisType
 from typing import Any, Literal, Union
 
@@ -43,7 +43,7 @@ _Build = Callable[[int], protocol.Request]
 
 
 def _resolve(value: TimeoutArg, default: Union[float, None]) -> Union[float, None]:
-    if isinstance(value, EllipsisType):
+    if value is ...:
         return default
     if value is not None and value < 0:
         raise ValueError(f"a timeout must be >= 0 or None, got {value!r}")
@@ -98,7 +98,7 @@ def _synthesize_builder(
         raise TypeError(f"text must be a str, not {type(text).__name__}")
     if voice is not None and not isinstance(voice, str):
         raise TypeError(f"voice must be a str or None, not {type(voice).__name__}")
-    emo = _emotion(emotion)
+    emo = None if emotion is None else _emotion(emotion)
 
     def build(request_id: int) -> protocol.Synthesize:
         return protocol.Synthesize(
@@ -122,8 +122,9 @@ class Requester:
     _default_idle_timeout: Union[float, None] = None
     _default_pool_timeout: Union[float, None] = None
 
-    async def _connection(self) -> Channel:
-        raise NotImplementedError
+    #: Opens the connection a request is sent on (a Client's restarts the sidecar if it must):
+    #: the subclass's method, or for a Client its supervisor's, bound once (no layer per request).
+    _connection: Callable[[], Awaitable[Channel]]
 
     def _sidecar_info(self) -> SidecarInfo:
         """The ``ready`` facts an SSML text is rendered by (Client and Connection have ``info``)."""

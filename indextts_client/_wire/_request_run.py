@@ -21,7 +21,7 @@ import msgspec
 
 from indextts_sidecar import protocol
 
-from .._audio import Audio, AudioAssembler, AudioChunk, WordTiming
+from .._audio import Audio, AudioAssembler, AudioChunk, WordTiming, built
 from .._exceptions import (
     ClosedError,
     Deadline,
@@ -104,8 +104,10 @@ class _RequestRun:
 
     async def _begin(self) -> None:
         self._phase = RUNNING
-        if self._timeout is not None:
-            self._deadline = anyio.current_time() + self._timeout
+        if self._timeout is None:
+            await self._open_and_send()  # what _send() does without a deadline, one call less
+            return
+        self._deadline = anyio.current_time() + self._timeout
         await self._send()
 
     async def _send(self) -> None:
@@ -434,33 +436,37 @@ class Synthesis(_RequestRun):
 
     async def _advance(self) -> Union[ProgressEvent, AudioChunk, None]:
         reply = await self._next_reply()
-        assert self._ex is not None
-        if self._assembler is None:
-            self._assembler = AudioAssembler(self._ex.id, keep=self._keep, text=self._text)
-        if isinstance(reply, protocol.Audio):
-            return self._assembler.add(reply.seq, reply.sample_rate, reply.pcm, reply.words)
-        if isinstance(reply, protocol.Progress):
-            if not self._assemble_in_reader:  # (else the reader saw it in its place among the audio)
-                self._assembler.progress(reply.stage, reply.message)  # it may name the text the audio after it speaks
-            event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
-            await self._notify(event)
-            return event
-        if isinstance(reply, protocol.Done):
+        assembler = self._assembler
+        if assembler is None:
+            assert self._ex is not None
+            assembler = self._assembler = AudioAssembler(self._ex.id, keep=self._keep, text=self._text)
+        # (type() is: the decoder makes these exact classes)
+        if type(reply) is protocol.Audio:
+            return assembler.add(reply.seq, reply.sample_rate, reply.pcm, reply.words)
+        if type(reply) is protocol.Done:
             self._phase = DONE
-            self._assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
-            self.timings = dict(reply.timings)
-            self.facts = dict(reply.facts)
-            self.words = self._assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
+            assembler.check_done(reply.samples, reply.chunks, reply.sample_rate)
+            # The decoded frame's own dicts: nothing else holds them.
+            self.timings = reply.timings
+            self.facts = reply.facts
+            self.words = assembler.all_words(reply.sample_rate, reply.words, by_segment=not self._word_timings)
             if self._keep:
-                self._audio = Audio(
-                    self._assembler.assemble(),
-                    reply.sample_rate,
-                    self.timings,
-                    reply.id,
+                self._audio = built(
+                    Audio,
+                    samples=assembler.assemble(),
+                    sample_rate=reply.sample_rate,
+                    timings=self.timings,
+                    request_id=reply.id,
                     facts=self.facts,
                     words=self.words,
                 )
             return None
+        if type(reply) is protocol.Progress:
+            if not self._assemble_in_reader:  # (else the reader saw it in its place among the audio)
+                assembler.progress(reply.stage, reply.message)  # it may name the text the audio after it speaks
+            event = ProgressEvent(reply.stage, reply.fraction, reply.message, reply.id)
+            await self._notify(event)
+            return event
         if isinstance(reply, protocol.Error):
             raise self._frame_error(reply)
         raise ProtocolError(f"unexpected {type(reply).__name__} frame for synthesize request {self.request_id}")
@@ -544,15 +550,30 @@ class Synthesis(_RequestRun):
         return self._audio
 
     async def whole(self) -> Audio:
-        """``async with self: return await self.result()``, in one coroutine (``synthesize()``)."""
-        await self.start()
+        """``async with self: return await self.result()``, in one coroutine (``synthesize()``).
+
+        For a new run (synthesize()'s) what :meth:`start` and :meth:`_step` do, inlined: it runs
+        until :meth:`_advance` says it is done or raises (then it ends early, as in ``_step``).
+        """
+        self._owned = True
         try:
-            while await self._step() is not None:
-                pass
+            if self._phase is not NEW:
+                while await self._step() is not None:
+                    pass
+            else:
+                try:
+                    await self._begin()
+                    while await self._advance() is not None:
+                        pass
+                except BaseException as exc:
+                    self._end_early(exc)
+                    raise
         except BaseException as exc:
             await self._close(wait=not isinstance(exc, anyio.get_cancelled_exc_class()))
             raise
-        await self._close(wait=True)
+        # Done: closing it only waits for a cancel on its way, which a finished request has not.
+        if self._ex is not None and self._ex.cancel_sent is not None:
+            await self._close(wait=True)
         assert self._audio is not None
         return self._audio
 

@@ -222,13 +222,33 @@ class FdReceiveStream(_FdStream, ByteReceiveStream):
         else:
             await self._when_readable_asyncio(loop, callback, deadline)
             return
+        try:  # under trio: its own wait, without anyio's lookup of the backend at every wake-up
+            import trio
+
+            trio.lowlevel.current_task()
+        except (ImportError, RuntimeError):
+            await self._when_readable_waiting(anyio.wait_readable, callback, deadline)
+            return
+        try:
+            await self._when_readable_waiting(trio.lowlevel.wait_readable, callback, deadline)
+        except trio.ClosedResourceError:  # closed while waiting: anyio's error, as anyio's wait raises
+            raise anyio.ClosedResourceError from None
+        except trio.BusyResourceError:
+            raise anyio.BusyResourceError("reading from") from None
+
+    async def _when_readable_waiting(
+        self,
+        wait_readable: Callable[[int], Awaitable[None]],
+        callback: Callable[[], Union[float, None]],
+        deadline: float,
+    ) -> None:
         limit: Union[float, None] = deadline
         while limit is not None:
             if limit == math.inf:
-                await anyio.wait_readable(self._fd)
+                await wait_readable(self._fd)
             else:
                 with anyio.move_on_at(limit) as scope:
-                    await anyio.wait_readable(self._fd)
+                    await wait_readable(self._fd)
                 if scope.cancelled_caught:
                     raise TimeoutError
             limit = callback()
@@ -291,7 +311,15 @@ class FdSendStream(_FdStream, ByteSendStream):
 
         Raises anyio's ``ClosedResourceError`` or ``BrokenResourceError`` as :meth:`send` does.
         """
-        return self.try_send_parts((item,))
+        # try_send_parts((item,)) with one write, one call less: a client writes each request this way.
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return os.write(self._fd, item)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
 
     def try_send_parts(self, parts: Sequence[Union[bytes, memoryview]]) -> int:
         """Write what fits of ``parts`` now, with one ``writev``, without waiting: the bytes written.

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from indextts_client._wire._deadlines import DeadlineAlarm
-from indextts_client._wire._exchange import Exchange
+from indextts_client._wire._exchange import Exchange, wakeup_class
 from indextts_sidecar import protocol
 
 pytestmark = pytest.mark.anyio
@@ -117,3 +117,24 @@ async def test_an_alarm_that_stops_wakes_every_waiting_request() -> None:
             alarm_scope.cancel()
         assert sorted(woke) == [1, 2]
         assert not alarm.running and alarm.waiting == 0
+
+
+async def test_the_backends_own_wakeup_survives_a_cancelled_wait_and_wakes_the_next_one() -> None:
+    # The connection's exchanges sleep on the running backend's cheapest wakeup (an asyncio
+    # future, a parked trio task): a wait cancelled half way must leave nothing the next reuses.
+    exchange = Exchange(3, anyio.current_time(), wakeup_class())
+    with anyio.fail_after(10):
+        with anyio.move_on_after(0.01) as scope:
+            await exchange.wait()
+        assert scope.cancelled_caught
+        exchange.wake()  # nobody waits: nothing to wake, no error
+        async with anyio.create_task_group() as tg:
+
+            async def waiter() -> None:
+                await exchange.wait()
+
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert exchange.wakeup is not None
+            exchange.receive(protocol.Ok(id=3), anyio.current_time(), True, lambda _: False)
+        assert exchange.next_item() == protocol.Ok(id=3) and exchange.wakeup is None

@@ -5,6 +5,7 @@ Pure: frames are handed to the exchange as the connection's reader would, withou
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import anyio
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from indextts_client import InvalidRequestError, ProtocolError
-from indextts_client._wire._exchange import ABANDONED, ENDED, REGISTERED, SENT, Exchange, encode_request
+from indextts_client._wire._exchange import ABANDONED, ENDED, REGISTERED, SENT, TERMINAL_KINDS, Exchange, encode_request
 from indextts_sidecar import protocol
 
 RATE = 8000
@@ -185,3 +186,18 @@ def test_encode_request_refuses_a_frame_over_the_sidecars_max_frame_size() -> No
     error = caught.value
     assert error.code == "invalid_input" and error.request_id == 2
     assert error.message == f"the request takes {size} bytes, more than the sidecar's max_frame_size of {size - 1}"
+
+
+def test_the_readers_terminal_kinds_are_the_protocols_terminal_replies() -> None:
+    # The reader tells a terminal frame by its type alone (the frames with an id); it must agree with the protocol.
+    replies: list[protocol.Reply] = [
+        protocol.Progress(id=1, stage="synthesize", fraction=0.5),
+        _audio(0, 1, request_id=1),
+        _done(1, 1, request_id=1),
+        protocol.Ok(id=1),
+        protocol.Pong(id=1, loaded=True, queue_depth=0, active=None, uptime=0.0),
+        protocol.Error(code="busy", message="full", id=1),
+    ]
+    assert {type(reply) for reply in replies} == set(typing.get_args(protocol.Reply)) - {protocol.Ready}
+    for reply in replies:
+        assert (type(reply) in TERMINAL_KINDS) == protocol.is_terminal(reply), reply

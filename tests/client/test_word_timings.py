@@ -206,3 +206,22 @@ def test_no_words_cost_nothing_per_chunk() -> None:
     assert chunk.words == () and assembler.words == []
     # No segment announced and no words: nothing stands in.
     assert assembler.all_words(RATE, by_segment=True) == ()
+
+
+def test_the_hot_path_builder_makes_what_the_constructors_make() -> None:
+    # built() writes the fields straight in: the words and the audio a request makes are the
+    # constructors' own, and a field added to either and missed where it is used shows here.
+    from dataclasses import fields
+
+    from indextts_client._audio import built
+
+    [word] = word_timings([WordSpan(6, 11, 2000, 4000)], TEXT, RATE)
+    assert vars(word) == vars(WordTiming("brave", (6, 11), 2000 / RATE, 4000 / RATE))
+    assert set(vars(word)) == {field.name for field in fields(WordTiming)}
+    samples = np.arange(4, dtype="<i2")
+    values = {"samples": samples, "sample_rate": RATE, "timings": {"total": 0.5}, "request_id": 7}
+    values |= {"facts": {"voice_cache": "hit"}, "words": (word,)}
+    audio = built(Audio, **values)
+    assert vars(audio) == vars(Audio(**values)) and set(vars(audio)) == {field.name for field in fields(Audio)}
+    with pytest.raises(AttributeError):
+        audio.sample_rate = 1  # type: ignore[misc]
