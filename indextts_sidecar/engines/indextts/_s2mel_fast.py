@@ -46,17 +46,16 @@ PARTS = ("tail_crop", "weight_norm_once")
 
 @dataclass
 class _Installed:
-    """What :func:`install` put on one CFM, to take it off again."""
+    """What :func:`install` put on one CFM (the key it is kept under), to take it off again."""
 
-    cfm: Any
     #: (module, attribute, its instance value before or None) for each attribute set.
     attributes: list[tuple[Any, str, Any]] = field(default_factory=list)
     #: (module, g, v, dim) for each weight norm folded into its weight.
     norms: list[tuple[Any, Any, Any, Any]] = field(default_factory=list)
 
 
-#: The crop in effect while a solver runs (one solver at a time per model: the engine is
-#: driven by one thread), keyed by the estimator.
+#: The crop in effect while a solver runs, shared by the wrappers of one CFM (one solver at a
+#: time per model: the engine is driven by one thread).
 @dataclass
 class _Crop:
     margin: int
@@ -79,7 +78,7 @@ def install(model: Any, *, parts: Sequence[str] = PARTS) -> dict[str, str]:
         return {part: why if part in parts else "off" for part in PARTS}
     if cfm in _INSTALLED:
         uninstall(model)
-    installed = _Installed(cfm)
+    installed = _Installed()
     _INSTALLED[cfm] = installed
     if "tail_crop" in parts:
         report["tail_crop"] = _crop(cfm, installed) or "on"
