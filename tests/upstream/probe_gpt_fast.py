@@ -11,8 +11,10 @@ records each request's codes (row by row) and int16 samples:
 ``on``
     the same engine after both modules' ``install`` (what they reported; the GPT's with
     ``keep_weights``): the same requests, how many of the GPT-2 stack's ``Conv1D`` layers still
-    hold a float weight, and the widest input the DiT's transformer and its WaveNet saw (``frames``:
-    the tail crops the reference's frames off);
+    hold a float weight, the widest input the DiT's transformer, its last block's feed-forward
+    layer and its WaveNet saw (``frames``: the tail and the last layer crop the reference's
+    frames off), how many of the DiT's attention calls had a mask (``attention``), and the DiT
+    over two rows of other lengths, whose mask masks frames (``masked_rows``);
 ``restored``
     the same engine after both ``uninstall``: the same requests (upstream's path again, so the
     same samples bit for bit).
@@ -58,9 +60,23 @@ def speak(engine: Any, codes: Codes, cls: Any, ckpt: str) -> dict[str, Any]:
 
 
 def frames_seen(model: Any) -> dict[str, int]:
-    """Hooks that record the widest input of the DiT's transformer and of its WaveNet's first layer."""
+    """Hooks that record the widest input of the DiT's transformer, of its last block's
+    feed-forward layer and of its WaveNet's first layer; and how many of the DiT's attention
+    calls were given a mask (``masked``) or none (``unmasked``)."""
     estimator = model.s2mel.models["cfm"].estimator
-    seen = {"transformer": 0, "wavenet": 0}
+    seen = {"transformer": 0, "last_feed_forward": 0, "wavenet": 0, "masked": 0, "unmasked": 0}
+    dit = sys.modules[type(estimator.transformer.layers[0].attention).__module__]
+    functional = dit.F
+
+    class Recording:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(functional, name)
+
+        def scaled_dot_product_attention(self, *args: Any, **kwargs: Any) -> Any:
+            seen["masked" if kwargs.get("attn_mask") is not None else "unmasked"] += 1
+            return functional.scaled_dot_product_attention(*args, **kwargs)
+
+    dit.F = Recording()  # the DiT module's own ``F``: other models' attention is not counted
 
     def hook(name: str, axis: int) -> Any:
         def record(module: Any, args: Any) -> None:
@@ -69,8 +85,29 @@ def frames_seen(model: Any) -> dict[str, int]:
         return record
 
     estimator.transformer.register_forward_pre_hook(hook("transformer", 1))
+    estimator.transformer.layers[-1].feed_forward.register_forward_pre_hook(hook("last_feed_forward", 1))
     estimator.wavenet.in_layers[0].register_forward_pre_hook(hook("wavenet", -1))
     return seen
+
+
+def masked_rows(model: Any) -> list[list[float]]:
+    """The DiT's estimate for two rows of random inputs, the second 7 frames shorter (its mask
+    masks them): what ``mask_skip`` must leave as it was."""
+    estimator = model.s2mel.models["cfm"].estimator
+    generator = torch.Generator().manual_seed(1)
+    frames, channels = 40, estimator.in_channels
+    hidden = estimator.cond_projection.out_features
+    style = estimator.cond_x_merge_linear.in_features - 2 * channels - hidden
+    with torch.no_grad():
+        out = estimator(
+            torch.randn(2, channels, frames, generator=generator),
+            torch.randn(2, channels, frames, generator=generator),
+            torch.tensor([frames, frames - 7]),
+            torch.rand(2, generator=generator),
+            torch.randn(2, style, generator=generator),
+            torch.randn(2, frames, estimator.cond_projection.in_features, generator=generator),
+        )
+    return [[float(v) for v in row] for row in out[:, :, : frames - 7].flatten(1)]
 
 
 def float_weights(model: Any) -> int:
@@ -156,12 +193,14 @@ def main() -> None:
     report["off_info"] = {name: engine.info()[name] for name in ("gpt_speedups", "s2mel_speedups")}
     report["off_float_weights"] = float_weights(model)
     report["off_frames"] = dict(seen)
+    report["off_masked_rows"] = masked_rows(model)
     report["installed"] = _gpt_fast.install(model, keep_weights=True)
     report["installed_s2mel"] = _s2mel_fast.install(model)
-    seen.update(transformer=0, wavenet=0)
+    seen.update(dict.fromkeys(seen, 0))
     report["on"] = speak(engine, codes, cls, ckpt)
     report["on_float_weights"] = float_weights(model)
     report["on_frames"] = dict(seen)
+    report["on_masked_rows"] = masked_rows(model)
     _gpt_fast.uninstall(model)
     _s2mel_fast.uninstall(model)
     report["restored"] = speak(engine, codes, cls, ckpt)

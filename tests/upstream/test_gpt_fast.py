@@ -64,10 +64,10 @@ def test_taken_off_they_leave_upstreams_path_as_it_was(report: Any) -> None:
 def test_the_engine_reports_which_are_on(report: Any) -> None:
     assert report["off_info"] == {
         "gpt_speedups": {"packed_linear": "off", "beam_cache": "off"},
-        "s2mel_speedups": {"tail_crop": "off", "weight_norm_once": "off"},
+        "s2mel_speedups": {"tail_crop": "off", "last_layer_crop": "off", "mask_skip": "off", "weight_norm_once": "off"},
     }
     s2mel = report["installed_s2mel"]
-    assert s2mel["tail_crop"] == "on"
+    assert s2mel["tail_crop"] == s2mel["last_layer_crop"] == s2mel["mask_skip"] == "on"
     if report["name"] == "pypi2.5":  # the repackaging folds the weight norm into the weights at load
         assert s2mel["weight_norm_once"] == "its DiT has no weight-norm hooks"
     else:
@@ -96,3 +96,22 @@ def test_the_dits_tail_runs_over_the_new_frames_only(report: Any) -> None:
     # On: the reference's frames but the WaveNet's reach (one layer of width 5 in the tiny DiT) are cropped.
     assert on["transformer"] == off["transformer"]
     assert on["wavenet"] == on["transformer"] - 258 + 4
+
+
+def test_the_last_layer_runs_over_the_tails_frames_only(report: Any) -> None:
+    off, on = report["off_frames"], report["on_frames"]
+    assert off["last_feed_forward"] == off["transformer"]
+    assert on["last_feed_forward"] == on["wavenet"] < on["transformer"]
+
+
+def test_attention_drops_only_a_mask_that_masks_nothing(report: Any) -> None:
+    off, on = report["off_frames"], report["on_frames"]
+    if report["name"] == "pypi2.5":  # the repackaging's DiT gives its attention no mask at all
+        assert off["masked"] == on["masked"] == 0 and on["unmasked"] == off["unmasked"] > 0
+    else:  # off: every call of the DiT's attention reads its mask; on: a lone request's masks nothing
+        assert off["masked"] > 0 and off["unmasked"] == 0
+        assert on["unmasked"] == off["masked"] and on["masked"] == 0
+    # Two rows, one shorter: its mask masks frames, so it is kept (the estimate is upstream's).
+    a, b = np.asarray(report["off_masked_rows"]), np.asarray(report["on_masked_rows"])
+    assert a.shape == b.shape == (2, a.shape[1]) and a.shape[1] > 0
+    assert float(np.abs(a - b).max()) <= 1e-5 * max(1.0, float(np.abs(a).max()))

@@ -97,5 +97,5 @@ def test_an_engine_loads_with_the_speedups_on(report: Any) -> None:
     """The default load (this probe's engine) puts the same-output speed-ups on (test_gpt_fast.py)."""
     assert report["speedups"] == {
         "gpt_speedups": {"packed_linear": "on", "beam_cache": "on"},
-        "s2mel_speedups": {"tail_crop": "on", "weight_norm_once": "on"},
+        "s2mel_speedups": {"tail_crop": "on", "last_layer_crop": "on", "mask_skip": "on", "weight_norm_once": "on"},
     }

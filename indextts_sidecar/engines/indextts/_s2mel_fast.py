@@ -16,23 +16,37 @@ frames within the reach, so each new frame gets what upstream computes; the fram
 margin and before it are wrong or zero, and upstream zeroes them. The transformer, whose
 attention mixes every frame, runs over all of them as before.
 
+**The last layer over the new frames only** (``last_layer_crop``, with ``tail_crop``). The
+transformer's last block feeds nothing but the tail, so only its rows from the crop's start on
+are used: there its queries, its attention's output projection and its feed-forward layer run
+over those rows alone, while its keys and values still come from every frame (the attention
+mixes them all). The rows before the start are zeros, which the tail crops off.
+
+**No mask that masks nothing** (``mask_skip``). The DiT gives its attention a boolean mask of
+every frame against every frame, built from the request's length: for one request it is all
+true, and the attention still reads it (turned into an additive one) at every layer and step.
+Where it is all true the attention runs without it, which attends to the same frames.
+
 **Weight norm once** (``weight_norm_once``). The DiT's weight-normed layers (its WaveNet, its
 input and final projections) recompute ``g * v / |v|`` at every forward, 40 times a step.
 Here torch's ``remove_weight_norm`` computes it once into the weight: the same tensor as the
 hook's, so the same output bit for bit.
 
-Neither applies to a DiT compiled by ``use_torch_compile``: the report says so.
+None applies to a DiT compiled by ``use_torch_compile``: the report says so.
 
-The products over fewer frames may add in another order (a different blocking), so the
-estimate can differ in its last bits: audio within one int16 step, greedy codes untouched (the
-GPT runs before). tests/upstream/test_s2mel_fast.py checks both on the tiny fixtures;
-``bench/bench_s2mel_step.py`` times them at full size.
+The products over fewer frames may add in another order (a different blocking), and attention
+without its mask takes another kernel path, so the estimate can differ in its last bits: audio
+within one int16 step, greedy codes untouched (the GPT runs before).
+tests/upstream/test_gpt_fast.py checks them on the tiny fixtures against upstream's path;
+``bench/bench_gpt_step.py`` times them at full size.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,7 +55,7 @@ from typing import Any, Union
 __all__ = ["PARTS", "install", "uninstall"]
 
 #: The speed-ups, by name: what ``install`` reports on.
-PARTS = ("tail_crop", "weight_norm_once")
+PARTS = ("tail_crop", "last_layer_crop", "mask_skip", "weight_norm_once")
 
 
 @dataclass
@@ -60,6 +74,8 @@ class _Installed:
 class _Crop:
     margin: int
     start: int = 0
+    #: Whether the attention mask of the transformer's call in progress masks nothing.
+    unmasked: bool = False
 
 
 _INSTALLED: weakref.WeakKeyDictionary[Any, _Installed] = weakref.WeakKeyDictionary()
@@ -80,8 +96,16 @@ def install(model: Any, *, parts: Sequence[str] = PARTS) -> dict[str, str]:
         uninstall(model)
     installed = _Installed()
     _INSTALLED[cfm] = installed
+    crop = _Crop(margin=0)
     if "tail_crop" in parts:
-        report["tail_crop"] = _crop(cfm, installed) or "on"
+        report["tail_crop"] = _crop(cfm, installed, crop) or "on"
+    if "last_layer_crop" in parts:
+        if report["tail_crop"] != "on":
+            report["last_layer_crop"] = "it needs tail_crop"
+        else:
+            report["last_layer_crop"] = _last_layer(cfm.estimator, installed, crop) or "on"
+    if "mask_skip" in parts:
+        report["mask_skip"] = _mask_skip(cfm.estimator, installed, crop) or "on"
     if "weight_norm_once" in parts:
         report["weight_norm_once"] = _weight_norm_once(cfm.estimator, installed) or "on"
     return report
@@ -128,7 +152,7 @@ def _reach(tail: Any) -> Union[int, None]:
     return reach
 
 
-def _crop(cfm: Any, installed: _Installed) -> Union[str, None]:
+def _crop(cfm: Any, installed: _Installed, crop: _Crop) -> Union[str, None]:
     estimator = cfm.estimator
     layout = (
         getattr(estimator, "final_layer_type", None) == "wavenet"
@@ -144,7 +168,7 @@ def _crop(cfm: Any, installed: _Installed) -> Union[str, None]:
     reaches = [_reach(getattr(estimator, name)) for name in names[1:]]
     if any(reach is None for reach in reaches):
         return "its DiT's tail has a strided convolution"
-    crop = _Crop(margin=sum(reach or 0 for reach in reaches))
+    crop.margin = sum(reach or 0 for reach in reaches)
     solve, skip = cfm.solve_euler, estimator.skip_linear.forward
     wavenet, conv2 = estimator.wavenet.forward, estimator.conv2.forward
     torch = _torch()
@@ -170,15 +194,126 @@ def _crop(cfm: Any, installed: _Installed) -> Union[str, None]:
         out = conv2(x)
         return torch.nn.functional.pad(out, (crop.start, 0)) if crop.start else out
 
-    for owner, name, value in (
+    _put(
+        installed,
         (cfm, "solve_euler", solve_euler),
         (estimator.skip_linear, "forward", skip_linear),
         (estimator.wavenet, "forward", wavenet_forward),
         (estimator.conv2, "forward", conv2_forward),
-    ):
+    )
+    return None
+
+
+def _put(installed: _Installed, *wrappers: tuple[Any, str, Any]) -> None:
+    """Set each (owner, name, value) on its instance, keeping what was there to take it off again."""
+    for owner, name, value in wrappers:
         installed.attributes.append((owner, name, vars(owner).get(name)))
         setattr(owner, name, value)
+
+
+def _blocks(estimator: Any) -> Union[list[Any], None]:
+    """The DiT's transformer blocks, where each is upstream's self-attention block (no
+    cross-attention, no KV cache, no time token, the projections this module reads)."""
+    layers = getattr(getattr(estimator, "transformer", None), "layers", None)
+    if not layers:
+        return None
+    for block in layers:
+        attention = getattr(block, "attention", None)
+        if (
+            getattr(block, "has_cross_attention", False)
+            or getattr(block, "time_as_token", True)
+            or getattr(attention, "kv_cache", None) is not None
+            or not all(hasattr(attention, name) for name in ("wqkv", "wo", "n_head", "n_local_heads", "head_dim"))
+            or not all(hasattr(block, name) for name in ("attention_norm", "ffn_norm", "feed_forward"))
+        ):
+            return None
+    return list(layers)
+
+
+def _mask_skip(estimator: Any, installed: _Installed, crop: _Crop) -> Union[str, None]:
+    blocks = _blocks(estimator)
+    if blocks is None:
+        return "its DiT's transformer is not upstream's layout"
+    transformer = estimator.transformer
+    forward = transformer.forward
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def transformer_forward(*args: Any, **kwargs: Any) -> Any:
+        mask = signature.bind(*args, **kwargs).arguments.get("mask")
+        crop.unmasked = mask is not None and bool(mask.all())
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            crop.unmasked = False
+
+    def unmasked(attend: Any) -> Any:
+        @functools.wraps(attend)
+        def attention_forward(x: Any, freqs_cis: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
+            return attend(x, freqs_cis, None if crop.unmasked else mask, *args, **kwargs)
+
+        return attention_forward
+
+    _put(
+        installed,
+        (transformer, "forward", transformer_forward),
+        *((block.attention, "forward", unmasked(block.attention.forward)) for block in blocks),
+    )
     return None
+
+
+def _last_layer(estimator: Any, installed: _Installed, crop: _Crop) -> Union[str, None]:
+    blocks = _blocks(estimator)
+    if blocks is None:
+        return "its DiT's transformer is not upstream's layout"
+    block = blocks[-1]
+    # the functions upstream's attention calls, from its own module
+    module = sys.modules.get(type(block.attention).__module__)
+    rotary, functional = getattr(module, "apply_rotary_emb", None), getattr(module, "F", None)
+    if rotary is None or not callable(getattr(functional, "scaled_dot_product_attention", None)):
+        return "its DiT's attention module has no apply_rotary_emb or F beside it"
+    forward = block.forward
+    signature = inspect.signature(forward)
+    torch = _torch()
+
+    @functools.wraps(forward)
+    def block_forward(*args: Any, **kwargs: Any) -> Any:
+        start = crop.start
+        if not start:
+            return forward(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        x, c, skip = bound["x"], bound["c"], bound.get("skip_in_x")
+        if getattr(block, "uvit_skip_connection", False) and skip is not None:
+            x = block.skip_in_linear(torch.cat([x, skip], dim=-1))
+        # upstream's block, its rows from ``start`` on: the attention's keys and values over all
+        h = x[:, start:] + _attend_from(block.attention, (rotary, functional), block.attention_norm(x, c), bound, crop)
+        out = h + block.feed_forward(block.ffn_norm(h, c))
+        return torch.nn.functional.pad(out, (0, 0, start, 0))
+
+    _put(installed, (block, "forward", block_forward))
+    return None
+
+
+def _attend_from(attention: Any, calls: tuple[Any, Any], x: Any, bound: dict[str, Any], crop: _Crop) -> Any:
+    """Upstream's ``Attention.forward`` over ``x``, for the queries of the rows from the crop's
+    start on only (without the mask where ``mask_skip`` found it masks nothing).  ``calls``: the
+    rotary embedding and ``F`` of the attention's module."""
+    rotary, functional = calls
+    start, freqs_cis = crop.start, bound["freqs_cis"]
+    mask = None if crop.unmasked else bound["mask"]
+    bsz, seqlen, _ = x.shape
+    heads, local, width = attention.n_head, attention.n_local_heads, attention.head_dim
+    q, k, v = attention.wqkv(x).split([local * width] * 3, dim=-1)
+    q = rotary(q[:, start:].reshape(bsz, seqlen - start, heads, width), freqs_cis[start:])
+    k = rotary(k.reshape(bsz, seqlen, local, width), freqs_cis)
+    v = v.reshape(bsz, seqlen, local, width)
+    q, k, v = (part.transpose(1, 2) for part in (q, k, v))
+    if heads != local:
+        k, v = k.repeat_interleave(heads // local, dim=1), v.repeat_interleave(heads // local, dim=1)
+    if mask is not None and mask.shape[-2] == seqlen:
+        mask = mask[..., start:, :]
+    y = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+    return attention.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen - start, width * heads))
 
 
 def _weight_norm_once(estimator: Any, installed: _Installed) -> Union[str, None]:
