@@ -32,7 +32,14 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
 * ``stream``: the long text in several segments: when the first chunk arrives, streamed
   (``Client.stream``: the engine's default for a stream, its first segment cut at 10 text tokens;
   ``--first-segment-tokens`` sets another length, 0 upstream's segments), against when the whole
-  audio is there (``synthesize``, upstream's segments).
+  audio is there (``synthesize``, upstream's segments).  Both requests run on a sidecar of its own
+  with natural stops (``bench/_natural_stop.py``, its docstring says how): each GPT call, one a
+  segment, is capped at its segment text's natural length at ``--scale`` (at least 1 token, never
+  above the request's ``max_mel_tokens``), as a real model would stop, so a short first segment
+  speaks a few words' worth, not a sentence's; ``natural_stop``, ``segment_caps_streamed`` and
+  ``segment_caps_whole`` in the cell say so.  ``--no-natural-stop``: every segment runs to the
+  request's ``max_mel_tokens`` (the random weights never choose the stop token), on the default
+  sidecar.
 * ``voice_cache``: three voices in turn, the adapter's caches (``voice_cache=4`` and the voice
   prefix cache, ``prefix_cache=8``) against none (``voice_cache=0``, ``prefix_cache=0``): wall
   time per request, and the GPT's prefill as the adapter reports it (``done.facts``:
@@ -117,6 +124,8 @@ from typing import Any, Union
 
 import anyio
 import numpy as np
+from _natural_stop import ENV as NATURAL_STOP_ENV
+from _natural_stop import LINE_RE as NATURAL_STOP_RE
 from _upstream_env import upstream_env
 
 from indextts_client import Client, MpsUnavailableError, Pool, ProgressEvent, SidecarError
@@ -183,6 +192,11 @@ def budget(model: str, seconds: float) -> int:
     return max(1, round(seconds * SCALE[0] * TOKENS_PER_SECOND[model]))
 
 
+def tokens_per_char(model: str) -> float:
+    """:func:`budget` per character of text: bench/_natural_stop.py's rate for a segment's text."""
+    return SCALE[0] * TOKENS_PER_SECOND[model] / CHARS_PER_SECOND
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -196,23 +210,35 @@ class StageLog(logging.Handler):
     The client forwards each stderr line of a sidecar (upstream prints to stdout, which the
     sidecar moves to stderr) from its event loop; a request's block ends with "Total
     inference time", so ``wait(pid, n)`` returns once ``n`` blocks of that sidecar are in.
+    The GPT caps bench/_natural_stop.py prints (one line a segment, before that line) go with
+    their request's block: ``caps[pid][n]``, empty for a sidecar without natural stops.
     """
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.blocks: dict[int, list[dict[str, float]]] = defaultdict(list)
+        self.caps: dict[int, list[list[int]]] = defaultdict(list)
         self._current: dict[int, dict[str, float]] = defaultdict(dict)
+        self._current_caps: dict[int, list[int]] = defaultdict(list)
         self._waiters: dict[int, list[anyio.Event]] = defaultdict(list)
 
     def emit(self, record: logging.LogRecord) -> None:
         pid = getattr(record, "sidecar_pid", None)
-        match = STAGE_RE.search(record.getMessage())
-        if pid is None or match is None:
+        if pid is None:
+            return
+        message = record.getMessage()
+        cap = NATURAL_STOP_RE.search(message)
+        if cap is not None:
+            self._current_caps[pid].append(int(cap.group(1)))
+            return
+        match = STAGE_RE.search(message)
+        if match is None:
             return
         name = STAGE_NAMES[match.group(1)]
         self._current[pid][name] = float(match.group(2))
         if name == "total":
             self.blocks[pid].append(self._current.pop(pid))
+            self.caps[pid].append(self._current_caps.pop(pid, []))
             for event in self._waiters.pop(pid, []):
                 event.set()
 
@@ -277,7 +303,8 @@ class Sidecar:
         )
         wall = time.perf_counter() - started
         prefill = dict(audio.facts).get("prefix_cache", {}).get("prefill_s")
-        return {"wall": wall, "audio": audio.duration, "prefill": prefill, **await self.stage_times()}
+        stages = await self.stage_times()
+        return {"wall": wall, "audio": audio.duration, "prefill": prefill, **stages, "caps": self.caps()}
 
     async def stream(self, text: str, voice: str, tokens: int, **options: Any) -> dict[str, Any]:
         """One streamed request: first chunk and end, in wall seconds, and the segment count."""
@@ -302,12 +329,16 @@ class Sidecar:
         if first is None or not segments:
             raise RuntimeError("the stream ended without audio or without its segment count")
         result = {"wall": wall, "first": first, "audio": audio, "segments": segments[-1]}
-        return {**result, **await self.stage_times()}
+        return {**result, **await self.stage_times(), "caps": self.caps()}
 
     async def stage_times(self) -> dict[str, float]:
         self.requests += 1
         blocks = await self.stages.wait(self.pid, self.requests)
         return blocks[self.requests - 1]
+
+    def caps(self) -> list[int]:
+        """The GPT caps bench/_natural_stop.py set in the last request (after :meth:`stage_times`)."""
+        return self.stages.caps[self.pid][self.requests - 1]
 
     async def memory(self) -> dict[str, int]:
         health = await self.client.ping(timeout=30)
@@ -334,9 +365,18 @@ def client_options(setup: Setup, model: str, device: str, **engine_options: Any)
 
 
 async def start(
-    stack: AsyncExitStack, setup: Setup, model: str, sidecar_args: tuple[str, ...] = (), **engine_options: Any
+    stack: AsyncExitStack,
+    setup: Setup,
+    model: str,
+    sidecar_args: tuple[str, ...] = (),
+    natural_stop: bool = False,
+    **engine_options: Any,
 ) -> Sidecar:
     options = client_options(setup, model, setup.device, **engine_options)
+    if natural_stop:
+        # bench/_natural_stop.py in upstream's venv: the GPT stops at each segment's natural length.
+        options["command"] = [options.pop("python"), str(ROOT / "bench" / "_natural_stop.py")]
+        options["env"][NATURAL_STOP_ENV] = repr(tokens_per_char(model))
     client = Client(ENGINES[model], sidecar_args=sidecar_args, **options)
     sidecar = Sidecar(await stack.enter_async_context(client), model, setup.stages)
     started = time.perf_counter()
@@ -518,16 +558,23 @@ class Run:
                 group.start_soon(one, index, options)
 
     async def sidecar(
-        self, model: str, warm: str, index: int = 0, sidecar_args: tuple[str, ...] = (), **options: Any
+        self,
+        model: str,
+        warm: str,
+        index: int = 0,
+        sidecar_args: tuple[str, ...] = (),
+        natural_stop: bool = False,
+        **options: Any,
     ) -> Sidecar:
-        """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once."""
-        key = (model, index, tuple(sorted(options.items())), *sidecar_args)
+        """The ``index``-th warmed-up sidecar of ``model`` with these engine options, started once
+        (``natural_stop``: under bench/_natural_stop.py, a sidecar of its own)."""
+        key = (model, index, tuple(sorted(options.items())), *sidecar_args, *(["natural-stop"] if natural_stop else []))
         if key in self.failed:
             raise self.failed[key]
         if key not in self.shared:
             own = AsyncExitStack()
             self.stack.push_async_callback(own.aclose)
-            sidecar = await start(own, self.setup, model, sidecar_args, **options)
+            sidecar = await start(own, self.setup, model, sidecar_args, natural_stop, **options)
             await warm_up(sidecar, warm)
             self.shared[key] = sidecar
             self.closers[key] = own
@@ -669,7 +716,10 @@ class Run:
         cell: dict[str, Any] = {"kind": "stream", "model": model, "text": "long", **self.variant_label(model)}
         if self.over_budget():
             return self.skip(cell, "time budget spent")
-        sidecar = await self.sidecar(model, warm, **self.default_variant(model))
+        # Random weights never stop: by default each GPT call (a segment) is capped at its text's
+        # natural length (bench/_natural_stop.py, a sidecar of its own), as a real model stops.
+        natural = self.args.natural_stop
+        sidecar = await self.sidecar(model, warm, natural_stop=natural, **self.default_variant(model))
         text = TEXTS["long"]
         options = {"max_text_tokens_per_segment": STREAM_SEGMENT_TOKENS}
         # The stream's first segment as the engine cuts a stream's by default, or at the flag's
@@ -690,10 +740,26 @@ class Run:
                 else:
                     whole.append(await sidecar.speak(text, warm, tokens, **options))
         first = [s["first"] for s in streamed]
+        caps: dict[str, Union[list[int], None]] = {}
+        for name, runs in (("streamed", streamed), ("whole", whole)):
+            if not runs:
+                caps[name] = None
+                continue
+            seen = runs[0]["caps"]
+            count = runs[0]["segments"] if name == "streamed" else segments
+            if not natural:
+                seen = [tokens] * count  # every segment runs to the request's budget
+            elif len(seen) != count or any(run["caps"] != seen for run in runs):
+                seen_all = [run["caps"] for run in runs]
+                raise RuntimeError(f"natural stop: the {name} requests' caps {seen_all}, for {count} segments")
+            caps[name] = seen
         self.add(
             {
                 **cell,
                 "status": "ok",
+                "natural_stop": natural,
+                "segment_caps_streamed": caps["streamed"],
+                "segment_caps_whole": caps["whole"],
                 "segments": segments,
                 "first_segment_tokens": STREAM_FIRST_SEGMENT_TOKENS if flag is None else flag,
                 "segments_streamed": streamed[0]["segments"] if streamed else None,
@@ -1396,9 +1462,14 @@ def table(result: dict[str, Any]) -> str:
         if cell["status"] != "ok" and cell["kind"] != "throughput":
             lines.append(f"{label}: {cell['status']}: {cell['reason']}")
         elif cell["kind"] == "stream":
+            stops = (
+                f"natural stops, GPT caps streamed {cell['segment_caps_streamed']}, whole {cell['segment_caps_whole']}"
+                if cell.get("natural_stop")
+                else f"no natural stop, every segment to {cell['max_mel_tokens_per_segment']} tokens"
+            )
             lines.append(
                 f"{label}: {cell['segments']} segments; first chunk {fmt(cell['first_audio_streamed'])} s, "
-                f"whole {fmt(cell['whole'])} s, first/whole {fmt(cell['first_over_whole'])}"
+                f"whole {fmt(cell['whole'])} s, first/whole {fmt(cell['first_over_whole'])}; {stops}"
             )
         elif cell["kind"] == "voice_cache":
             prefill = cell.get("gpt_prefill") or {}
@@ -1480,6 +1551,13 @@ def main(argv: Union[list[str], None] = None) -> int:
         type=int,
         help="stream cell: the streamed request's first segment cut at this many text tokens (0: upstream's; "
         f"default: the engine's for a stream, {STREAM_FIRST_SEGMENT_TOKENS})",
+    )
+    parser.add_argument(
+        "--no-natural-stop",
+        dest="natural_stop",
+        action="store_false",
+        help="stream cell: every segment runs to the request's max_mel_tokens (random weights never stop), "
+        "not to its text's natural length (bench/_natural_stop.py)",
     )
     parser.add_argument(
         "--unbatched-at",

@@ -133,6 +133,7 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert stream["segments_streamed"] in (stream["segments"], stream["segments"] + 1), stream
         assert 0 < stream["first_audio_streamed"]["median"] < stream["end_streamed"]["median"]
         assert stream["whole"]["median"] > 0
+        check_natural_stops(stream, config["tokens_per_second"][model])
         caches = {c["voice_cache"]: c for c in by_kind["voice_cache"] if c["model"] == model}
         assert set(caches) == {4, 0} and all(c["status"] == "ok" for c in caches.values())
         assert all(c["first_round"]["n"] == 3 and c["first_round"]["median"] > 0 for c in caches.values())
@@ -188,6 +189,36 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         (mps,) = [c for c in by_kind["mps"] if c["model"] == model]
         assert mps["status"] == "skipped" and mps["sidecars"] == 2, mps
         assert mps["reason"].startswith("no MPS daemon: ") and "nvidia" in mps["reason"].lower(), mps
+
+
+#: Upstream's silence after each segment of a request (``interval_silence``'s default, 200 ms).
+SEGMENT_SILENCE = 0.2
+
+
+def check_natural_stops(stream: dict[str, Any], tokens_per_second: float) -> None:
+    """The stream cell's natural stops (bench/_natural_stop.py): each segment's GPT call capped at
+    its text's natural length, never above the request's budget, and the audio no longer than that."""
+    assert stream["natural_stop"] is True, stream
+    per_segment = stream["max_mel_tokens_per_segment"]
+    streamed, whole = stream["segment_caps_streamed"], stream["segment_caps_whole"]
+    assert len(streamed) == stream["segments_streamed"] and len(whole) == stream["segments"], stream
+    assert all(isinstance(cap, int) and 1 <= cap <= per_segment for cap in streamed + whole), stream
+    # The whole request's first sentence is shorter than the per-segment budget (the long text's
+    # budget over its segments): its cap is its own length, not the request's.
+    assert whole[0] < per_segment, stream
+    # The stream's first segment is the whole request's first, cut after 10 text tokens: a cap
+    # below that segment's and below every later sentence's (the rest of the first sentence, its
+    # second segment, may be shorter still), the two parts about as long as the sentence (each
+    # rounded, less the space at the cut), and the later sentences capped as in the whole request.
+    assert len(streamed) == len(whole) + 1, stream
+    assert streamed[0] < whole[0] and all(streamed[0] < cap for cap in streamed[2:]), stream
+    assert abs(streamed[0] + streamed[1] - whole[0]) <= 2, stream
+    assert streamed[2:] == whole[1:], stream
+    # The caps took effect: the audio is at most the capped codes' length (and the silence upstream
+    # puts after each segment), less than every segment running to the budget would speak.
+    capped = sum(streamed) / tokens_per_second + SEGMENT_SILENCE * len(streamed)
+    assert sum(streamed) < per_segment * len(streamed)
+    assert stream["audio_seconds"]["max"] <= capped + 0.05, stream
 
 
 def test_budget_skips_the_cells_not_begun(tmp_path: Path, ckpt_root: Path) -> None:
