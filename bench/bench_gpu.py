@@ -729,7 +729,10 @@ class Run:
         # The budget is per segment: count the segments with a one-token probe first.
         probe = await sidecar.stream(text, warm, 1, **options, first_segment_tokens=0)
         segments = probe["segments"]
-        tokens = max(1, math.ceil(budget(model, natural_seconds(text)) / segments))
+        # Without natural stops every segment runs to its budget: the text's, shared out.  With them
+        # each stops at its own text's natural length, under the whole text's budget.
+        whole_budget = budget(model, natural_seconds(text))
+        tokens = whole_budget if natural else max(1, math.ceil(whole_budget / segments))
         streamed: list[dict[str, Any]] = []
         whole: list[dict[str, Any]] = []
         for number in range(self.args.rounds):
