@@ -34,8 +34,8 @@ Cells (each one ends up in the JSON file, measured or skipped with the reason):
   ``--first-segment-tokens`` sets another length, 0 upstream's segments), against when the whole
   audio is there (``synthesize``, upstream's segments).  Both requests run on a sidecar of its own
   with natural stops (``bench/_natural_stop.py``, its docstring says how): each GPT call, one a
-  segment, is capped at its segment text's natural length at ``--scale`` (at least 1 token, never
-  above the request's ``max_mel_tokens``), as a real model would stop, so a short first segment
+  segment, is capped at its segment text's natural length at ``--scale`` (at least 1 token; the
+  request's ``max_mel_tokens`` is the whole text's budget), as a real model would stop, so a short first segment
   speaks a few words' worth, not a sentence's; ``natural_stop``, ``segment_caps_streamed`` and
   ``segment_caps_whole`` in the cell say so.  ``--no-natural-stop``: every segment runs to the
   request's ``max_mel_tokens`` (the random weights never choose the stop token), on the default
