@@ -203,8 +203,8 @@ def check_natural_stops(stream: dict[str, Any], tokens_per_second: float) -> Non
     streamed, whole = stream["segment_caps_streamed"], stream["segment_caps_whole"]
     assert len(streamed) == stream["segments_streamed"] and len(whole) == stream["segments"], stream
     assert all(isinstance(cap, int) and 1 <= cap <= per_segment for cap in streamed + whole), stream
-    # The whole request's first sentence is shorter than the per-segment budget (the long text's
-    # budget over its segments): its cap is its own length, not the request's.
+    # The whole request's first sentence is shorter than the request's budget (the whole long
+    # text's, with natural stops): its cap is its own length, not the request's.
     assert whole[0] < per_segment, stream
     # The stream's first segment is the whole request's first, cut after 10 text tokens: a cap
     # below that segment's and below every later sentence's (the rest of the first sentence, its
