@@ -25,7 +25,8 @@ mixes them all). The rows before the start are zeros, which the tail crops off.
 **No mask that masks nothing** (``mask_skip``). The DiT gives its attention a boolean mask of
 every frame against every frame, built from the request's length: for one request it is all
 true, and the attention still reads it (turned into an additive one) at every layer and step.
-Where it is all true the attention runs without it, which attends to the same frames.
+Where it is all true the attention runs without it, which attends to the same frames. On the
+CPU only: the check reads the mask back, which on a GPU would wait for the device every step.
 
 **Weight norm once** (``weight_norm_once``). The DiT's weight-normed layers (its WaveNet, its
 input and final projections) recompute ``g * v / |v|`` at every forward, 40 times a step.
@@ -234,6 +235,9 @@ def _mask_skip(estimator: Any, installed: _Installed, crop: _Crop) -> Union[str,
     blocks = _blocks(estimator)
     if blocks is None:
         return "its DiT's transformer is not upstream's layout"
+    device = next((p.device.type for p in estimator.parameters()), "cpu")
+    if device != "cpu":  # reading the mask back would wait for the device at every step
+        return f"measured on the CPU only; on {device} its check would wait for the device every step"
     transformer = estimator.transformer
     forward = transformer.forward
     signature = inspect.signature(forward)
