@@ -2,8 +2,8 @@
 
 ``probe_prefix.py VERSION CHECKPOINTS OUT`` writes ``OUT/report.json``.  Every request is greedy
 (``do_sample=False``, a seed), so its GPT codes are a function of its inputs; the probe records
-each request's codes (what ``inference_speech`` returned, row by row), its int16 samples, its
-``done.facts`` and the engine's ``memory()`` (health) after it:
+each request's codes (what ``inference_speech`` returned, row by row), the first logits they were
+chosen from, its int16 samples, its ``done.facts`` and the engine's ``memory()`` (health) after it:
 
 ``off``
     ``prefix_cache=0``: a request at upstream's three beams, the same again, one at one beam;
@@ -43,11 +43,23 @@ OTHER = "The quick brown fox jumps."
 
 
 class Codes:
-    """The codes of each GPT decoding on one loaded model, row by row."""
+    """The codes of each GPT decoding on one loaded model, row by row, and the first logits its
+    ``mel_head`` gave (row 0, last position: what the first code is chosen from) as floats.
+
+    A tiny random model's argmax hardly depends on the text: two texts may decode the same eight
+    codes on one machine and not on another.  The logits always differ, so the tests judge whether
+    an input reached the GPT by them."""
 
     def __init__(self, model: Any) -> None:
         self.seen: list[list[int]] = []
+        self.logits: list[float] | None = None
         decode = model.gpt.inference_speech
+
+        def first_logits(module: Any, args: Any, output: Any) -> None:
+            if self.logits is None:
+                self.logits = (output[0, -1] if output.dim() == 3 else output[0]).tolist()
+
+        model.gpt.mel_head.register_forward_hook(first_logits)
 
         def inference_speech(*args: Any, **kwargs: Any) -> Any:
             out = decode(*args, **kwargs)
@@ -60,6 +72,11 @@ class Codes:
     def take(self) -> list[list[int]]:
         seen, self.seen = self.seen, []
         return seen
+
+    def take_logits(self) -> list[float]:
+        logits, self.logits = self.logits, None
+        assert logits is not None, "the GPT's mel_head never ran"
+        return logits
 
 
 def request(cls: Any, ckpt: str, i: int, text: str = TEXT, voice: str = "voice.wav", **options: Any) -> Any:
@@ -74,6 +91,7 @@ def lone(engine: Any, codes: Codes, req: Any) -> dict[str, Any]:
     samples = np.concatenate([np.asarray(p, dtype=np.int16).reshape(-1) for p in pieces])
     return {
         "codes": codes.take(),
+        "logits": codes.take_logits(),
         "samples": samples.tolist(),
         "facts": engine.request_facts(),
         "health": engine.memory(),
@@ -88,6 +106,7 @@ def batch(engine: Any, codes: Codes, requests: list[Any]) -> dict[str, Any]:
             assert value.error is None, value.error
         else:
             samples[index].extend(np.asarray(value, dtype=np.int16).reshape(-1).tolist())
+    codes.take_logits()
     return {"codes": codes.take(), "samples": samples, "health": engine.memory()}
 
 
@@ -133,6 +152,9 @@ def main() -> None:
     version, ckpt, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     torch.set_num_threads(1)
     cls = IndexTTS2Engine if version == "2" else IndexTTS25Engine
+    # The tiny fixtures leave some weights to the constructors' random initialisation: seeded, every
+    # load is the same model (test_gpt_fast.py's probe does the same).
+    torch.manual_seed(0)
     report = run(cls, ckpt)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, default=str))
