@@ -9,10 +9,12 @@ as the first ones were, runs until it parks, and its call runs in that round wit
 
 Which stages run batched is the engine option ``batch_stages`` (:data:`ROW_WISE`): with
 ``"all"`` every parked call of a round runs grouped with its like; with ``"gpt"`` only the
-GPT's (its decoding and its latent pass) do, and a request parked on the s2mel CFM or the
+GPT's decoding does, and a request parked on the GPT's latent pass, the s2mel CFM or the
 vocoder runs that call alone and goes on at once, until its audio is out and it parks on its
-next GPT call, before the next request's CFM: each request's audio leaves as soon as its own
-work is done, instead of after the whole batch's.
+next GPT call, before the next request's latent pass: each request's audio leaves as soon as
+its own work is done, instead of after the whole batch's.  (The latent pass is one forward over
+a segment's positions, compute-bound on a CPU like the CFM: four rows in one pass cost about
+what four passes of one do, and grouped, the first request's CFM waited for every row's.)
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ log = logging.getLogger("indextts_sidecar.engines.indextts")
 
 #: Per ``batch_stages`` (resolved: ``auto`` is not a key): the kinds of parked call that run one
 #: request at a time, as each request reaches them, instead of grouped with the others'.
-ROW_WISE: dict[str, frozenset[str]] = {"all": frozenset(), "gpt": frozenset({"cfm", "vocoder"})}
+ROW_WISE: dict[str, frozenset[str]] = {"all": frozenset(), "gpt": frozenset({"latent", "cfm", "vocoder"})}
 
 
 def resolve_stages(chosen: str, device: Any) -> str:

@@ -93,8 +93,8 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: In a batch, run the vocoder (BigVGAN) on the rows of equal length together, rather
     #: than one request at a time.
     batch_vocoder: bool = True
-    #: Which stages of a batch run batched: ``gpt`` batches the GPT (its decoding and latent
-    #: pass) and runs the s2mel CFM and the vocoder one request at a time, as each request's
+    #: Which stages of a batch run batched: ``gpt`` batches the GPT's decoding and runs its
+    #: latent pass, the s2mel CFM and the vocoder one request at a time, as each request's
     #: codes are ready, so that its audio leaves as soon as its own work is done; ``all``
     #: batches every stage; ``auto``: ``gpt`` on a CPU (where the CFM is compute-bound at one
     #: row), ``all`` on other devices (docs/indextts.md, "Batching").

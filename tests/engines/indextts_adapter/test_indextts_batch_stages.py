@@ -1,10 +1,11 @@
 """Which stages of a batch run batched (engine option ``batch_stages``), without torch or upstream.
 
 The coordinator runs plain generators shaped like upstream's ``infer``: per segment a GPT call,
-a CFM call and a vocoder call, each parked through the interceptors' context, then the
-segment's audio.  The batched calls are ``run_calls``' (torch), replaced by one that records
-which calls ran together and when; with ``gpt`` the GPT's calls run grouped and each
-request's CFM and vocoder run alone, its audio out before the next request's CFM.  The real
+the GPT's latent pass, a CFM call and a vocoder call, each parked through the interceptors'
+context, then the segment's audio.  The batched calls are ``run_calls``' (torch), replaced by
+one that records which calls ran together and when; with ``gpt`` the GPT's decoding runs
+grouped and each request's latent pass, CFM and vocoder run alone, its audio out before the
+next request's latent pass.  The real
 calls are tested against upstream in tests/upstream/test_upstream_batching.py (``auto``, which
 is ``gpt`` on the CPU, and ``all``).
 """
@@ -30,11 +31,11 @@ from indextts_sidecar.engines.indextts._segments import SegmentTexts
 from indextts_sidecar.engines.indextts._voice_cache import VoiceCache
 
 FLAVOUR = Flavour(kind="2", module="indextts.infer_v2", location=None)
-KINDS = ("gpt", "cfm", "vocoder")
+KINDS = ("gpt", "latent", "cfm", "vocoder")
 
 
 class Model:
-    """``infer(text=...)``: a segment per word, each a GPT, a CFM and a vocoder call, then its audio."""
+    """``infer(text=...)``: a segment per word, each a GPT, a latent, a CFM and a vocoder call, then its audio."""
 
     def infer(self, text: str, **kwargs: Any) -> Iterator[Any]:
         name = text.split()[0]
@@ -98,25 +99,30 @@ def test_with_gpt_the_gpt_runs_grouped_and_each_request_speaks_as_soon_as_its_ow
 ) -> None:
     texts = ["a x y", "b x", "c x y"]
     audio, batch = run(texts, "gpt", log)
-    assert log[:9] == [
+    assert log[:12] == [
         "gpt a:0,b:0,c:0",
+        "latent a:0",  # a's latent pass alone: its CFM need not wait for b's and c's rows
         "cfm a:0",
         "vocoder a:0",
-        "audio a",  # a's first audio, before b's CFM runs
+        "audio a",  # a's first audio, before b's latent pass runs
+        "latent b:0",
         "cfm b:0",
         "vocoder b:0",
         "audio b",
         "end b",
+        "latent c:0",
         "cfm c:0",
     ]
-    assert log[9:] == [
+    assert log[12:] == [
         "vocoder c:0",
         "audio c",
         "gpt a:1,c:1",  # those that go on decode their next segment together
+        "latent a:1",
         "cfm a:1",
         "vocoder a:1",
         "audio a",
         "end a",
+        "latent c:1",
         "cfm c:1",
         "vocoder c:1",
         "audio c",
@@ -129,8 +135,8 @@ def test_with_gpt_the_gpt_runs_grouped_and_each_request_speaks_as_soon_as_its_ow
 
 def test_with_all_every_stage_runs_grouped(log: list[str]) -> None:
     audio, batch = run(["a x y", "b x"], "all", log)
-    assert log[:5] == ["gpt a:0,b:0", "cfm a:0,b:0", "vocoder a:0,b:0", "audio a", "audio b"]
-    assert audio == {0: [60] * 3 + [63] * 3, 1: [60] * 3}
+    assert log[:6] == ["gpt a:0,b:0", "latent a:0,b:0", "cfm a:0,b:0", "vocoder a:0,b:0", "audio a", "audio b"]
+    assert audio == {0: [100] * 3 + [104] * 3, 1: [100] * 3}
     assert batch.facts(1)["batch_stages"] == "all"
 
 
