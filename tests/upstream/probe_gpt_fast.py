@@ -2,7 +2,7 @@
 
 ``probe_gpt_fast.py VERSION CHECKPOINTS OUT`` writes ``OUT/report.json``.  Every request is
 greedy (``do_sample=False``, a seed), so its GPT codes are a function of its inputs; the probe
-records each request's codes (row by row) and int16 samples:
+records each request's codes (row by row) and int16 samples, and a lone request's first logits:
 
 ``off``
     an engine loaded with ``gpt_speedups=false`` and ``s2mel_speedups=false``: a request at
@@ -54,7 +54,7 @@ def speak(engine: Any, codes: Codes, cls: Any, ckpt: str) -> dict[str, Any]:
     lone_runs = [lone(engine, codes, r) for r in requests(cls, ckpt)]
     together = batch(engine, codes, requests(cls, ckpt))
     return {
-        "lone": [{"codes": r["codes"], "samples": r["samples"]} for r in lone_runs],
+        "lone": [{"codes": r["codes"], "logits": r["logits"], "samples": r["samples"]} for r in lone_runs],
         "batch": {"codes": together["codes"], "samples": together["samples"]},
     }
 

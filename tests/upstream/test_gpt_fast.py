@@ -52,8 +52,11 @@ def test_the_speedups_decode_what_upstream_does(report: Any) -> None:
         a, b = np.asarray(samples_off, dtype=np.int64), np.asarray(samples_on, dtype=np.int64)
         assert a.shape == b.shape and a.size > 0
         assert int(np.abs(a - b).max()) <= 1
-    # The two requests sound otherwise (the check can fail).
-    assert off[0][1] != off[1][1]
+    # The check above can fail: the two requests' texts reach the GPT's first logits.  (Not
+    # necessarily its codes, nor 2.5's audio, which its codes alone decide: a tiny random 2.5's
+    # argmax hardly hears the text; test_prefix_cache.py says more.)
+    first, second = (np.asarray(r["logits"]) for r in report["off"]["lone"])
+    assert first.shape == second.shape and float(np.abs(first - second).max()) > 1e-3
 
 
 def test_taken_off_they_leave_upstreams_path_as_it_was(report: Any) -> None:
