@@ -307,6 +307,10 @@ class BatchRun:
             if not live:
                 break
             alone = [index for index in live if cast_blocked(reports[index]).call.kind in self.row_wise]
+            # Those with no audio out yet first (a joiner, its codes decoded beside the others'
+            # next segments): the others' audio is already playing, a joiner's caller hears nothing
+            # until its own rows are done.  Otherwise in the batch's order.
+            alone.sort(key=lambda index: self.members[index].chunks > 0)
             for index in alone:
                 yield from self._alone(hooks, index, live, reports)
             # Every live request is parked on a grouped call now, those that ran alone too: their

@@ -63,8 +63,14 @@ def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def run(texts: list[str], stages: str, log: list[str]) -> tuple[dict[int, list[int]], BatchRun]:
-    items = [BatchItem(make_request(IndexTTS2Engine, "v.wav", text=text), _ignore, never) for text in texts]
+def item(text: str) -> BatchItem[Any]:
+    return BatchItem(make_request(IndexTTS2Engine, "v.wav", text=text), _ignore, never)
+
+
+def run(
+    texts: list[str], stages: str, log: list[str], join: Callable[[int], list[BatchItem[Any]]] | None = None
+) -> tuple[dict[int, list[int]], BatchRun]:
+    items = [item(text) for text in texts]
     batch = BatchRun(
         Model(),
         FLAVOUR,
@@ -74,17 +80,20 @@ def run(texts: list[str], stages: str, log: list[str]) -> tuple[dict[int, list[i
         segment_texts=SegmentTexts(),
         batch_vocoder=True,
         max_batch=4,
+        join=join,
         batch_stages=stages,
     )
     audio: dict[int, list[int]] = {}
+    names = [text.split()[0] for text in texts]
     try:
         for index, value in batch.run(None):  # type: ignore[arg-type]
+            name = names[index] if index < len(names) else batch.members[index].item.request.text.split()[0]
             if isinstance(value, ItemDone):
                 assert value.error is None
-                log.append(f"end {texts[index].split()[0]}")
+                log.append(f"end {name}")
             elif value.any():
                 audio.setdefault(index, []).extend(int(v) for v in value)
-                log.append(f"audio {texts[index].split()[0]}")
+                log.append(f"audio {name}")
     finally:
         batch.close()
     return audio, batch
@@ -131,6 +140,36 @@ def test_with_gpt_the_gpt_runs_grouped_and_each_request_speaks_as_soon_as_its_ow
     alone = {i: run([text], "gpt", [])[0][0] for i, text in enumerate(texts)}
     assert audio == alone  # each request's rows are its own
     assert batch.facts(0)["batch_stages"] == "gpt"
+
+
+def test_with_gpt_a_joiner_runs_its_rows_before_those_already_speaking(log: list[str]) -> None:
+    # j arrives while a speaks its first segment: its codes are decoded beside a's next segment's,
+    # then its latent pass, CFM and vocoder run before a's, since a's audio is already out.
+    arrivals = [[], [item("j x")]]
+
+    def join(room: int) -> list[BatchItem[Any]]:
+        return arrivals.pop(0) if arrivals else []
+
+    audio, _ = run(["a x y"], "gpt", log, join)
+    assert log == [
+        "gpt a:0",
+        "latent a:0",
+        "cfm a:0",
+        "vocoder a:0",
+        "audio a",
+        "gpt a:1,j:0",  # j joined once a's first GPT call was done
+        "latent j:0",  # j has nothing out yet: its rows first
+        "cfm j:0",
+        "vocoder j:0",
+        "audio j",
+        "end j",
+        "latent a:1",
+        "cfm a:1",
+        "vocoder a:1",
+        "audio a",
+        "end a",
+    ]
+    assert audio == {0: [100] * 3 + [104] * 3, 1: [100] * 3}
 
 
 def test_with_all_every_stage_runs_grouped(log: list[str]) -> None:
