@@ -84,10 +84,9 @@ def run(
         batch_stages=stages,
     )
     audio: dict[int, list[int]] = {}
-    names = [text.split()[0] for text in texts]
     try:
         for index, value in batch.run(None):  # type: ignore[arg-type]
-            name = names[index] if index < len(names) else batch.members[index].item.request.text.split()[0]
+            name = batch.members[index].item.request.text.split()[0]  # a joiner's too
             if isinstance(value, ItemDone):
                 assert value.error is None
                 log.append(f"end {name}")
