@@ -10,8 +10,11 @@ beams) MKL picks a kernel that runs 1.4-1.5x slower than the weights' read; with
 reads at the floor. oneDNN's linear over the same weights, reordered once into its blocked
 layout, is as fast at one row and reaches the floor at three: every ``Conv1D`` of the GPT-2
 stack gets that layout, and its forward calls oneDNN. The weights are replaced, not doubled
-(the memory stays as it was). Where it applies: a CPU with oneDNN, float32 weights, no
-autocast (upstream's ``dtype`` None): not under ``bf16_weights``, fp16 or a GPU.
+(the memory stays as it was). Where it applies: a CPU with oneDNN, float32 weights and no
+autocast (upstream's ``dtype`` None), or bfloat16 weights under upstream's bfloat16 autocast
+(``bf16_weights``, the fast profile's): there oneDNN's bf16 products (AMX or AVX512-BF16) read
+half the bytes, where autocast's own bf16 ``addmm`` ran slower than float32. Not for fp16 or on
+a GPU.
 
 **A beam cache** (``beam_cache``). Hugging Face's ``DynamicCache`` concatenates every layer's
 keys and values into a new tensor at each step, and beam search then gathers every row of every
@@ -104,8 +107,10 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
     if not layers:
         return "its GPT has no GPT-2 Conv1D layers"
     torch = _torch()
-    if getattr(model, "dtype", None) is not None:
-        return f"the GPT runs under autocast ({model.dtype})"
+    dtype = getattr(model, "dtype", None)
+    if dtype is not None and dtype != torch.bfloat16:
+        return f"the GPT runs under autocast ({dtype})"
+    wanted = torch.float32 if dtype is None else torch.bfloat16  # bf16_weights: bf16 weights, bf16 autocast
     reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or reorder is None:
         return "this torch has no oneDNN linear"
@@ -113,8 +118,11 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
         weight = module.weight
         if weight is None:
             return None  # packed already
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or module.bias is None:
-            return f"its GPT's weights are {weight.dtype} on {weight.device.type}, not float32 on a CPU"
+        if weight.device.type != "cpu" or weight.dtype != wanted or module.bias is None:
+            return f"its GPT's weights are {weight.dtype} on {weight.device.type}, not {wanted} on a CPU"
+        if module.bias.dtype != wanted:
+            return f"its GPT's biases are {module.bias.dtype}, not {wanted}"
+    forward = _packed_forward if wanted == torch.float32 else _packed_bf16_forward
     for module in layers:
         weight = module.weight
         with torch.no_grad():
@@ -122,13 +130,18 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
         if keep_weights:
             _KEPT[module] = weight
         module.weight = None  # the packed layout replaces it: the memory stays as it was
-        module.forward = functools.partial(_packed_forward, torch.ops.mkldnn._linear_pointwise, packed, module.bias)
+        module.forward = functools.partial(forward, torch.ops.mkldnn._linear_pointwise, packed, module.bias)
     return None
 
 
 def _packed_forward(linear: Any, packed: Any, bias: Any, x: Any) -> Any:
     """``Conv1D.forward`` over oneDNN's layout: ``x @ W + b`` for any leading shape."""
     return linear(x, packed, bias, "none", [], "")
+
+
+def _packed_bf16_forward(linear: Any, packed: Any, bias: Any, x: Any) -> Any:
+    """The same over bfloat16 weights: the input cast to bfloat16 first, as autocast's ``addmm`` does."""
+    return linear(x.to(packed.dtype), packed, bias, "none", [], "")
 
 
 def _cache(gpt: Any) -> Union[str, None]:
