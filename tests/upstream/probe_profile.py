@@ -6,15 +6,20 @@ beams), the ``request_facts()`` after each request, and the engine's ``info()``:
 
 ``knobs``
     on a CPU read as one without bf16 (``_profile._cpu_flags`` replaced): the refusal of an
-    explicit ``bf16_weights=true`` (before any load); then one engine (``profile=fast``, so
-    loaded without bf16, and ``diffusion_steps=4`` over the profile's 10; ``max_batch=4``,
-    ``batch_stages=all``) and three lone requests: no options (the engine's knobs),
-    ``profile=default`` (none), and ``cfg_rate=0.5`` with ``num_beams=2`` (the request's over the
-    engine's); then two identical greedy requests (same text, voice and seed, ``profile=default``)
-    as one batch, and again with the second at ``diffusion_steps=5``: equal CFM rows share a
-    solve only when their knobs are equal;
+    explicit ``bf16_weights=true`` and of an explicit ``bf16_s2mel=true`` (before any load); then
+    one engine (``profile=fast``, so loaded without bf16, and ``diffusion_steps=4`` over the
+    profile's 10; ``max_batch=4``, ``batch_stages=all``) and three lone requests: no options (the
+    engine's knobs), ``profile=default`` (none), and ``cfg_rate=0.5`` with ``num_beams=2`` (the
+    request's over the engine's); a request's own ``bf16_s2mel=true``, refused; then two identical
+    greedy requests (same text, voice and seed, ``profile=default``) as one batch, and again with
+    the second at ``diffusion_steps=5``: equal CFM rows share a solve only when their knobs are
+    equal;
 ``bf16``
-    ``bf16_weights=true`` on this CPU: loaded, or its refusal (code, field, message).
+    ``bf16_weights=true`` on this CPU (with ``max_batch=4``, ``batch_stages=all``): loaded, or its
+    refusal (code, field, message); loaded, a request with ``bf16_s2mel=true``, and two batches
+    of two greedy requests, both with ``bf16_s2mel`` and one with, one without.
+
+A solve that ran under bfloat16 autocast is marked ``"bf16"`` after its guidance rate.
 ``tests/upstream/test_profile.py`` runs it and judges the results.
 """
 
@@ -43,7 +48,8 @@ class Calls:
         solve, decode = cfm.solve_euler, gpt.inference_speech
 
         def solve_euler(x: Any, x_lens: Any, prompt: Any, mu: Any, style: Any, f0: Any, t_span: Any, rate: Any) -> Any:
-            self.seen.append(["cfm", int(x.size(0)), int(t_span.numel()) - 1, float(rate)])
+            bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            self.seen.append(["cfm", int(x.size(0)), int(t_span.numel()) - 1, float(rate), *(["bf16"] if bf16 else [])])
             return solve(x, x_lens, prompt, mu, style, f0, t_span, rate)
 
         def inference_speech(*args: Any, **kwargs: Any) -> Any:
@@ -86,6 +92,10 @@ def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
         engine_of(cls, ckpt, bf16_weights=True)
     except EngineError as exc:
         out["refused"] = [exc.code, exc.field, str(exc), exc.retryable]
+    try:
+        engine_of(cls, ckpt, bf16_s2mel=True)
+    except EngineError as exc:
+        out["refused_s2mel"] = [exc.code, exc.field, str(exc), exc.retryable]
     engine = engine_of(cls, ckpt, profile="fast", diffusion_steps=4, max_batch=4, batch_stages="all")
     _profile._cpu_flags = real_flags
     out["info"] = engine.info()
@@ -97,6 +107,10 @@ def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
         facts = engine.request_facts()
         lone.append({"samples": int(sum(p.size for p in pieces)), "facts": facts, "calls": calls.take()})
     out["lone"] = lone
+    try:
+        list(engine.synthesize(request(cls, ckpt, 9, bf16_s2mel=True), lambda *a: None, lambda: False))
+    except EngineError as exc:
+        out["refused_request"] = [exc.code, exc.field, str(exc)]
     # A batch of two identical greedy requests on upstream's path, then one with other steps.
     greedy = {"do_sample": False, "seed": 3, "profile": "default"}
     for name, second in (("same", {}), ("apart", {"diffusion_steps": 5})):
@@ -118,15 +132,31 @@ def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
 
 
 def bf16(cls: Any, ckpt: str) -> dict[str, Any]:
-    """``bf16_weights=true`` on this CPU: loaded (and a request run), or refused."""
+    """``bf16_weights=true`` on this CPU: loaded (and requests run), or refused."""
     try:
-        engine = engine_of(cls, ckpt, bf16_weights=True)
+        engine = engine_of(cls, ckpt, bf16_weights=True, max_batch=4, batch_stages="all")
     except EngineError as exc:
         return {"error": [exc.code, exc.field, str(exc), exc.retryable]}
     out = {"info": engine.info(), "gpt_dtypes": sorted({str(p.dtype) for p in engine._model.gpt.parameters()})}
     pieces = list(engine.synthesize(request(cls, ckpt, 0), lambda *a: None, lambda: False))
     out["samples"] = int(sum(p.size for p in pieces))
     out["facts"] = engine.request_facts()
+    calls = Calls(engine._model)
+    pieces = list(engine.synthesize(request(cls, ckpt, 1, bf16_s2mel=True), lambda *a: None, lambda: False))
+    out["s2mel"] = {"samples": int(sum(p.size for p in pieces)), "facts": engine.request_facts(), "calls": calls.take()}
+    greedy = {"do_sample": False, "seed": 3}
+    for name, second in (("bf16_same", {"bf16_s2mel": True}), ("bf16_apart", {})):
+        items = [
+            BatchItem(request(cls, ckpt, 0, **greedy, bf16_s2mel=True), lambda *a: None, lambda: False),
+            BatchItem(request(cls, ckpt, 1, **greedy, **second), lambda *a: None, lambda: False),
+        ]
+        samples = [0, 0]
+        for index, value in engine.synthesize_batch(items):
+            if isinstance(value, ItemDone):
+                assert value.error is None, value.error
+            else:
+                samples[index] += int(value.size)
+        out[name] = {"calls": calls.take(), "samples": samples}
     return out
 
 

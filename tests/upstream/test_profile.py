@@ -49,6 +49,7 @@ def _code(engine: Any, options: dict[str, Any]) -> tuple[str, Any]:
         ({"cfg_rate": -0.1}, "invalid_option", "$.options.cfg_rate"),
         ({"cfg_rate": math.nan}, "invalid_option", "$.options.cfg_rate"),
         ({"num_beams": 0}, "invalid_option", "$.options.num_beams"),
+        ({"bf16_s2mel": "yes"}, "invalid_option", "$.options.bf16_s2mel"),
         # Weights load once: bf16_weights is the engine's option, not a request's.
         ({"bf16_weights": True}, "unknown_option", None),
     ],
@@ -63,7 +64,14 @@ def test_bad_request_knobs_are_typed_errors(options: dict[str, Any], code: str, 
 
 @pytest.mark.parametrize(
     "options",
-    [{"profile": "turbo"}, {"diffusion_steps": 0}, {"cfg_rate": 11}, {"bf16_weights": "yes"}, {"num_beams": 0}],
+    [
+        {"profile": "turbo"},
+        {"diffusion_steps": 0},
+        {"cfg_rate": 11},
+        {"bf16_weights": "yes"},
+        {"bf16_s2mel": 2},
+        {"num_beams": 0},
+    ],
 )
 def test_bad_engine_knobs_are_refused(options: dict[str, Any]) -> None:
     # The sidecar answers these with invalid_option at start (msgspec.convert of -o, _main.py).
@@ -79,7 +87,15 @@ def test_knob_precedence() -> None:
     # The request's profile sets the knobs afresh; its knobs override its profile's.
     assert request_knobs(engine, msgspec.convert({"profile": "default"}, request))[1].facts() == {}
     cfg = msgspec.convert({"profile": "fast", "cfg_rate": 0.3}, request)
-    assert request_knobs(engine, cfg)[1].facts() == {"diffusion_steps": 10, "cfg_rate": 0.3, "num_beams": 1}
+    fast = {"diffusion_steps": 10, "cfg_rate": 0.3, "num_beams": 1}
+    assert request_knobs(engine, cfg)[1].facts() == {**fast, "bf16_s2mel": True}
+    # A device without bf16 matrix products: the profile's bf16_s2mel is dropped, the rest kept.
+    assert request_knobs(engine, cfg, bf16=False)[1].facts() == fast
+    # The request's own bf16_s2mel=false over its profile's.
+    off = msgspec.convert({"profile": "fast", "bf16_s2mel": False}, request)
+    assert request_knobs(engine, off)[1].bf16_s2mel is False
+    # An s2mel knob: bf16_s2mel alone still needs the interceptor.
+    assert request_knobs(msgspec.convert({"bf16_s2mel": True}, IndexTTS25Options), none)[1].s2mel
     # No knob is on by default.
     assert request_knobs(msgspec.convert({}, IndexTTS25Options), none) == ("default", type(FAST)())
 
@@ -150,12 +166,29 @@ def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> No
     assert "no bf16 matrix instructions" in message
     assert knobs["info"]["profile"] == "fast" and knobs["info"]["bf16_weights"] is False
     assert knobs["gpt_dtypes"] == ["torch.float32"]
+    # bf16_s2mel likewise: the engine's refused at load, a request's refused, the profile's dropped.
+    code, field, message, retryable = knobs["refused_s2mel"]
+    assert (code, field, retryable) == ("invalid_option", "bf16_s2mel", False)
+    assert "no bf16 matrix instructions" in message
+    code, field, message = knobs["refused_request"]
+    assert (code, field) == ("invalid_option", "$.options.bf16_s2mel") and "no bf16 matrix instructions" in message
     # This CPU, as its flags say.
     bf16 = report["bf16"]
     if cpu_has_bf16():
         assert bf16["info"]["bf16_weights"] is True, bf16
         assert "torch.bfloat16" in bf16["gpt_dtypes"]
         assert bf16["facts"]["knobs"] == {"bf16_weights": True} and bf16["samples"] > 0
+        # The GPT's linear layers in oneDNN's bf16 layout (packed_linear) under bf16_weights.
+        assert bf16["info"]["gpt_speedups"]["packed_linear"] == "on", bf16["info"]
+        # A request's bf16_s2mel: its solve under bf16 autocast, the GPT as before.
+        s2mel = bf16["s2mel"]
+        assert [c for c in s2mel["calls"] if c[0] == "cfm"] == [["cfm", 1, 25, 0.7, "bf16"]]
+        assert s2mel["facts"]["knobs"] == {"bf16_s2mel": True, "bf16_weights": True} and s2mel["samples"] > 0
+        # In a batch, rows share a solve only when their bf16_s2mel is the same.
+        assert [c for c in bf16["bf16_same"]["calls"] if c[0] == "cfm"] == [["cfm", 2, 25, 0.7, "bf16"]]
+        apart = sorted(c for c in bf16["bf16_apart"]["calls"] if c[0] == "cfm")
+        assert apart == [["cfm", 1, 25, 0.7], ["cfm", 1, 25, 0.7, "bf16"]]
+        assert bf16["bf16_same"]["samples"][0] == bf16["bf16_same"]["samples"][1] > 0
     else:
         code, field, message, retryable = bf16["error"]
         assert (code, field, retryable) == ("invalid_option", "bf16_weights", False)

@@ -55,7 +55,7 @@ from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
 from ._prefix import install as install_prefix
 from ._prefix_store import PrefixStore, PrefixTally
-from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs
+from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs, s2mel_bf16_problem
 from ._segments import SegmentTexts, first_length
 from ._speedups import install as install_speedups
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, check_rate, stream_segments, within
@@ -109,6 +109,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._intercept_problem: Union[str, None] = None
         #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
+        self._no_bf16: Union[str, None] = "not loaded"  # why the device has no bf16 products (bf16_s2mel)
         self.openmp: dict[str, str] = {}
         self.speedups: dict[str, dict[str, str]] = {}  # _speedups.py: each part "on", "off" or why not
 
@@ -243,7 +244,7 @@ class IndexTTSEngine(Engine[Any, Any]):
                 field=f"$.options.{name}",
                 code="unknown_option",
             )
-        check_knobs(self.options, options, self._intercept_problem, self.flavour.label)
+        check_knobs(self.options, options, self._intercept_problem, self.flavour.label, self._no_bf16)
         if accelerated(self._model):
             for name in ("top_p", "top_k", "num_beams", "repetition_penalty", "length_penalty"):
                 if getattr(options, name, None) is not None:
@@ -278,6 +279,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
         bf16_problem(self.options, None, flavour.label)  # an explicit bf16_weights the device cannot honour
+        self._no_bf16 = s2mel_bf16_problem(self.options)  # likewise bf16_s2mel
         self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])
@@ -504,11 +506,11 @@ class IndexTTSEngine(Engine[Any, Any]):
 
     def knobs(self, request: SynthesisRequest[Any]) -> Knobs:
         """The fast profile's knobs in effect for ``request`` (``_profile.py``)."""
-        return request_knobs(self.options, request.options, accelerated(self._model))[1]
+        return request_knobs(self.options, request.options, accelerated(self._model), not self._no_bf16)[1]
 
     def knob_facts(self, request: SynthesisRequest[Any]) -> dict[str, Any]:
         """What ``done.facts`` says of the profile (``_profile.py``)."""
-        return knob_facts(self.options, request.options, accelerated(self._model), self.bf16_weights)
+        return knob_facts(self.options, request.options, accelerated(self._model), self.bf16_weights, not self._no_bf16)
 
     # ---------------------------------------------------------- batches
 

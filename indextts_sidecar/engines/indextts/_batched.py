@@ -26,7 +26,8 @@ unchanged unless the calling thread runs a request with a :class:`Decoding` cont
 - a seed gives the request its own noise generator: each segment's CFM noise is the next
   draw from it, and upstream's solver runs on that noise;
 - the fast profile's ``diffusion_steps`` and ``cfg_rate`` (``_profile.py``) replace the
-  steps and guidance rate upstream writes into the CFM call (a batch's CFM key holds them);
+  steps and guidance rate upstream writes into the CFM call, and its ``bf16_s2mel`` runs that
+  call under bfloat16 autocast (a batch's CFM key holds all three);
 - in a batch (:mod:`._lockstep`), the call is parked and the coordinator runs the parked calls
   of all requests as one: :func:`run_calls`.
 
@@ -88,6 +89,8 @@ class Decoding:
     #: the fast profile's knobs (``_profile.py``).  A batch's CFM key holds the values in effect.
     diffusion_steps: Union[int, None] = None
     cfg_rate: Union[float, None] = None
+    #: The s2mel CFM's solve under bfloat16 autocast (the fast profile's ``bf16_s2mel``).
+    bf16_s2mel: bool = False
     _generator: Any = field(default=None, repr=False)
 
     def s2mel(self, n_timesteps: Any, inference_cfg_rate: Any) -> tuple[Any, Any]:
@@ -266,7 +269,11 @@ class _Interceptors:
         if context is not None:
             n_timesteps, inference_cfg_rate = context.s2mel(n_timesteps, inference_cfg_rate)
         if context is None or (context.seed is None and context.batch is None):
-            return self.hooks.cfm_original(mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate)
+            with _bf16_region(context, mu) as bf16:
+                out = self.hooks.cfm_original(
+                    mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate
+                )
+            return out.to(mu.dtype) if bf16 else out
         torch = _torch()
 
         noise = context.noise(torch, [1, self.hooks.cfm.in_channels, mu.size(1)], mu.device) * temperature
@@ -281,7 +288,8 @@ class _Interceptors:
             "inference_cfg_rate": inference_cfg_rate,
         }
         if context.batch is None or mu.size(0) != 1:
-            return _solve(torch, self.hooks.cfm, [arguments])[0]
+            with _bf16_region(context, mu):
+                return _solve(torch, self.hooks.cfm, [arguments])[0]
         key = (
             "cfm",
             tuple(mu.shape),
@@ -290,7 +298,7 @@ class _Interceptors:
             float(inference_cfg_rate),
             f0 is None,
             str(mu.device),
-            _amp(torch, mu.device.type),
+            (mu.device.type, True, torch.bfloat16) if context.bf16_s2mel else _amp(torch, mu.device.type),
         )
         return context.batch.park(Call("cfm", key, (), arguments))
 
@@ -371,6 +379,18 @@ class _Interceptors:
 def _torch() -> Any:
     """torch, already imported by upstream when a model call is intercepted."""
     return importlib.import_module("torch")
+
+
+@contextmanager
+def _bf16_region(context: Union[Decoding, None], mu: Any) -> Iterator[bool]:
+    """The s2mel solve's region: bfloat16 autocast on ``mu``'s device where the request's
+    ``bf16_s2mel`` asks for it (yields whether it does), else nothing."""
+    if context is None or not context.bf16_s2mel:
+        yield False
+        return
+    torch = _torch()
+    with torch.autocast(mu.device.type, dtype=torch.bfloat16):
+        yield True
 
 
 def _var_keyword(signature: inspect.Signature) -> str:
@@ -535,6 +555,7 @@ def _pad_cat(torch: Any, values: Sequence[Any], pad: float) -> Any:
 def _solve(torch: Any, cfm: Any, rows: Sequence[dict[str, Any]]) -> list[Any]:
     """Upstream's Euler solver on the rows' own noise: one call for all rows (same length)."""
     first = rows[0]
+    dtype = first["mu"].dtype  # under bf16 autocast (``bf16_s2mel``) the mel comes back as the input was
     t_span = torch.linspace(0, 1, first["n_timesteps"] + 1, device=first["mu"].device)
     with torch.inference_mode():
         if len(rows) == 1:
@@ -548,7 +569,7 @@ def _solve(torch: Any, cfm: Any, rows: Sequence[dict[str, Any]]) -> list[Any]:
                 t_span,
                 first["inference_cfg_rate"],
             )
-            return [out]
+            return [out.to(dtype)]
         out = cfm.solve_euler(
             torch.cat([row["x"] for row in rows], dim=0),
             first["x_lens"],  # upstream's own: the full length, shared by every row of the group
@@ -559,6 +580,7 @@ def _solve(torch: Any, cfm: Any, rows: Sequence[dict[str, Any]]) -> list[Any]:
             t_span,
             first["inference_cfg_rate"],
         )
+    out = out.to(dtype)
     return [out[i : i + 1] for i in range(len(rows))]
 
 

@@ -121,9 +121,14 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: The GPT's weights in bfloat16, where the device has bf16 matrix products (a CPU with
     #: AVX512-BF16 or AMX, a CUDA GPU with bf16): refused at load, named, elsewhere.
     bf16_weights: Union[bool, None] = None
+    #: The s2mel decoder (its DiT and WaveNet) under bfloat16 autocast, for every request that
+    #: does not set its own; None: the profile's (``fast``: on where the device has bf16 matrix
+    #: products).  Explicitly on where the device has none: refused at load, named.
+    bf16_s2mel: Union[bool, None] = None
     #: The GPT's same-output speed-ups where they apply (docs/indextts.md, "The same output,
-    #: faster"): its linear layers in oneDNN's layout on a CPU in float32, and a key-value cache
-    #: that grows in place and moves only the beams that changed.  False: upstream's path as is.
+    #: faster"): its linear layers in oneDNN's layout on a CPU (in float32, or in bfloat16 under
+    #: ``bf16_weights``), and a key-value cache that grows in place and moves only the beams
+    #: that changed.  False: upstream's path as is.
     gpt_speedups: bool = True
     #: s2mel's same-output speed-ups (the same section): the DiT's tail over the new frames only,
     #: and its weight norm computed once.  False: upstream's path as is.
@@ -194,6 +199,9 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     diffusion_steps: Union[_Steps, None] = None
     #: s2mel classifier-free guidance rate (upstream: 0.7; 0: off); None as ``diffusion_steps``.
     cfg_rate: Union[_CfgRate, None] = None
+    #: The s2mel decoder under bfloat16 autocast; None as ``diffusion_steps``.  True where the
+    #: device has no bf16 matrix products: refused (``invalid_option``).
+    bf16_s2mel: Union[bool, None] = None
 
     def __post_init__(self) -> None:
         # msgspec lets NaN and infinities through an unbounded float.

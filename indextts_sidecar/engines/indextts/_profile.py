@@ -16,7 +16,13 @@ repackagings alike):
 ``bf16_weights``
     the GPT's weights in bfloat16 and upstream's ``dtype`` set to it, so that upstream's own
     autocast regions around the GPT (its ``use_fp16``/``use_bf16`` path, which upstream turns
-    off on a CPU) run in bfloat16; the s2mel decoder and the vocoder stay in float32.
+    off on a CPU) run in bfloat16 (on a CPU its linear layers in oneDNN's bf16 layout:
+    ``_gpt_fast.py``).  The engine's alone: weights load once.
+``bf16_s2mel``
+    the s2mel decoder's solve (its DiT and WaveNet, ``cfm.inference``) under bfloat16 autocast,
+    entered by the same interceptor; its weights stay float32, so a request may set it.  The
+    vocoder stays float32: in bfloat16 it ran no faster on a CPU with AMX (its late layers are
+    narrow) and lost the most precision.
 
 This module imports only the standard library; torch is handed in by the caller.
 """
@@ -42,6 +48,7 @@ __all__ = [
     "device_bf16_problem",
     "knob_facts",
     "request_knobs",
+    "s2mel_bf16_problem",
 ]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
@@ -54,6 +61,7 @@ class Knobs:
     diffusion_steps: Union[int, None] = None
     cfg_rate: Union[float, None] = None
     num_beams: Union[int, None] = None
+    bf16_s2mel: Union[bool, None] = None
 
     def facts(self) -> dict[str, Any]:
         """The knobs set, by name (``done.facts["knobs"]``)."""
@@ -62,31 +70,33 @@ class Knobs:
     @property
     def s2mel(self) -> bool:
         """Whether the s2mel call's arguments change (the interceptor must be reached)."""
-        return self.diffusion_steps is not None or self.cfg_rate is not None
+        return self.diffusion_steps is not None or self.cfg_rate is not None or bool(self.bf16_s2mel)
 
 
 #: ``profile=fast``: 10 diffusion steps instead of 25, guidance off, one beam instead of three,
-#: and (the engine's, where the device has bf16 matrix products) the GPT's weights in bfloat16.
-FAST = Knobs(diffusion_steps=10, cfg_rate=0.0, num_beams=1)
+#: and, where the device has bf16 matrix products, the s2mel decoder under bfloat16 autocast and
+#: (the engine's) the GPT's weights in bfloat16.
+FAST = Knobs(diffusion_steps=10, cfg_rate=0.0, num_beams=1, bf16_s2mel=True)
 FAST_BF16 = True
 _PROFILES = {"default": Knobs(), "fast": FAST}
+_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams", "bf16_s2mel")
 
 
 def _overridden(base: Knobs, options: Any) -> Knobs:
-    changes = {
-        name: getattr(options, name)
-        for name in ("diffusion_steps", "cfg_rate", "num_beams")
-        if getattr(options, name, None) is not None
-    }
+    changes = {name: getattr(options, name) for name in _KNOBS if getattr(options, name, None) is not None}
     return replace(base, **changes)
 
 
-def request_knobs(engine_options: Any, request_options: Any, accel: bool = False) -> tuple[str, Knobs]:
+def request_knobs(
+    engine_options: Any, request_options: Any, accel: bool = False, bf16: bool = True
+) -> tuple[str, Knobs]:
     """The profile and the knobs in effect for a request.
 
     From the lowest: the engine's profile, the engine's knobs, the request's profile (which
     sets the knobs afresh: ``default`` clears the engine's), the request's knobs.  ``accel``
     (upstream's accelerated GPT, which ignores beams): no beams but a request's own (refused).
+    ``bf16`` False (the device has no bf16 matrix products): no ``bf16_s2mel``, which then comes
+    from the profile alone (an explicit one is refused before: :func:`s2mel_bf16_problem`).
     """
     profile = getattr(request_options, "profile", None)
     if profile is None:
@@ -97,26 +107,43 @@ def request_knobs(engine_options: Any, request_options: Any, accel: bool = False
     knobs = _overridden(base, request_options)
     if accel and getattr(request_options, "num_beams", None) is None:
         knobs = replace(knobs, num_beams=None)
+    if not bf16 and knobs.bf16_s2mel:
+        knobs = replace(knobs, bf16_s2mel=None)
     return profile, knobs
 
 
-def knob_facts(engine_options: Any, request_options: Any, accel: bool, bf16: bool) -> dict[str, Any]:
+def knob_facts(
+    engine_options: Any, request_options: Any, accel: bool, bf16_weights: bool, bf16: bool = True
+) -> dict[str, Any]:
     """What ``done.facts`` says of the profile: its name and the knobs in effect; nothing for a
     request on upstream's path (no knob, no profile)."""
-    profile, knobs = request_knobs(engine_options, request_options, accel)
+    profile, knobs = request_knobs(engine_options, request_options, accel, bf16)
     named = knobs.facts()
-    if bf16:
+    if bf16_weights:
         named["bf16_weights"] = True
     if not named and profile == "default" == engine_options.profile:
         return {}
     return {"profile": profile, "knobs": named}
 
 
-def check_knobs(engine_options: Any, request_options: Any, intercept_problem: Union[str, None], label: str) -> None:
-    """Refuse the s2mel knobs where the adapter cannot reach upstream's s2mel call."""
+def check_knobs(
+    engine_options: Any,
+    request_options: Any,
+    intercept_problem: Union[str, None],
+    label: str,
+    no_bf16: Union[str, None] = None,
+) -> None:
+    """Refuse the s2mel knobs where the adapter cannot reach upstream's s2mel call, and a request's
+    own ``bf16_s2mel=true`` where the device has no bf16 matrix products (``no_bf16`` says why)."""
+    if getattr(request_options, "bf16_s2mel", None) and no_bf16 is not None:
+        raise RequestError(
+            f"bf16_s2mel cannot be honoured: {no_bf16}", field="$.options.bf16_s2mel", code="invalid_option"
+        )
     profile, knobs = request_knobs(engine_options, request_options)
     if knobs.s2mel and intercept_problem is not None:
         name = "diffusion_steps" if knobs.diffusion_steps is not None else "cfg_rate"
+        if knobs.diffusion_steps is None and knobs.cfg_rate is None:
+            name = "bf16_s2mel"
         raise RequestError(
             f"{name!r} (set by the request, the engine or profile={profile}) needs the adapter to reach "
             f"upstream's s2mel call, which it cannot with the installed {label}: {intercept_problem}",
@@ -185,6 +212,25 @@ def bf16_problem(options: Any, model: Any, label: str) -> Union[str, None]:
             problem = f"the installed {label} runs its GPT outside upstream's autocast (use_accel)"
     if problem is not None and options.bf16_weights:
         error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
+        error.code = "invalid_option"
+        error.retryable = False
+        raise error
+    return problem
+
+
+def s2mel_bf16_problem(options: Any) -> Union[str, None]:
+    """Why the s2mel decoder cannot run under bfloat16 autocast on the engine's device (None: it can).
+
+    Called at load (torch imported by upstream's module).  The engine's explicit
+    ``bf16_s2mel=true`` where it cannot: a typed error naming why.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        problem: Union[str, None] = "torch is not loaded"  # an upstream that never imported it
+    else:
+        problem = device_bf16_problem(torch, str(options.device or _default_device(torch)))
+    if problem is not None and options.bf16_s2mel:
+        error = LoadError(f"bf16_s2mel cannot be honoured: {problem}", field="bf16_s2mel")
         error.code = "invalid_option"
         error.retryable = False
         raise error
