@@ -6,7 +6,7 @@ beams), the ``request_facts()`` after each request, and the engine's ``info()``:
 
 ``knobs``
     on a CPU read as one without bf16 (``_profile._cpu_flags`` replaced): the refusal of an
-    explicit ``bf16_weights=true`` and of an explicit ``bf16_s2mel=true`` (before any load); then
+    explicit ``bf16_weights=true``, ``bf16_s2mel=true`` and ``bf16_vocoder=true`` (before any load); then
     one engine (``profile=fast``, so loaded without bf16, and ``diffusion_steps=4`` over the
     profile's 10; ``max_batch=4``, ``batch_stages=all``) and three lone requests: no options (the
     engine's knobs), ``profile=default`` (none), and ``cfg_rate=0.5`` with ``num_beams=2`` (the
@@ -16,10 +16,15 @@ beams), the ``request_facts()`` after each request, and the engine's ``info()``:
     equal;
 ``bf16``
     ``bf16_weights=true`` on this CPU (with ``max_batch=4``, ``batch_stages=all``): loaded, or its
-    refusal (code, field, message); loaded, a request with ``bf16_s2mel=true``, and two batches
-    of two greedy requests, both with ``bf16_s2mel`` and one with, one without.
+    refusal (code, field, message); loaded, a request with ``bf16_s2mel=true``, one with
+    ``bf16_vocoder=true``, and two batches of two greedy requests, both with both knobs and one
+    with, one without.
 
-A solve that ran under bfloat16 autocast is marked ``"bf16"`` after its guidance rate.
+A solve that ran under bfloat16 autocast is marked ``"bf16"`` after its guidance rate; each
+vocoder call is recorded apart (``vocoder``: its rows, and ``"bf16"`` when its wide convolutions
+ran in bfloat16, ``bf16_vocoder``).  The tiny fixtures' vocoders are narrower than
+``_precision.VOCODER_MIN_CHANNELS``: the probe lowers it to :data:`WIDE`, so that their
+convolutions are swapped as a full-size vocoder's are.
 ``tests/upstream/test_profile.py`` runs it and judges the results.
 """
 
@@ -34,9 +39,11 @@ import msgspec
 import torch
 
 from indextts_sidecar.engines import BatchItem, EngineError, ItemDone, SynthesisRequest
-from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _profile
+from indextts_sidecar.engines.indextts import IndexTTS2Engine, IndexTTS25Engine, _precision, _profile
 
 TEXT = "Hello there."
+#: The narrowest convolution swapped to bf16 here (a tiny vocoder starts at 64 channels, halved by each upsampling).
+WIDE = 8
 
 
 class Calls:
@@ -44,7 +51,15 @@ class Calls:
 
     def __init__(self, model: Any) -> None:
         self.seen: list[list[Any]] = []
+        self.vocoder: list[list[Any]] = []
         cfm, gpt = model.s2mel.models["cfm"], model.gpt
+        # The vocoder's first wide convolution, once a call: swapped to bf16 while bf16_vocoder runs.
+        wide = next(m for m in model.bigvgan.modules() if isinstance(m, torch.nn.Conv1d) and m.in_channels >= WIDE)
+
+        def seen_vocoder(module: Any, inputs: Any) -> None:
+            self.vocoder.append(["vocoder", int(inputs[0].size(0)), *(["bf16"] if "forward" in vars(module) else [])])
+
+        wide.register_forward_pre_hook(seen_vocoder)
         solve, decode = cfm.solve_euler, gpt.inference_speech
 
         def solve_euler(x: Any, x_lens: Any, prompt: Any, mu: Any, style: Any, f0: Any, t_span: Any, rate: Any) -> Any:
@@ -63,6 +78,10 @@ class Calls:
 
     def take(self) -> list[list[Any]]:
         seen, self.seen = self.seen, []
+        return seen
+
+    def take_vocoder(self) -> list[list[Any]]:
+        seen, self.vocoder = self.vocoder, []
         return seen
 
 
@@ -92,10 +111,11 @@ def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
         engine_of(cls, ckpt, bf16_weights=True)
     except EngineError as exc:
         out["refused"] = [exc.code, exc.field, str(exc), exc.retryable]
-    try:
-        engine_of(cls, ckpt, bf16_s2mel=True)
-    except EngineError as exc:
-        out["refused_s2mel"] = [exc.code, exc.field, str(exc), exc.retryable]
+    for name in ("bf16_s2mel", "bf16_vocoder"):
+        try:
+            engine_of(cls, ckpt, **{name: True})
+        except EngineError as exc:
+            out[f"refused_{name}"] = [exc.code, exc.field, str(exc), exc.retryable]
     engine = engine_of(cls, ckpt, profile="fast", diffusion_steps=4, max_batch=4, batch_stages="all")
     _profile._cpu_flags = real_flags
     out["info"] = engine.info()
@@ -107,10 +127,12 @@ def knobs(cls: Any, ckpt: str) -> dict[str, Any]:
         facts = engine.request_facts()
         lone.append({"samples": int(sum(p.size for p in pieces)), "facts": facts, "calls": calls.take()})
     out["lone"] = lone
-    try:
-        list(engine.synthesize(request(cls, ckpt, 9, bf16_s2mel=True), lambda *a: None, lambda: False))
-    except EngineError as exc:
-        out["refused_request"] = [exc.code, exc.field, str(exc)]
+    out["lone_vocoder"] = calls.take_vocoder()
+    for name in ("bf16_s2mel", "bf16_vocoder"):
+        try:
+            list(engine.synthesize(request(cls, ckpt, 9, **{name: True}), lambda *a: None, lambda: False))
+        except EngineError as exc:
+            out[f"refused_request_{name}"] = [exc.code, exc.field, str(exc)]
     # A batch of two identical greedy requests on upstream's path, then one with other steps.
     greedy = {"do_sample": False, "seed": 3, "profile": "default"}
     for name, second in (("same", {}), ("apart", {"diffusion_steps": 5})):
@@ -143,11 +165,24 @@ def bf16(cls: Any, ckpt: str) -> dict[str, Any]:
     out["facts"] = engine.request_facts()
     calls = Calls(engine._model)
     pieces = list(engine.synthesize(request(cls, ckpt, 1, bf16_s2mel=True), lambda *a: None, lambda: False))
-    out["s2mel"] = {"samples": int(sum(p.size for p in pieces)), "facts": engine.request_facts(), "calls": calls.take()}
+    out["s2mel"] = {
+        "samples": int(sum(p.size for p in pieces)),
+        "facts": engine.request_facts(),
+        "calls": calls.take(),
+        "vocoder": calls.take_vocoder(),
+    }
+    pieces = list(engine.synthesize(request(cls, ckpt, 2, bf16_vocoder=True), lambda *a: None, lambda: False))
+    out["vocoder"] = {
+        "samples": int(sum(p.size for p in pieces)),
+        "facts": engine.request_facts(),
+        "calls": calls.take(),
+        "vocoder": calls.take_vocoder(),
+    }
     greedy = {"do_sample": False, "seed": 3}
-    for name, second in (("bf16_same", {"bf16_s2mel": True}), ("bf16_apart", {})):
+    both = {"bf16_s2mel": True, "bf16_vocoder": True}
+    for name, second in (("bf16_same", both), ("bf16_apart", {})):
         items = [
-            BatchItem(request(cls, ckpt, 0, **greedy, bf16_s2mel=True), lambda *a: None, lambda: False),
+            BatchItem(request(cls, ckpt, 0, **greedy, **both), lambda *a: None, lambda: False),
             BatchItem(request(cls, ckpt, 1, **greedy, **second), lambda *a: None, lambda: False),
         ]
         samples = [0, 0]
@@ -156,13 +191,14 @@ def bf16(cls: Any, ckpt: str) -> dict[str, Any]:
                 assert value.error is None, value.error
             else:
                 samples[index] += int(value.size)
-        out[name] = {"calls": calls.take(), "samples": samples}
+        out[name] = {"calls": calls.take(), "vocoder": calls.take_vocoder(), "samples": samples}
     return out
 
 
 def main() -> None:
     version, ckpt, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     torch.set_num_threads(1)
+    _precision.VOCODER_MIN_CHANNELS = WIDE
     cls = IndexTTS2Engine if version == "2" else IndexTTS25Engine
     report = {"knobs": knobs(cls, ckpt), "bf16": bf16(cls, ckpt)}
     out.mkdir(parents=True, exist_ok=True)

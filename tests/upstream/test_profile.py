@@ -50,6 +50,7 @@ def _code(engine: Any, options: dict[str, Any]) -> tuple[str, Any]:
         ({"cfg_rate": math.nan}, "invalid_option", "$.options.cfg_rate"),
         ({"num_beams": 0}, "invalid_option", "$.options.num_beams"),
         ({"bf16_s2mel": "yes"}, "invalid_option", "$.options.bf16_s2mel"),
+        ({"bf16_vocoder": 1}, "invalid_option", "$.options.bf16_vocoder"),
         # Weights load once: bf16_weights is the engine's option, not a request's.
         ({"bf16_weights": True}, "unknown_option", None),
     ],
@@ -88,14 +89,15 @@ def test_knob_precedence() -> None:
     assert request_knobs(engine, msgspec.convert({"profile": "default"}, request))[1].facts() == {}
     cfg = msgspec.convert({"profile": "fast", "cfg_rate": 0.3}, request)
     fast = {"diffusion_steps": 10, "cfg_rate": 0.3, "num_beams": 1}
-    assert request_knobs(engine, cfg)[1].facts() == {**fast, "bf16_s2mel": True}
-    # A device without bf16 matrix products: the profile's bf16_s2mel is dropped, the rest kept.
+    assert request_knobs(engine, cfg)[1].facts() == {**fast, "bf16_s2mel": True, "bf16_vocoder": True}
+    # A device without bf16 matrix products: the profile's bf16 knobs are dropped, the rest kept.
     assert request_knobs(engine, cfg, bf16=False)[1].facts() == fast
     # The request's own bf16_s2mel=false over its profile's.
     off = msgspec.convert({"profile": "fast", "bf16_s2mel": False}, request)
     assert request_knobs(engine, off)[1].bf16_s2mel is False
-    # An s2mel knob: bf16_s2mel alone still needs the interceptor.
-    assert request_knobs(msgspec.convert({"bf16_s2mel": True}, IndexTTS25Options), none)[1].s2mel
+    # Either bf16 knob alone still needs the interceptors.
+    for name in ("bf16_s2mel", "bf16_vocoder"):
+        assert request_knobs(msgspec.convert({name: True}, IndexTTS25Options), none)[1].s2mel
     # No knob is on by default.
     assert request_knobs(msgspec.convert({}, IndexTTS25Options), none) == ("default", type(FAST)())
 
@@ -166,12 +168,15 @@ def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> No
     assert "no bf16 matrix instructions" in message
     assert knobs["info"]["profile"] == "fast" and knobs["info"]["bf16_weights"] is False
     assert knobs["gpt_dtypes"] == ["torch.float32"]
-    # bf16_s2mel likewise: the engine's refused at load, a request's refused, the profile's dropped.
-    code, field, message, retryable = knobs["refused_s2mel"]
-    assert (code, field, retryable) == ("invalid_option", "bf16_s2mel", False)
-    assert "no bf16 matrix instructions" in message
-    code, field, message = knobs["refused_request"]
-    assert (code, field) == ("invalid_option", "$.options.bf16_s2mel") and "no bf16 matrix instructions" in message
+    # bf16_s2mel and bf16_vocoder likewise: the engine's refused at load, a request's refused, the
+    # profile's dropped (the facts above, and every vocoder call in float32).
+    for name in ("bf16_s2mel", "bf16_vocoder"):
+        code, field, message, retryable = knobs[f"refused_{name}"]
+        assert (code, field, retryable) == ("invalid_option", name, False)
+        assert "no bf16 matrix instructions" in message
+        code, field, message = knobs[f"refused_request_{name}"]
+        assert (code, field) == ("invalid_option", f"$.options.{name}") and "no bf16 matrix instructions" in message
+    assert knobs["lone_vocoder"] == [["vocoder", 1]] * 3
     # This CPU, as its flags say.
     bf16 = report["bf16"]
     if cpu_has_bf16():
@@ -183,11 +188,19 @@ def test_knobs_reach_upstream(name: str, checkpoints: Any, tmp_path: Path) -> No
         # A request's bf16_s2mel: its solve under bf16 autocast, the GPT as before.
         s2mel = bf16["s2mel"]
         assert [c for c in s2mel["calls"] if c[0] == "cfm"] == [["cfm", 1, 25, 0.7, "bf16"]]
+        assert s2mel["vocoder"] == [["vocoder", 1]]
         assert s2mel["facts"]["knobs"] == {"bf16_s2mel": True, "bf16_weights": True} and s2mel["samples"] > 0
-        # In a batch, rows share a solve only when their bf16_s2mel is the same.
+        # A request's bf16_vocoder: its vocoder's wide convolutions in bf16, its solve in float32.
+        vocoder = bf16["vocoder"]
+        assert vocoder["vocoder"] == [["vocoder", 1, "bf16"]]
+        assert [c for c in vocoder["calls"] if c[0] == "cfm"] == [["cfm", 1, 25, 0.7]]
+        assert vocoder["facts"]["knobs"] == {"bf16_vocoder": True, "bf16_weights": True} and vocoder["samples"] > 0
+        # In a batch, rows share a solve or a vocoder call only with the same precision.
         assert [c for c in bf16["bf16_same"]["calls"] if c[0] == "cfm"] == [["cfm", 2, 25, 0.7, "bf16"]]
+        assert bf16["bf16_same"]["vocoder"] == [["vocoder", 2, "bf16"]]
         apart = sorted(c for c in bf16["bf16_apart"]["calls"] if c[0] == "cfm")
         assert apart == [["cfm", 1, 25, 0.7], ["cfm", 1, 25, 0.7, "bf16"]]
+        assert sorted(bf16["bf16_apart"]["vocoder"]) == [["vocoder", 1], ["vocoder", 1, "bf16"]]
         assert bf16["bf16_same"]["samples"][0] == bf16["bf16_same"]["samples"][1] > 0
     else:
         code, field, message, retryable = bf16["error"]

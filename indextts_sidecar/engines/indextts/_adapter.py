@@ -55,7 +55,7 @@ from ._options import CONSTRUCTOR_KEYWORDS, GENERATION_KEYWORDS, INFER_KEYWORDS
 from ._pcm import UNIT_SCALE_CEILING, as_numpy, peak, to_pcm16
 from ._prefix import install as install_prefix
 from ._prefix_store import PrefixStore, PrefixTally
-from ._profile import Knobs, apply_bf16, bf16_problem, check_knobs, knob_facts, request_knobs, s2mel_bf16_problem
+from ._profile import Knobs, apply_bf16, bf16_knob_problem, bf16_problem, check_knobs, knob_facts, request_knobs
 from ._segments import SegmentTexts, first_length
 from ._speedups import install as install_speedups
 from ._stream import HEARTBEAT_INTERVAL, NATIVE_SAMPLE_RATE, check_rate, stream_segments, within
@@ -109,7 +109,7 @@ class IndexTTSEngine(Engine[Any, Any]):
         self._intercept_problem: Union[str, None] = None
         #: GPT weights in bfloat16 (``bf16_weights``, fast profile); OpenMP's waits (``openmp_waits``).
         self.bf16_weights = False
-        self._no_bf16: Union[str, None] = "not loaded"  # why the device has no bf16 products (bf16_s2mel)
+        self._no_bf16: Union[str, None] = "not loaded"  # why the device lacks bf16 products (bf16_s2mel)
         self.openmp: dict[str, str] = {}
         self.speedups: dict[str, dict[str, str]] = {}  # _speedups.py: each part "on", "off" or why not
 
@@ -279,7 +279,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             raise Cancelled
         kwargs = self._constructor_kwargs(cls, flavour)
         bf16_problem(self.options, None, flavour.label)  # an explicit bf16_weights the device cannot honour
-        self._no_bf16 = s2mel_bf16_problem(self.options)  # likewise bf16_s2mel
+        self._no_bf16 = bf16_knob_problem(self.options)  # likewise bf16_s2mel, bf16_vocoder
         self._infer_params = named_parameters(cls.infer_generator if flavour.streams_with_generator else cls.infer)
         if "use_qwen_emo" in kwargs:
             self._qwen_emo = bool(kwargs["use_qwen_emo"])

@@ -343,6 +343,7 @@ def request_decoding(request: SynthesisRequest[Any], knobs: Union[Knobs, None] =
         diffusion_steps=knobs.diffusion_steps,
         cfg_rate=knobs.cfg_rate,
         bf16_s2mel=bool(knobs.bf16_s2mel),
+        bf16_vocoder=bool(knobs.bf16_vocoder),
         **batch,
     )
 

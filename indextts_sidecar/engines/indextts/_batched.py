@@ -26,8 +26,9 @@ unchanged unless the calling thread runs a request with a :class:`Decoding` cont
 - a seed gives the request its own noise generator: each segment's CFM noise is the next
   draw from it, and upstream's solver runs on that noise;
 - the fast profile's ``diffusion_steps`` and ``cfg_rate`` (``_profile.py``) replace the
-  steps and guidance rate upstream writes into the CFM call, and its ``bf16_s2mel`` runs that
-  call under bfloat16 autocast (a batch's CFM key holds all three);
+  steps and guidance rate upstream writes into the CFM call; ``bf16_s2mel`` and
+  ``bf16_vocoder`` run the CFM and the vocoder in bfloat16 (``_precision.py``; a batch's keys
+  hold them);
 - in a batch (:mod:`._lockstep`), the call is parked and the coordinator runs the parked calls
   of all requests as one: :func:`run_calls`.
 
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ._lockstep import Call, Lockstep
+from ._precision import autocast_bf16, vocoder_bf16
 
 __all__ = ["Decoding", "Hooks", "decoding", "install", "interceptable", "run_calls", "set_decoding"]
 
@@ -89,8 +91,9 @@ class Decoding:
     #: the fast profile's knobs (``_profile.py``).  A batch's CFM key holds the values in effect.
     diffusion_steps: Union[int, None] = None
     cfg_rate: Union[float, None] = None
-    #: The s2mel CFM's solve under bfloat16 autocast (the fast profile's ``bf16_s2mel``).
+    #: The CFM's solve and the vocoder in bfloat16 (the fast profile's ``bf16_s2mel``, ``bf16_vocoder``).
     bf16_s2mel: bool = False
+    bf16_vocoder: bool = False
     _generator: Any = field(default=None, repr=False)
 
     def s2mel(self, n_timesteps: Any, inference_cfg_rate: Any) -> tuple[Any, Any]:
@@ -269,7 +272,7 @@ class _Interceptors:
         if context is not None:
             n_timesteps, inference_cfg_rate = context.s2mel(n_timesteps, inference_cfg_rate)
         if context is None or (context.seed is None and context.batch is None):
-            with _bf16_region(context, mu) as bf16:
+            with autocast_bf16(context is not None and context.bf16_s2mel, mu.device.type) as bf16:
                 out = self.hooks.cfm_original(
                     mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate
                 )
@@ -288,7 +291,7 @@ class _Interceptors:
             "inference_cfg_rate": inference_cfg_rate,
         }
         if context.batch is None or mu.size(0) != 1:
-            with _bf16_region(context, mu):
+            with autocast_bf16(context.bf16_s2mel, mu.device.type):
                 return _solve(torch, self.hooks.cfm, [arguments])[0]
         key = (
             "cfm",
@@ -304,11 +307,13 @@ class _Interceptors:
 
     def forward(self, x: Any) -> Any:
         context = current()
+        bf16 = context is not None and context.bf16_vocoder
         if context is None or context.batch is None or not context.batch_vocoder or x.size(0) != 1:
-            return self.hooks.vocoder_original(x)
+            with vocoder_bf16(self.hooks.vocoder, bf16):
+                return self.hooks.vocoder_original(x)
         torch = _torch()
 
-        key = ("vocoder", tuple(x.shape), x.dtype, str(x.device), _amp(torch, x.device.type))
+        key = ("vocoder", tuple(x.shape), x.dtype, str(x.device), bf16, _amp(torch, x.device.type))
         return context.batch.park(Call("vocoder", key, (), {"x": x}))
 
     def estimate(self, x: Any, prompt_x: Any, x_lens: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
@@ -379,18 +384,6 @@ class _Interceptors:
 def _torch() -> Any:
     """torch, already imported by upstream when a model call is intercepted."""
     return importlib.import_module("torch")
-
-
-@contextmanager
-def _bf16_region(context: Union[Decoding, None], mu: Any) -> Iterator[bool]:
-    """The s2mel solve's region: bfloat16 autocast on ``mu``'s device where the request's
-    ``bf16_s2mel`` asks for it (yields whether it does), else nothing."""
-    if context is None or not context.bf16_s2mel:
-        yield False
-        return
-    torch = _torch()
-    with torch.autocast(mu.device.type, dtype=torch.bfloat16):
-        yield True
 
 
 def _var_keyword(signature: inspect.Signature) -> str:
@@ -504,7 +497,8 @@ def _run(torch: Any, hooks: Hooks, kind: str, key: Any, group: Sequence[Call]) -
             return _solve(torch, hooks.cfm, [call.kwargs for call in group])
         if kind == "latent":
             return _latents(torch, hooks, group)
-        return _vocoder(torch, hooks, group)
+        with vocoder_bf16(hooks.vocoder, key[-2]):
+            return _vocoder(torch, hooks, group)
 
 
 def _gpt(torch: Any, hooks: Hooks, group: Sequence[Call]) -> list[Any]:

@@ -125,6 +125,9 @@ class _Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: does not set its own; None: the profile's (``fast``: on where the device has bf16 matrix
     #: products).  Explicitly on where the device has none: refused at load, named.
     bf16_s2mel: Union[bool, None] = None
+    #: The vocoder's dense convolutions of 96 channels or more in bfloat16; None and refusal as
+    #: ``bf16_s2mel``.
+    bf16_vocoder: Union[bool, None] = None
     #: The GPT's same-output speed-ups where they apply (docs/indextts.md, "The same output,
     #: faster"): its linear layers in oneDNN's layout on a CPU (in float32, or in bfloat16 under
     #: ``bf16_weights``), and a key-value cache that grows in place and moves only the beams
@@ -202,6 +205,8 @@ class IndexTTS2RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_onl
     #: The s2mel decoder under bfloat16 autocast; None as ``diffusion_steps``.  True where the
     #: device has no bf16 matrix products: refused (``invalid_option``).
     bf16_s2mel: Union[bool, None] = None
+    #: The vocoder's dense convolutions of 96 channels or more in bfloat16; as ``bf16_s2mel``.
+    bf16_vocoder: Union[bool, None] = None
 
     def __post_init__(self) -> None:
         # msgspec lets NaN and infinities through an unbounded float.

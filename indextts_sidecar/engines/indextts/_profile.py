@@ -18,11 +18,10 @@ repackagings alike):
     autocast regions around the GPT (its ``use_fp16``/``use_bf16`` path, which upstream turns
     off on a CPU) run in bfloat16 (on a CPU its linear layers in oneDNN's bf16 layout:
     ``_gpt_fast.py``).  The engine's alone: weights load once.
-``bf16_s2mel``
+``bf16_s2mel``, ``bf16_vocoder``
     the s2mel decoder's solve (its DiT and WaveNet, ``cfm.inference``) under bfloat16 autocast,
-    entered by the same interceptor; its weights stay float32, so a request may set it.  The
-    vocoder stays float32: in bfloat16 it ran no faster on a CPU with AMX (its late layers are
-    narrow) and lost the most precision.
+    and the vocoder's wide dense convolutions in bfloat16 (``_precision.py``), entered by the
+    same interceptors; their weights stay float32, so a request may set either.
 
 This module imports only the standard library; torch is handed in by the caller.
 """
@@ -39,16 +38,17 @@ from .. import LoadError, RequestError
 from ._upstream import accelerated
 
 __all__ = [
+    "BF16_KNOBS",
     "FAST",
     "FAST_BF16",
     "Knobs",
     "apply_bf16",
+    "bf16_knob_problem",
     "bf16_problem",
     "check_knobs",
     "device_bf16_problem",
     "knob_facts",
     "request_knobs",
-    "s2mel_bf16_problem",
 ]
 
 log = logging.getLogger("indextts_sidecar.engines.indextts")
@@ -62,6 +62,7 @@ class Knobs:
     cfg_rate: Union[float, None] = None
     num_beams: Union[int, None] = None
     bf16_s2mel: Union[bool, None] = None
+    bf16_vocoder: Union[bool, None] = None
 
     def facts(self) -> dict[str, Any]:
         """The knobs set, by name (``done.facts["knobs"]``)."""
@@ -69,17 +70,21 @@ class Knobs:
 
     @property
     def s2mel(self) -> bool:
-        """Whether the s2mel call's arguments change (the interceptor must be reached)."""
-        return self.diffusion_steps is not None or self.cfg_rate is not None or bool(self.bf16_s2mel)
+        """Whether the s2mel call or the vocoder's changes (their interceptors must be reached)."""
+        return (
+            self.diffusion_steps is not None or self.cfg_rate is not None or bool(self.bf16_s2mel or self.bf16_vocoder)
+        )
 
 
 #: ``profile=fast``: 10 diffusion steps instead of 25, guidance off, one beam instead of three,
-#: and, where the device has bf16 matrix products, the s2mel decoder under bfloat16 autocast and
-#: (the engine's) the GPT's weights in bfloat16.
-FAST = Knobs(diffusion_steps=10, cfg_rate=0.0, num_beams=1, bf16_s2mel=True)
+#: and, where the device has bf16 matrix products, the s2mel decoder and the vocoder's wide
+#: convolutions in bfloat16 and (the engine's) the GPT's weights in bfloat16.
+FAST = Knobs(diffusion_steps=10, cfg_rate=0.0, num_beams=1, bf16_s2mel=True, bf16_vocoder=True)
 FAST_BF16 = True
 _PROFILES = {"default": Knobs(), "fast": FAST}
-_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams", "bf16_s2mel")
+_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams", "bf16_s2mel", "bf16_vocoder")
+#: The knobs that need the device's bf16 matrix products.
+BF16_KNOBS = ("bf16_s2mel", "bf16_vocoder")
 
 
 def _overridden(base: Knobs, options: Any) -> Knobs:
@@ -95,8 +100,9 @@ def request_knobs(
     From the lowest: the engine's profile, the engine's knobs, the request's profile (which
     sets the knobs afresh: ``default`` clears the engine's), the request's knobs.  ``accel``
     (upstream's accelerated GPT, which ignores beams): no beams but a request's own (refused).
-    ``bf16`` False (the device has no bf16 matrix products): no ``bf16_s2mel``, which then comes
-    from the profile alone (an explicit one is refused before: :func:`s2mel_bf16_problem`).
+    ``bf16`` False (the device has no bf16 matrix products): no ``bf16_s2mel`` nor ``bf16_vocoder``,
+    which then come from the profile alone (an explicit one is refused before:
+    :func:`bf16_knob_problem`, :func:`check_knobs`).
     """
     profile = getattr(request_options, "profile", None)
     if profile is None:
@@ -107,8 +113,8 @@ def request_knobs(
     knobs = _overridden(base, request_options)
     if accel and getattr(request_options, "num_beams", None) is None:
         knobs = replace(knobs, num_beams=None)
-    if not bf16 and knobs.bf16_s2mel:
-        knobs = replace(knobs, bf16_s2mel=None)
+    if not bf16:
+        knobs = replace(knobs, bf16_s2mel=None, bf16_vocoder=None)
     return profile, knobs
 
 
@@ -134,16 +140,18 @@ def check_knobs(
     no_bf16: Union[str, None] = None,
 ) -> None:
     """Refuse the s2mel knobs where the adapter cannot reach upstream's s2mel call, and a request's
-    own ``bf16_s2mel=true`` where the device has no bf16 matrix products (``no_bf16`` says why)."""
-    if getattr(request_options, "bf16_s2mel", None) and no_bf16 is not None:
-        raise RequestError(
-            f"bf16_s2mel cannot be honoured: {no_bf16}", field="$.options.bf16_s2mel", code="invalid_option"
-        )
+    own ``bf16_s2mel`` or ``bf16_vocoder`` where the device has no bf16 matrix products
+    (``no_bf16`` says why)."""
+    for name in BF16_KNOBS:
+        if getattr(request_options, name, None) and no_bf16 is not None:
+            raise RequestError(
+                f"{name} cannot be honoured: {no_bf16}", field=f"$.options.{name}", code="invalid_option"
+            )
     profile, knobs = request_knobs(engine_options, request_options)
     if knobs.s2mel and intercept_problem is not None:
         name = "diffusion_steps" if knobs.diffusion_steps is not None else "cfg_rate"
         if knobs.diffusion_steps is None and knobs.cfg_rate is None:
-            name = "bf16_s2mel"
+            name = "bf16_s2mel" if knobs.bf16_s2mel else "bf16_vocoder"
         raise RequestError(
             f"{name!r} (set by the request, the engine or profile={profile}) needs the adapter to reach "
             f"upstream's s2mel call, which it cannot with the installed {label}: {intercept_problem}",
@@ -218,19 +226,21 @@ def bf16_problem(options: Any, model: Any, label: str) -> Union[str, None]:
     return problem
 
 
-def s2mel_bf16_problem(options: Any) -> Union[str, None]:
-    """Why the s2mel decoder cannot run under bfloat16 autocast on the engine's device (None: it can).
+def bf16_knob_problem(options: Any) -> Union[str, None]:
+    """Why the engine's device has no bf16 matrix products for ``bf16_s2mel`` and ``bf16_vocoder``
+    (None: it has).
 
     Called at load (torch imported by upstream's module).  The engine's explicit
-    ``bf16_s2mel=true`` where it cannot: a typed error naming why.
+    ``bf16_s2mel=true`` or ``bf16_vocoder=true`` where it cannot: a typed error naming why.
     """
     torch = sys.modules.get("torch")
     if torch is None:
         problem: Union[str, None] = "torch is not loaded"  # an upstream that never imported it
     else:
         problem = device_bf16_problem(torch, str(options.device or _default_device(torch)))
-    if problem is not None and options.bf16_s2mel:
-        error = LoadError(f"bf16_s2mel cannot be honoured: {problem}", field="bf16_s2mel")
+    asked = [name for name in BF16_KNOBS if getattr(options, name, None)]
+    if problem is not None and asked:
+        error = LoadError(f"{asked[0]} cannot be honoured: {problem}", field=asked[0])
         error.code = "invalid_option"
         error.retryable = False
         raise error
