@@ -10,7 +10,10 @@ of IndexTTS-2's and 2.5's GPT (24 layers, model width 1280: per layer ``c_attn``
 - ``onednn``: oneDNN's linear over the weights reordered once for three rows
   (``torch.ops.mkldnn._reorder_linear_weight``, ``_linear_pointwise``), the adapter's
   ``packed_linear`` (``_gpt_fast.py``);
-- ``mkl_transposed``: MKL with the weight stored ``[out, in]`` (``nn.Linear``'s layout).
+- ``mkl_transposed``: MKL with the weight stored ``[out, in]`` (``nn.Linear``'s layout);
+- ``onednn_bf16``: oneDNN's linear over the same weights cast to bfloat16 and reordered
+  likewise, the input cast to bf16 each call: ``packed_linear`` under ``bf16_weights`` (half
+  the bytes; on a CPU with AMX or AVX512-BF16).
 
 Each figure is the median of ``--repeats`` passes over the 96 products of the 24 layers; the row
 counts are interleaved, and the whole runs ``--rounds`` times.  Beside them, a ``sum()`` over the
@@ -55,6 +58,11 @@ def main() -> None:
     biases = [[torch.randn(o) * 0.02 for _i, o in SHAPES] for _ in range(LAYERS)]
     transposed = [[w.t().contiguous().t() for w in layer] for layer in weights]
     packed = [[torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), 3) for w in layer] for layer in weights]
+    bf16 = torch.bfloat16
+    packed_bf16 = [
+        [torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous().to(bf16), 3) for w in layer] for layer in weights
+    ]
+    biases_bf16 = [[b.to(bf16) for b in layer] for layer in biases]
     linear = torch.ops.mkldnn._linear_pointwise
 
     def paths(rows: int) -> dict[str, Callable[[], None]]:
@@ -73,15 +81,20 @@ def main() -> None:
                 for w, p, b in zip(layer, plain, bias, strict=True):
                     linear(inputs[p.shape[0]], w, b, "none", [], "")
 
-        return {"mkl": mkl(weights), "onednn": onednn, "mkl_transposed": mkl(transposed)}
+        def onednn_bf16() -> None:
+            for layer, plain, bias in zip(packed_bf16, weights, biases_bf16, strict=True):
+                for w, p, b in zip(layer, plain, bias, strict=True):
+                    linear(inputs[p.shape[0]].to(bf16), w, b, "none", [], "")
+
+        return {"mkl": mkl(weights), "onednn": onednn, "mkl_transposed": mkl(transposed), "onednn_bf16": onednn_bf16}
 
     size = sum(w.numel() * w.element_size() for layer in weights for w in layer)
     print(f"{size / 1e9:.2f} GB of weights, {torch.get_num_threads()} threads; ms per pass over the 24 layers")
     for number in range(args.rounds):
         read = timed(lambda: [w.sum() for layer in weights for w in layer], args.repeats)
         print(f"round {number + 1}: sum() over the weights {read * 1e3:.1f} ms")
-        print("| rows | mkl (upstream) | onednn (packed_linear) | mkl, [out, in] |")
-        print("|---|---|---|---|")
+        print("| rows | mkl (upstream) | onednn (packed_linear) | mkl, [out, in] | onednn, bf16 (bf16_weights) |")
+        print("|---|---|---|---|---|")
         for rows in (int(r) for r in args.rows.split(",")):
             figures = {name: timed(run, args.repeats) for name, run in paths(rows).items()}
             print(f"| {rows} | " + " | ".join(f"{figures[n] * 1e3:.1f}" for n in figures) + " |")

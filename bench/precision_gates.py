@@ -13,14 +13,15 @@ Both paths run the same requests: each text of ``--texts`` with the fixture's ``
 not the sampler's), a seed each, at most ``--tokens`` GPT tokens.  The baseline is upstream's
 path with upstream's own three beams (``num_beams=3``); the candidate is the same requests
 with the knobs: ``--profile fast`` and each ``--knob NAME=VALUE`` (``diffusion_steps``,
-``cfg_rate``, ``num_beams``, ``bf16_s2mel``: request options; ``bf16_weights``: the engine's).  A knob given
-overrides the profile's.  Where the two differ in request knobs only, one engine serves
-both and each text runs on both paths back to back, the order alternating round by round, so
-that the machine's drift (1.5x within minutes here) falls on both alike; ``speedup_rounds``
-gives each round's ratio.  An engine knob (``bf16_weights``, and ``--profile fast``, which
-turns it on where the device has bf16) needs a second engine: by default the baseline runs
-all its rounds and is unloaded before the candidate loads (full-size models are not held
-twice), and ``--hold-both`` holds both and interleaves them (twice the memory).
+``cfg_rate``, ``num_beams``, ``bf16_s2mel``, ``bf16_vocoder``: request options;
+``bf16_weights``: the engine's).  A knob given overrides the profile's.  Where the two differ
+in request knobs only, one engine serves both and each text runs on both paths back to back,
+the order alternating round by round, so that the machine's drift (1.5x within minutes here)
+falls on both alike; ``speedup_rounds`` gives each round's ratio.  An engine knob
+(``bf16_weights``, and ``--profile fast``, which turns it on where the device has bf16) needs
+a second engine: by default the baseline runs all its rounds and is unloaded before the
+candidate loads (full-size models are not held twice), and ``--hold-both`` holds both and
+interleaves them (twice the memory).
 
 The gates, per input and over all:
 
@@ -69,7 +70,7 @@ TEXTS = (
     "Hello there, this is a test of the fast profile.",
 )
 #: Request options that are knobs (the rest of ``--knob`` goes to the engine: ``bf16_weights``).
-REQUEST_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams", "bf16_s2mel")
+REQUEST_KNOBS = ("diffusion_steps", "cfg_rate", "num_beams", "bf16_s2mel", "bf16_vocoder")
 ENGINE_KNOBS = ("bf16_weights",)
 #: Upstream's own beams, the baseline's.
 UPSTREAM_BEAMS = 3
