@@ -18,8 +18,9 @@ torch and numpy are imported.  Its modules:
     the flavours of upstream code and the checkpoint files (shared with the doctor);
 ``_options``
     engine and request options, and the upstream keyword each becomes;
-``_profile``
-    the fast profile: its knobs in effect for a request, and whether the device has bf16;
+``_profile``, ``_precision``
+    the fast profile: its knobs in effect for a request, and whether the device has bf16; the
+    bfloat16 regions around the s2mel solve and the vocoder (``bf16_s2mel``, ``bf16_vocoder``);
 ``_adapter``
     the engine: checks, load, synthesize, memory;
 ``_checks``

@@ -272,7 +272,7 @@ class _Interceptors:
         if context is not None:
             n_timesteps, inference_cfg_rate = context.s2mel(n_timesteps, inference_cfg_rate)
         if context is None or (context.seed is None and context.batch is None):
-            with autocast_bf16(context is not None and context.bf16_s2mel, mu.device.type) as bf16:
+            with autocast_bf16(context is not None and context.bf16_s2mel, mu) as bf16:
                 out = self.hooks.cfm_original(
                     mu, x_lens, prompt, style, f0, n_timesteps, temperature, inference_cfg_rate
                 )
@@ -291,7 +291,7 @@ class _Interceptors:
             "inference_cfg_rate": inference_cfg_rate,
         }
         if context.batch is None or mu.size(0) != 1:
-            with autocast_bf16(context.bf16_s2mel, mu.device.type):
+            with autocast_bf16(context.bf16_s2mel, mu):
                 return _solve(torch, self.hooks.cfm, [arguments])[0]
         key = (
             "cfm",

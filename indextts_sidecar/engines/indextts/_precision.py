@@ -44,13 +44,14 @@ def _torch() -> Any:
 
 
 @contextmanager
-def autocast_bf16(on: bool, device_type: str) -> Iterator[bool]:
-    """bfloat16 autocast on ``device_type`` where ``on`` (yields ``on``), else nothing."""
+def autocast_bf16(on: bool, tensor: Any) -> Iterator[bool]:
+    """bfloat16 autocast on ``tensor``'s device where ``on`` (yields ``on``), else nothing
+    (``tensor`` untouched: a call passed through stays as upstream made it)."""
     if not on:
         yield False
         return
     torch = _torch()
-    with torch.autocast(device_type, dtype=torch.bfloat16):
+    with torch.autocast(tensor.device.type, dtype=torch.bfloat16):
         yield True
 
 
