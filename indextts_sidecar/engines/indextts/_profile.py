@@ -234,10 +234,11 @@ def bf16_knob_problem(options: Any) -> Union[str, None]:
     ``bf16_s2mel=true`` or ``bf16_vocoder=true`` where it cannot: a typed error naming why.
     """
     torch = sys.modules.get("torch")
-    if torch is None:
-        problem: Union[str, None] = "torch is not loaded"  # an upstream that never imported it
-    else:
+    problem: Union[str, None]
+    try:
         problem = device_bf16_problem(torch, str(options.device or _default_device(torch)))
+    except (AttributeError, RuntimeError) as exc:  # no torch, a stub, a build without these queries
+        problem = f"this torch cannot tell whether the device has bf16 matrix products ({type(exc).__name__}: {exc})"
     asked = [name for name in BF16_KNOBS if getattr(options, name, None)]
     if problem is not None and asked:
         error = LoadError(f"{asked[0]} cannot be honoured: {problem}", field=asked[0])

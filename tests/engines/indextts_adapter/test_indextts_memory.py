@@ -25,7 +25,6 @@ def _fake_torch(cuda: bool = False, mps: bool = False, log: list[str] | None = N
     cuda_ns = types.SimpleNamespace(
         is_available=lambda: cuda,
         is_initialized=lambda: cuda,
-        is_bf16_supported=lambda: cuda,  # read at load, for the bf16 knobs
         memory_allocated=lambda: 1000,
         memory_reserved=lambda: 2000,
         empty_cache=lambda: events.append("cuda.empty_cache"),
