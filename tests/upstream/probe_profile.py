@@ -164,20 +164,14 @@ def bf16(cls: Any, ckpt: str) -> dict[str, Any]:
     out["samples"] = int(sum(p.size for p in pieces))
     out["facts"] = engine.request_facts()
     calls = Calls(engine._model)
-    pieces = list(engine.synthesize(request(cls, ckpt, 1, bf16_s2mel=True), lambda *a: None, lambda: False))
-    out["s2mel"] = {
-        "samples": int(sum(p.size for p in pieces)),
-        "facts": engine.request_facts(),
-        "calls": calls.take(),
-        "vocoder": calls.take_vocoder(),
-    }
-    pieces = list(engine.synthesize(request(cls, ckpt, 2, bf16_vocoder=True), lambda *a: None, lambda: False))
-    out["vocoder"] = {
-        "samples": int(sum(p.size for p in pieces)),
-        "facts": engine.request_facts(),
-        "calls": calls.take(),
-        "vocoder": calls.take_vocoder(),
-    }
+    for i, name in enumerate(("bf16_s2mel", "bf16_vocoder"), start=1):
+        pieces = list(engine.synthesize(request(cls, ckpt, i, **{name: True}), lambda *a: None, lambda: False))
+        out[name.removeprefix("bf16_")] = {
+            "samples": int(sum(p.size for p in pieces)),
+            "facts": engine.request_facts(),
+            "calls": calls.take(),
+            "vocoder": calls.take_vocoder(),
+        }
     greedy = {"do_sample": False, "seed": 3}
     both = {"bf16_s2mel": True, "bf16_vocoder": True}
     for name, second in (("bf16_same", both), ("bf16_apart", {})):
