@@ -219,10 +219,7 @@ def bf16_problem(options: Any, model: Any, label: str) -> Union[str, None]:
         elif accelerated(model) or not hasattr(model, "dtype"):
             problem = f"the installed {label} runs its GPT outside upstream's autocast (use_accel)"
     if problem is not None and options.bf16_weights:
-        error = LoadError(f"bf16_weights cannot be honoured: {problem}", field="bf16_weights")
-        error.code = "invalid_option"
-        error.retryable = False
-        raise error
+        raise _cannot_honour("bf16_weights", problem)
     return problem
 
 
@@ -241,11 +238,16 @@ def bf16_knob_problem(options: Any) -> Union[str, None]:
         problem = f"this torch cannot tell whether the device has bf16 matrix products ({type(exc).__name__}: {exc})"
     asked = [name for name in BF16_KNOBS if getattr(options, name, None)]
     if problem is not None and asked:
-        error = LoadError(f"{asked[0]} cannot be honoured: {problem}", field=asked[0])
-        error.code = "invalid_option"
-        error.retryable = False
-        raise error
+        raise _cannot_honour(asked[0], problem)
     return problem
+
+
+def _cannot_honour(option: str, problem: str) -> LoadError:
+    """The load's refusal of an engine option the device cannot honour: not retryable."""
+    error = LoadError(f"{option} cannot be honoured: {problem}", field=option)
+    error.code = "invalid_option"
+    error.retryable = False
+    return error
 
 
 def apply_bf16(options: Any, model: Any, label: str) -> bool:
