@@ -35,6 +35,13 @@ import torch
 
 WIDTH = 1280
 LAYERS = 24
+#: Each path's column heading.
+LABELS = {
+    "mkl": "mkl (upstream)",
+    "onednn": "onednn (packed_linear)",
+    "mkl_transposed": "mkl, [out, in]",
+    "onednn_bf16": "onednn, bf16 (bf16_weights)",
+}
 SHAPES = ((WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH))
 
 
@@ -58,10 +65,10 @@ def main() -> None:
     weights = [[torch.randn(i, o) * 0.02 for i, o in SHAPES] for _ in range(LAYERS)]
     biases = [[torch.randn(o) * 0.02 for _i, o in SHAPES] for _ in range(LAYERS)]
     transposed = [[w.t().contiguous().t() for w in layer] for layer in weights]
-    packed = [[torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), 3) for w in layer] for layer in weights]
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    packed = [[reorder(w.t().contiguous(), 3) for w in layer] for layer in weights]
     bf16 = torch.bfloat16
     try:
-        reorder = torch.ops.mkldnn._reorder_linear_weight
         packed_bf16 = [[reorder(w.t().contiguous().to(bf16), 3) for w in layer] for layer in weights]
     except RuntimeError as exc:  # a CPU without bf16 matrix instructions: oneDNN refuses the layout
         packed_bf16 = []
@@ -98,9 +105,9 @@ def main() -> None:
     for number in range(args.rounds):
         read = timed(lambda: [w.sum() for layer in weights for w in layer], args.repeats)
         print(f"round {number + 1}: sum() over the weights {read * 1e3:.1f} ms")
-        bf16_column = " onednn, bf16 (bf16_weights) |" if packed_bf16 else ""
-        print("| rows | mkl (upstream) | onednn (packed_linear) | mkl, [out, in] |" + bf16_column)
-        print("|---|---|---|---|" + ("---|" if packed_bf16 else ""))
+        columns = [LABELS[name] for name in paths(1)]
+        print("| rows | " + " | ".join(columns) + " |")
+        print("|---" * (len(columns) + 1) + "|")
         for rows in (int(r) for r in args.rows.split(",")):
             figures = {name: timed(run, args.repeats) for name, run in paths(rows).items()}
             print(f"| {rows} | " + " | ".join(f"{figures[n] * 1e3:.1f}" for n in figures) + " |")
