@@ -9,10 +9,10 @@ it), and cancelling it frees the engine, which takes the waiting ones at once.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import anyio
 import pytest
 from harness import Peer, listening_unix, pcm_of, sidecar, spawn, unix_peer
 
-from indextts_client import Client, RequestTimeoutError
+from indextts_client import Client, ProgressEvent, RequestTimeoutError
 from indextts_sidecar import protocol
 from indextts_sidecar._jobs import Job
 from indextts_sidecar._scheduler import Lane, Scheduler
@@ -236,31 +236,30 @@ async def test_a_crash_inside_a_batch_ends_the_process_as_before(tmp_path: Path)
 
 
 async def test_each_request_of_a_batch_keeps_its_own_deadline(tmp_path: Path) -> None:
-    # --batch-wait-ms holds the first request until the batch of three is full.
     options = {"sample_rate": RATE, "seconds_per_char": PER_CHAR, "max_batch": 3}
-    async with Client(
-        "fake", engine_options=options, sidecar_args=["--batch-wait-ms", "10000"], restart_backoff=0.0
-    ) as client:
+    async with Client("fake", engine_options=options, restart_backoff=0.0) as client:
         with anyio.fail_after(TIMEOUT):
             assert client.info.max_batch == 3
             await client.load()
-            results: dict[str, Any] = {}
-
-            async def speak(name: str, **kwargs: Any) -> None:
-                try:
-                    results[name] = await client.synthesize(name, **kwargs)
-                except RequestTimeoutError as exc:
-                    results[name] = exc
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(
-                    functools.partial(speak, "hangs past its deadline", timeout=2.0, hang_at=3, chunk_seconds=0.02)
+            async with AsyncExitStack() as stack:
+                # The engine is held by a request that hangs at once while the three queue behind
+                # it (the pong comes after the sidecar read them); closing it frees the engine,
+                # which takes the three as one batch.
+                held = await stack.enter_async_context(client.stream("held", hang_at=0, chunk_seconds=0.02))
+                async for event in held.events():
+                    assert isinstance(event, ProgressEvent), event
+                    break
+                named = [("first of the others", {"record": str(tmp_path / "r.json")}), ("second of the others", {})]
+                others = {name: await stack.enter_async_context(client.request(name, **kw)) for name, kw in named}
+                hanging = await stack.enter_async_context(
+                    client.request("hangs past its deadline", timeout=2.0, hang_at=3, chunk_seconds=0.02)
                 )
-                tg.start_soon(functools.partial(speak, "first of the others", record=str(tmp_path / "r.json")))
-                tg.start_soon(speak, "second of the others")
-            assert isinstance(results["hangs past its deadline"], RequestTimeoutError)
-            for name in ("first of the others", "second of the others"):
-                assert results[name].samples.tobytes() == _expected(name)
+                await client.ping()
+                await held.aclose()
+                with pytest.raises(RequestTimeoutError):
+                    await hanging.result()
+                for name, request in others.items():
+                    assert (await request.result()).samples.tobytes() == _expected(name)
             batch = _batch_of(tmp_path / "r.json")
             assert batch is not None and len(batch) == 3, batch
             health = await client.ping()
