@@ -16,6 +16,11 @@ of IndexTTS-2's and 2.5's GPT (24 layers, model width 1280: per layer ``c_attn``
   the bytes; on a CPU with AMX or AVX512-BF16; left out, saying why, where oneDNN refuses the
   layout).
 
+Then the vocabulary head (``mel_head``, an ``nn.Linear`` of 1280 x 8194, 42 MB), which a
+decoding step runs after the stack: by MKL (``F.linear``, upstream's) and over oneDNN's layout
+(``packed_linear`` lays it out too), each call timed alone right after an untimed ``onednn``
+pass, so that the head is read from memory as in a step, not from the cache.
+
 Each figure is the median of ``--repeats`` passes over the 96 products of the 24 layers; the row
 counts are interleaved, and the whole runs ``--rounds`` times.  Beside them, a ``sum()`` over the
 weights (the read a pass cannot beat)::
@@ -26,6 +31,7 @@ weights (the read a pass cannot beat)::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -43,12 +49,15 @@ LABELS = {
     "onednn_bf16": "onednn, bf16 (bf16_weights)",
 }
 SHAPES = ((WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH))
+#: The vocabulary head's output width (``number_mel_codes``, both versions).
+CODES = 8194
 
 
-def timed(work: Callable[[], Any], repeats: int) -> float:
+def timed(work: Callable[[], Any], repeats: int, before: Callable[[], Any] = lambda: None) -> float:
     work()
     times = []
     for _ in range(repeats):
+        before()
         started = time.perf_counter()
         work()
         times.append(time.perf_counter() - started)
@@ -75,6 +84,8 @@ def main() -> None:
         print(f"no onednn_bf16 column: {exc}")
     biases_bf16 = [[b.to(bf16) for b in layer] for layer in biases]
     linear = torch.ops.mkldnn._linear_pointwise
+    head, head_bias = torch.randn(CODES, WIDTH) * 0.02, torch.randn(CODES) * 0.02  # nn.Linear: [out, in]
+    head_packed = reorder(head, 3)
 
     def paths(rows: int) -> dict[str, Callable[[], None]]:
         inputs = {WIDTH: torch.randn(rows, WIDTH), 4 * WIDTH: torch.randn(rows, 4 * WIDTH)}
@@ -111,6 +122,15 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             figures = {name: timed(run, args.repeats) for name, run in paths(rows).items()}
             print(f"| {rows} | " + " | ".join(f"{figures[n] * 1e3:.1f}" for n in figures) + " |")
+        print("the head, after a pass over the stack (ms a call):")
+        print("| rows | mkl, F.linear (upstream) | onednn (packed_linear) |")
+        print("|---|---|---|")
+        for rows in (int(r) for r in args.rows.split(",")):
+            x, stack = torch.randn(rows, WIDTH), paths(rows)["onednn"]
+            by_mkl = timed(functools.partial(torch.nn.functional.linear, x, head, head_bias), args.repeats, stack)
+            packed_head = functools.partial(linear, x, head_packed, head_bias, "none", [], "")
+            by_onednn = timed(packed_head, args.repeats, stack)
+            print(f"| {rows} | {by_mkl * 1e3:.2f} | {by_onednn * 1e3:.2f} |")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def masked_rows(model: Any) -> list[list[float]]:
 
 
 def float_weights(model: Any) -> int:
-    return sum(1 for layer in _gpt_fast._conv1ds(model.gpt.gpt) if layer.weight is not None)
+    return sum(1 for layer in _gpt_fast._packable(model.gpt) if layer.weight is not None)
 
 
 def cache_check() -> Any:

@@ -9,12 +9,14 @@ stored ``[in, out]``, through MKL's general product. With two or three rows (a l
 beams) MKL picks a kernel that runs 1.4-1.5x slower than the weights' read; with one row it
 reads at the floor. oneDNN's linear over the same weights, reordered once into its blocked
 layout, is as fast at one row and reaches the floor at three: every ``Conv1D`` of the GPT-2
-stack gets that layout, and its forward calls oneDNN. The weights are replaced, not doubled
-(the memory stays as it was). Where it applies: a CPU with oneDNN, float32 weights and no
-autocast (upstream's ``dtype`` None), or bfloat16 weights under upstream's bfloat16 autocast
-(``bf16_weights``, the fast profile's): there oneDNN's bf16 products (AMX or AVX512-BF16) read
-half the bytes, where autocast's own bf16 ``addmm`` ran slower than float32. Not for fp16 or on
-a GPU.
+stack gets that layout, and its forward calls oneDNN.  So does the vocabulary head
+(``mel_head``, an ``nn.Linear`` of 1280 x 8194 at full size, which every step runs after the
+stack): on an AMD EPYC without AVX-512 MKL took about 9 ms a step for it at three rows.  The
+weights are replaced, not doubled (the memory stays as it was). Where it applies: a CPU with
+oneDNN, float32 weights and no autocast (upstream's ``dtype`` None), or bfloat16 weights under
+upstream's bfloat16 autocast (``bf16_weights``, the fast profile's): there oneDNN's bf16
+products (AMX or AVX512-BF16) read half the bytes, where autocast's own bf16 ``addmm`` ran
+slower than float32. Not for fp16 or on a GPU.
 
 **A beam cache** (``beam_cache``). Hugging Face's ``DynamicCache`` concatenates every layer's
 keys and values into a new tensor at each step, and beam search then gathers every row of every
@@ -83,7 +85,7 @@ def uninstall(model: Any) -> None:
                 vars(inference).pop(name, None)
             else:
                 setattr(inference, name, before)
-    for module in _conv1ds(getattr(gpt, "gpt", None)):
+    for module in _packable(gpt):
         kept = _KEPT.pop(module, None)
         if kept is not None:
             module.weight = kept
@@ -102,8 +104,23 @@ def _conv1ds(stack: Any) -> list[Any]:
     return [m for m in modules() if type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "bias")]
 
 
-def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
+def _head(gpt: Any) -> list[Any]:
+    """The GPT's vocabulary head (``mel_head``, ``nn.Linear``: ``[out, in]``), where it has one
+    with a bias.  Each decoding step multiplies its beams' rows by it, as the stack's layers."""
+    head = getattr(gpt, "mel_head", None)
+    if type(head).__name__ == "Linear" and getattr(head, "bias", None) is not None:
+        return [head]
+    return []
+
+
+def _packable(gpt: Any) -> list[Any]:
+    """What ``packed_linear`` lays out: the stack's ``Conv1D`` layers, then the head."""
     layers = _conv1ds(getattr(gpt, "gpt", None))
+    return [*layers, *_head(gpt)] if layers else []
+
+
+def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
+    layers = _packable(gpt)
     if not layers:
         return "its GPT has no GPT-2 Conv1D layers"
     torch = _torch()
@@ -125,8 +142,10 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
     forward = _packed_forward if wanted == torch.float32 else _packed_bf16_forward
     for module in layers:
         weight = module.weight
+        # oneDNN takes the weight as [out, in]: nn.Linear's layout, Conv1D's transposed.
+        plain = weight.detach() if type(module).__name__ == "Linear" else weight.detach().t()
         with torch.no_grad():
-            packed = reorder(weight.detach().t().contiguous(), _LAYOUT_ROWS)
+            packed = reorder(plain.contiguous(), _LAYOUT_ROWS)
         if keep_weights:
             _KEPT[module] = weight
         module.weight = None  # the packed layout replaces it: the memory stays as it was
@@ -135,7 +154,8 @@ def _pack(model: Any, gpt: Any, keep_weights: bool) -> Union[str, None]:
 
 
 def _packed_forward(linear: Any, packed: Any, bias: Any, x: Any) -> Any:
-    """``Conv1D.forward`` over oneDNN's layout: ``x @ W + b`` for any leading shape."""
+    """``Conv1D.forward`` (or the head's ``Linear.forward``) over oneDNN's layout: ``x @ W + b``
+    for any leading shape."""
     return linear(x, packed, bias, "none", [], "")
 
 
