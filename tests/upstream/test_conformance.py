@@ -266,6 +266,11 @@ async def test_the_pypi_repackagings(name: str, checkpoints: Any) -> None:
         expected = ("indextts.infer_v2", "2") if name == "pypi2" else ("indextts25.infer_v2_5", "2.5")
         assert (info["module"], info["model_version"]) == expected
         assert "from indextts2" in info["flavour"]
+        # The package's __init__ imports torch: the flavour is found without it, so the spinning
+        # of torch's OpenMP threads is bounded before torch loads (it slowed this test 6x or more
+        # on a busy 2-core machine when it was not).
+        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
+        assert info["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), info
         events: list[ProgressEvent] = []
         audio = await c.synthesize("Hello.", voice=voice, on_progress=events.append, **FAST)
         assert len(audio.samples) > 0 and len(audio.samples) % SEGMENT == 0

@@ -263,6 +263,7 @@ class IndexTTSEngine(Engine[Any, Any]):
             return
         self.dropped_options = []
         opts = self.options
+        self.openmp = openmp_waits()  # before anything that may import torch
         progress("load", 0.0, "checking the installation and the checkpoint directory")
         version = self._directory_version()
         flavour = self._resolve_flavour(version)
@@ -273,7 +274,6 @@ class IndexTTSEngine(Engine[Any, Any]):
         if cancelled():
             raise Cancelled
         progress("load", 0.1, f"importing {flavour.module} ({flavour.label})")
-        self.openmp = openmp_waits()
         cls = self._import(flavour)
         if cancelled():
             raise Cancelled

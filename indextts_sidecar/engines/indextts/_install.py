@@ -1,12 +1,13 @@
 """What an IndexTTS installation is made of: the flavours of upstream code, the checkpoint files.
 
 Shared by the adapter, which refuses to load what is missing, and by the doctor, which
-reports it.  Imports only the standard library: finding a flavour looks for modules
-(``importlib.util.find_spec``) and never imports the one holding the model.
+reports it.  Imports only the standard library: finding a flavour looks for modules in
+their packages' folders and imports neither the package nor the module holding the model.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -159,16 +160,17 @@ def _is_pypi(location: Union[str, None]) -> bool:
 
 
 def find_flavour(prefer: Iterable[str] = ("2.5", "2")) -> Union[Flavour, None]:
-    """The first installed flavour for the model versions in ``prefer``, without importing torch.
+    """The first installed flavour for the model versions in ``prefer``, importing nothing.
 
-    Looking for a submodule imports its package (upstream's ``__init__`` is empty), never
-    the module holding the model.  Returns None when none of ``prefer`` is installed.
+    The model's module is looked up in its package's folder, never through the package: the
+    PyPI packages' ``__init__`` imports the model, and with it torch, which must come after
+    ``openmp_waits`` (and costs seconds).  Returns None when none of ``prefer`` is installed.
     """
     for version in prefer:
         for module, kind in FLAVOUR_MODULES[version]:
             package = module.partition(".")[0]
             location = package_dir(package)
-            if location is None or importlib.util.find_spec(module) is None:
+            if location is None or importlib.machinery.PathFinder.find_spec(module, [location]) is None:
                 continue
             if kind == "2" and _is_pypi(location):
                 kind = "pypi"
