@@ -6,7 +6,8 @@ repository on ``PYTHONPATH``::
     echo '{"text": "...", "voice": "clip.wav", "max_mel_tokens": 72}' | \\
         python bench/_floor.py 2|2.5 MODEL_DIR DEVICE
 
-Measures, with the intra-op threads torch uses here (``torch.get_num_threads()``):
+Measures, with the intra-op threads torch uses here (``torch.get_num_threads()``) and their
+idle waits bounded as in the sidecar (``openmp_waits``, reported as ``openmp``):
 
 * memory-read bandwidth: the best of several ``sum()`` over a float32 tensor far larger than
   the caches (256 MiB on a CPU, 1 GiB on a GPU), bytes read over seconds;
@@ -40,6 +41,8 @@ import time
 from typing import Any
 
 from _upstream_direct import load_model
+
+from indextts_sidecar.engines.indextts._upstream import openmp_waits
 
 #: Rows a decoding step may carry: a lone request, upstream's three beams, batches.
 ROWS = (1, 2, 3, 4, 8)
@@ -89,11 +92,13 @@ def main() -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # upstream's prints
     sys.stdout = sys.stderr
+    openmp = openmp_waits()  # OpenMP's idle threads wait as in the sidecar: set before torch loads
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     machine = {
         "threads": torch.get_num_threads(),
+        "openmp": openmp,
         "bandwidth": bandwidth(torch, device),
         "matmul": matmul(torch, device),
     }

@@ -107,6 +107,8 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
     for model in ("2", "2.5"):
         (cell,) = [c for c in by_kind["floor"] if c["model"] == model]
         assert cell["status"] == "ok" and cell["threads"] >= 1, cell
+        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
+        assert cell["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), cell  # OpenMP waits as in the sidecar
         assert cell["bandwidth"]["bytes_per_s"] > 0 and cell["matmul"]["flops_per_s"] > 0
         gpt = cell["gpt"]
         # One decoding step a token but the first (the prefill), one row (one beam).
