@@ -1,3 +1,3 @@
-from ._main import main
+from ._main import leave, main
 
-raise SystemExit(main())
+raise SystemExit(leave(main()))

@@ -157,6 +157,47 @@ def test_an_engine_thread_that_never_ends_does_not_hold_the_exit() -> None:
     assert b"atexit ran" not in out.stderr
 
 
+def test_a_finished_sidecar_skips_the_teardown_of_its_modules_but_not_the_exit_hooks() -> None:
+    # With torch and upstream loaded, freeing every module took 2 s, past the client's grace:
+    # every close ended in SIGTERM.  Here a module's object takes an hour to free: the sidecar
+    # still leaves at once with its status, after the atexit handlers (the parent's timeout of
+    # 30 s fails the test otherwise).
+    code = textwrap.dedent(
+        """
+        import atexit, os, runpy, sys, time, types
+
+        class SlowToFree:
+            def __del__(self):
+                time.sleep(3600)
+
+        heavy = types.ModuleType("heavy")
+        heavy.state = SlowToFree()
+        sys.modules["heavy"] = heavy
+        del heavy
+        atexit.register(lambda: os.write(2, b"atexit ran\\n"))
+        sys.argv = ["indextts_sidecar", "--engine", "fake", "--log-level", "warning"]
+        runpy.run_module("indextts_sidecar", run_name="__main__", alter_sys=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=protocol.frame(Ping(id=1)),
+        capture_output=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert b"atexit ran\n" in out.stderr
+    decoder = msgspec.msgpack.Decoder(protocol.Reply)
+    replies, data = [], out.stdout
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        replies.append(decoder.decode(data[4 : 4 + size]))
+        data = data[4 + size :]
+    assert [type(r) for r in replies[:2]] == [Ready, Pong] and replies[1].id == 1
+
+
 def test_the_server_loads_the_voice_store_only_for_a_voice_dir() -> None:
     # The store's hashlib and tempfile cost some 20 ms of a sidecar's start (OpenSSL loads).
     code = textwrap.dedent(

@@ -13,6 +13,7 @@ trio is covered by the main suite (against stand-ins that now match upstream).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -178,10 +179,13 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
 
 
 @pytest.mark.parametrize("name", GITHUB)
-async def test_each_request_reports_upstreams_stage_times_and_its_voice_cache(name: str, checkpoints: Any) -> None:
+async def test_each_request_reports_upstreams_stage_times_and_its_voice_cache(
+    name: str, checkpoints: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     flavour = flavour_named(name)
     ckpt = checkpoints(flavour)
     voice, voice2 = str(ckpt / "voice.wav"), str(ckpt / "voice2.wav")
+    caplog.set_level(logging.DEBUG, logger="indextts_client")
     async with client(flavour, ckpt) as c:
         first = await c.synthesize("Hello.", voice=voice, **FAST)
         # The times upstream printed after the inference, read by the adapter from its stdout.
@@ -191,6 +195,10 @@ async def test_each_request_reports_upstreams_stage_times_and_its_voice_cache(na
         assert first.facts["voice_cache"] == "miss"
         assert (await c.synthesize("Hello.", voice=voice2, **FAST)).facts["voice_cache"] == "miss"
         assert (await c.synthesize("Hello.", voice=voice, **FAST)).facts["voice_cache"] == "hit"
+    # Closed, the sidecar ends by itself, torch and upstream loaded: not terminated after the
+    # client's grace (the teardown of its modules took longer than that; _main.leave skips it).
+    reaped = [r.getMessage() for r in caplog.records if "reaped" in r.getMessage()]
+    assert len(reaped) == 1 and reaped[0].endswith("(returncode 0)"), reaped
 
 
 async def test_the_directory_decides_the_version(checkpoints: Any) -> None:
