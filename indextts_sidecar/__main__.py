@@ -1,3 +1,4 @@
-from ._main import leave, main
+from ._leave import finished  # first: its exit hook must run after every other (see _leave)
+from ._main import main
 
-raise SystemExit(leave(main()))
+raise SystemExit(finished(main()))

@@ -370,29 +370,3 @@ def engine_thread_busy(wait: float = ENGINE_EXIT_WAIT) -> bool:
             if thread.is_alive():
                 return True
     return False
-
-
-def leave(status: int) -> int:
-    """End the process with ``status`` once the exit hooks have run, skipping the module teardown.
-
-    Python's finalisation frees every module and what it holds, one object at a time.  With
-    torch, transformers and upstream loaded that took about 2 s of CPU on the 2-core VM, more
-    than the client waits before it terminates the sidecar: every close of an IndexTTS sidecar
-    ended in SIGTERM.  By now the answers are written and the engine thread has ended, so the
-    teardown buys nothing.  The exit hooks (``atexit``: logging's flush, ``weakref.finalize``'s
-    clean-ups of temporary files) still run, and the standard streams are flushed.  While a
-    thread that is not a daemon still runs, Python exits as usual, joining it first.
-    """
-    import atexit
-    import threading
-
-    main_thread = threading.main_thread()
-    if any(thread is not main_thread and not thread.daemon and thread.is_alive() for thread in threading.enumerate()):
-        return status
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed, or a reader gone
-            pass
-    os._exit(status)

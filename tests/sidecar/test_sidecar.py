@@ -161,7 +161,7 @@ def test_a_finished_sidecar_skips_the_teardown_of_its_modules_but_not_the_exit_h
     # With torch and upstream loaded, freeing every module took 2 s, past the client's grace:
     # every close ended in SIGTERM.  Here a module's object takes an hour to free: the sidecar
     # still leaves at once with its status, after the atexit handlers (the parent's timeout of
-    # 30 s fails the test otherwise).
+    # 30 s fails the test otherwise).  (_leave's own hook runs last: it is registered first.)
     code = textwrap.dedent(
         """
         import atexit, os, runpy, sys, time, types
@@ -170,6 +170,7 @@ def test_a_finished_sidecar_skips_the_teardown_of_its_modules_but_not_the_exit_h
             def __del__(self):
                 time.sleep(3600)
 
+        import indextts_sidecar._leave  # as python -m does, before anything registers a hook
         heavy = types.ModuleType("heavy")
         heavy.state = SlowToFree()
         sys.modules["heavy"] = heavy

@@ -196,7 +196,7 @@ async def test_each_request_reports_upstreams_stage_times_and_its_voice_cache(
         assert (await c.synthesize("Hello.", voice=voice2, **FAST)).facts["voice_cache"] == "miss"
         assert (await c.synthesize("Hello.", voice=voice, **FAST)).facts["voice_cache"] == "hit"
     # Closed, the sidecar ends by itself, torch and upstream loaded: not terminated after the
-    # client's grace (the teardown of its modules took longer than that; _main.leave skips it).
+    # client's grace (the teardown of its modules took longer than that; the sidecar skips it: _leave).
     reaped = [r.getMessage() for r in caplog.records if "reaped" in r.getMessage()]
     assert len(reaped) == 1 and reaped[0].endswith("(returncode 0)"), reaped
 
