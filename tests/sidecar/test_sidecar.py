@@ -66,6 +66,17 @@ def test_ready_path_imports_no_heavy_module() -> None:
     assert out.stdout.strip() == ""
 
 
+def _replies(data: bytes) -> list[protocol.Reply]:
+    """The frames a sidecar wrote to its stdout, decoded."""
+    decoder = msgspec.msgpack.Decoder(protocol.Reply)
+    replies: list[protocol.Reply] = []
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        replies.append(decoder.decode(data[4 : 4 + size]))
+        data = data[4 + size :]
+    return replies
+
+
 def test_ready_means_usable_and_comes_before_the_engine_dependencies() -> None:
     # ``ready`` goes out once the server reads requests: answering the ping that follows
     # it imports nothing more (no event loop start-up left to pay), and the engine's own
@@ -98,12 +109,7 @@ def test_ready_means_usable_and_comes_before_the_engine_dependencies() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], input=requests, capture_output=True, cwd=REPO, timeout=30, check=True
     )
-    decoder = msgspec.msgpack.Decoder(protocol.Reply)
-    replies, data = [], out.stdout
-    while data:
-        size = int.from_bytes(data[:4], "big")
-        replies.append(decoder.decode(data[4 : 4 + size]))
-        data = data[4 + size :]
+    replies = _replies(out.stdout)
     assert [type(r) for r in replies[:2]] == [Ready, Pong] and replies[1].id == 1
     report = [line.split(":", 1) for line in out.stderr.decode().splitlines()]
     lines = {key: value for key, value in report if key in ("after", "engine")}
@@ -190,12 +196,7 @@ def test_a_finished_sidecar_skips_the_teardown_of_its_modules_but_not_the_exit_h
     )
     assert out.returncode == 0, out.stderr
     assert b"atexit ran\n" in out.stderr
-    decoder = msgspec.msgpack.Decoder(protocol.Reply)
-    replies, data = [], out.stdout
-    while data:
-        size = int.from_bytes(data[:4], "big")
-        replies.append(decoder.decode(data[4 : 4 + size]))
-        data = data[4 + size :]
+    replies = _replies(out.stdout)
     assert [type(r) for r in replies[:2]] == [Ready, Pong] and replies[1].id == 1
 
 

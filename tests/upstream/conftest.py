@@ -54,6 +54,13 @@ class Flavour:
         return env
 
 
+def expected_openmp() -> dict[str, str]:
+    """What a load reports as ``openmp``: the OpenMP wait variables this environment sets, or
+    the sidecar's bound on the spinning (``GOMP_SPINCOUNT=1000``) where it sets none."""
+    waits = {name: os.environ[name] for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if name in os.environ}
+    return waits or {"GOMP_SPINCOUNT": "1000"}
+
+
 def upstream_src() -> str:
     src = os.environ.get("INDEXTTS_UPSTREAM_SRC") or str(ROOT.parent / "shared" / "upstream" / "index-tts")
     return os.path.abspath(src)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, cached_checkpoint, flavour_named
+from conftest import ROOT, cached_checkpoint, expected_openmp, flavour_named
 
 #: A --small run of both models is 5-10 minutes on 2 idle cores; a busy machine makes it slower.
 pytestmark = pytest.mark.timeout(2400)
@@ -107,8 +107,7 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
     for model in ("2", "2.5"):
         (cell,) = [c for c in by_kind["floor"] if c["model"] == model]
         assert cell["status"] == "ok" and cell["threads"] >= 1, cell
-        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
-        assert cell["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), cell  # OpenMP waits as in the sidecar
+        assert cell["openmp"] == expected_openmp(), cell  # OpenMP waits as in the sidecar
         assert cell["bandwidth"]["bytes_per_s"] > 0 and cell["matmul"]["flops_per_s"] > 0
         gpt = cell["gpt"]
         # One decoding step a token but the first (the prefill), one row (one beam).
@@ -185,8 +184,7 @@ def test_small_run_covers_every_cell(tmp_path: Path, ckpt_root: Path) -> None:
         assert overhead["n"] == 2 and overhead["median"] > 0
         # Upstream called directly waits for OpenMP's threads as the sidecar does (the same rule).
         (priced,) = [c for c in by_kind["overhead"] if c["model"] == model]
-        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
-        assert priced["upstream_openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), priced
+        assert priced["upstream_openmp"] == expected_openmp(), priced
         # mps: this machine has no NVIDIA driver, so the pool refuses the daemon and the cell says why.
         (mps,) = [c for c in by_kind["mps"] if c["model"] == model]
         assert mps["status"] == "skipped" and mps["sidecars"] == 2, mps

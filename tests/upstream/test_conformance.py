@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HERE, ROOT, Flavour, flavour_named
+from conftest import HERE, ROOT, Flavour, expected_openmp, flavour_named
 
 from indextts_client import Client, EmotionVector, InvalidRequestError, LoadFailedError, ProgressEvent
 
@@ -107,8 +107,7 @@ async def test_requests_on_the_real_model(name: str, checkpoints: Any, tmp_path:
         assert info["model_version"] == name
         assert info["module"] == ("indextts.infer_v2" if name == "2" else "indextts.infer_v2_5")
         # torch's OpenMP threads spin briefly before they sleep, unless the environment says otherwise.
-        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
-        assert info["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), info
+        assert info["openmp"] == expected_openmp(), info
 
         # One segment: exactly upstream's samples, no trailing silence.
         events: list[ProgressEvent] = []
@@ -277,8 +276,7 @@ async def test_the_pypi_repackagings(name: str, checkpoints: Any) -> None:
         # The package's __init__ imports torch: the flavour is found without it, so the spinning
         # of torch's OpenMP threads is bounded before torch loads (it slowed this test 6x or more
         # on a busy 2-core machine when it was not).
-        waits = {n: os.environ[n] for n in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if n in os.environ}
-        assert info["openmp"] == (waits or {"GOMP_SPINCOUNT": "1000"}), info
+        assert info["openmp"] == expected_openmp(), info
         events: list[ProgressEvent] = []
         audio = await c.synthesize("Hello.", voice=voice, on_progress=events.append, **FAST)
         assert len(audio.samples) > 0 and len(audio.samples) % SEGMENT == 0
