@@ -11,39 +11,36 @@
             for chunk in chunks:
                 play(chunk.samples)
 
-An event loop runs in a daemon thread behind an anyio :class:`~anyio.from_thread.BlockingPortal`;
-each method hands its call to that loop and blocks until it returns.  Calls may come from
+An event loop runs in a daemon thread (:class:`~._loop_thread.LoopThread`); each method hands
+its call to that loop and blocks until it returns.  Calls may come from
 any number of threads at once: they run concurrently on the loop, as tasks sharing one
 :class:`Client` do.  Progress callbacks run on the loop's thread.
 
 Ctrl-C (or any exception raised in the waiting thread, such as a signal handler's) while a
 method waits cancels that call on the loop, which cancels the request on the sidecar, and
-re-raises at once: the sidecar is free for the next call.  A client dropped without
+re-raises at once: the sidecar is free for the next call.  Wherever the interrupt lands, the
+waiting thread holds no lock the loop needs (see :mod:`._loop_thread`).  A client dropped without
 :meth:`~BlockingClient.close` emits :class:`ResourceWarning` and is closed then (or at
 interpreter exit).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import inspect
-import queue
 import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Final, Union
 
 import anyio
-from anyio.from_thread import BlockingPortal
 
 from ._audio import Audio, AudioChunk, WordTiming
 from ._client import Client
 from ._exceptions import ClosedError
+from ._loop_thread import LoopCall, LoopThread
 from ._signature import REQUESTER, same_parameters
 from ._stream_text import (
     DEFAULT_LOOKAHEAD,
@@ -58,17 +55,12 @@ from ._wire._request import EmotionLike, Synthesis, TextFormat, TimeoutArg
 
 __all__ = ["BlockingClient", "BlockingStream", "BlockingTextStream", "thread_fragments"]
 
-#: How long an interrupted call waits for the loop to finish cancelling it (the cancel frame
-#: to be written, a starting sidecar to be stopped) before re-raising anyway.
-_CANCEL_GRACE = 5.0
 #: How long closing a client that was dropped without close() may take.
 _FINALIZE_GRACE = 30.0
-#: Seconds between the waiting thread's checks for a signal (Ctrl-C) while a call runs.
-_SIGNAL_POLL = 0.1
 
 
 def _refuse_inside_trio(backend: str) -> None:
-    """A trio portal cannot be called from a thread that runs trio: say so instead of hanging."""
+    """A trio loop thread cannot be waited on from a thread that runs trio: say so instead of hanging."""
     if backend != "trio" or "trio" not in sys.modules:
         return
     import trio
@@ -83,64 +75,25 @@ def _refuse_inside_trio(backend: str) -> None:
     )
 
 
-def _run(portal: BlockingPortal, fn: Callable[[], Union[Awaitable[Any], Any]]) -> Any:
-    """Run ``fn`` on the portal's loop and wait; if the wait is interrupted, cancel it there."""
-    finished = threading.Event()
-
-    async def call() -> Any:
-        try:
-            result = fn()
-            return await result if inspect.isawaitable(result) else result
-        finally:
-            finished.set()
-
-    future = portal.start_task_soon(call)
-    try:
-        return _result(future)
-    except BaseException:
-        # KeyboardInterrupt (Ctrl-C) or another exception raised in this thread while it
-        # waited: the call must not run on unseen.  Cancelling it on the loop cancels the
-        # request on the sidecar; wait (bounded) until that is done, then re-raise.
-        if not future.done():
-            future.cancel()
-            finished.wait(_CANCEL_GRACE)
-        raise
-
-
-def _result(future: concurrent.futures.Future[Any]) -> Any:
-    """``future.result()``, waking every :data:`_SIGNAL_POLL` seconds so that Ctrl-C is seen.
-
-    The kernel may deliver SIGINT to any thread, the loop's among them; Python then runs its
-    handler only once the main thread executes bytecode again, which a plain blocking wait
-    does not until the call ends (a start() would sit out its whole ready timeout).
-    """
-    while True:
-        try:
-            return future.result(_SIGNAL_POLL)
-        except concurrent.futures.TimeoutError:
-            continue
-
-
-def _finalize(portal: BlockingPortal, client: Client, thread: threading.Thread) -> None:
+def _finalize(loop: LoopThread, client: Client) -> None:
     """Close a BlockingClient that was dropped (or still open at exit) without close()."""
     warnings.warn(
         "BlockingClient was never closed: call close() or use 'with BlockingClient(...)'; closing it now",
         ResourceWarning,
         stacklevel=2,
     )
-    if threading.get_ident() == thread.ident:
-        # Dropped on its own loop (in a callback): stopping would wait for itself.
-        portal.start_task_soon(client.aclose)
-        return
+    closing = LoopCall(client.aclose)
     try:
-        portal.start_task_soon(client.aclose).result(_FINALIZE_GRACE)
+        loop.submit(closing)
+    except RuntimeError:  # the loop already ended
+        return
+    if threading.get_ident() == loop.thread.ident:
+        return  # dropped on its own loop (in a callback): waiting would wait for itself
+    try:
+        closing.wait(_FINALIZE_GRACE)
     except Exception:  # a finalizer must not raise; the loop is stopped below
         pass
-    try:
-        portal.call(portal.stop, True)
-    except RuntimeError:  # the loop already ended
-        pass
-    thread.join(_FINALIZE_GRACE)
+    loop.stop(_FINALIZE_GRACE)
 
 
 class BlockingClient:
@@ -162,8 +115,7 @@ class BlockingClient:
         self._make = functools.partial(Client, engine, **client_options)
         self._backend = backend
         self._backend_options = backend_options
-        self._portal: Union[BlockingPortal, None] = None
-        self._thread: Union[threading.Thread, None] = None
+        self._loop: Union[LoopThread, None] = None
         self._client: Union[Client, None] = None
         self._closed = False
         self._finalizer: Union[weakref.finalize[Any, Any], None] = None
@@ -174,66 +126,42 @@ class BlockingClient:
         """Start the loop thread, spawn the sidecar and wait for ``ready`` (as :meth:`Client.start`)."""
         if self._closed:
             raise ClosedError("the client is closed")
-        if self._portal is not None:
+        if self._loop is not None:
             raise RuntimeError("start() on a client that is already started")
         _refuse_inside_trio(self._backend)
-        handoff: queue.Queue[Union[BlockingPortal, BaseException]] = queue.Queue()
-        # The thread holds no reference to self: a dropped client can be finalized.
-        backend, backend_options = self._backend, self._backend_options
-
-        async def serve() -> None:
-            async with BlockingPortal() as portal:
-                handoff.put(portal)
-                await portal.sleep_until_stopped()
-
-        def run() -> None:
-            try:
-                anyio.run(serve, backend=backend, backend_options=backend_options)
-            except BaseException as exc:  # e.g. trio not installed: reported to start()
-                handoff.put(exc)
-
         # A daemon thread: a script that forgets close() still exits (the finalizer below
-        # stops the sidecar first).
-        thread = threading.Thread(target=run, name="indextts_client BlockingClient", daemon=True)
-        thread.start()
-        got = handoff.get()
-        if isinstance(got, BaseException):
-            thread.join()
-            raise got
-        self._portal, self._thread = got, thread
+        # stops the sidecar first).  The thread holds no reference to self: a dropped client
+        # can be finalized.
+        loop = LoopThread(self._backend, self._backend_options, name="indextts_client BlockingClient")
+        loop.start()
+        self._loop = loop
         try:
-            client: Client = got.call(self._make)  # built on the loop: its events belong to it
+            client: Client = loop.run(self._make)  # built on the loop: its events belong to it
             self._client = client
-            _run(got, client.start)
+            loop.run(client.start)
         except BaseException:
-            self._stop_loop(cancel=True)
+            self._stop_loop()
             raise
-        self._finalizer = weakref.finalize(self, _finalize, got, client, thread)
+        self._finalizer = weakref.finalize(self, _finalize, loop, client)
 
     def close(self) -> None:
         """Stop the sidecar (as :meth:`Client.aclose`) and the loop thread.  Idempotent."""
         self._closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
-        if self._portal is None:
+        if self._loop is None:
             return
         _refuse_inside_trio(self._backend)
         try:
             if self._client is not None:
-                _run(self._portal, self._client.aclose)
+                self._loop.run(self._client.aclose)
         finally:
-            self._stop_loop(cancel=True)
+            self._stop_loop()
 
-    def _stop_loop(self, *, cancel: bool = False) -> None:
-        portal, thread = self._portal, self._thread
-        self._portal = self._thread = None
-        if portal is not None:
-            try:
-                portal.call(portal.stop, cancel)
-            except RuntimeError:  # the loop already ended
-                pass
-        if thread is not None:
-            thread.join()
+    def _stop_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
 
     def __enter__(self) -> BlockingClient:
         self.start()
@@ -248,13 +176,17 @@ class BlockingClient:
         self.close()
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        portal, client = self._portal, self._client
-        if portal is None or client is None:
+        loop, client = self._started()
+        _refuse_inside_trio(self._backend)
+        return loop.run(functools.partial(getattr(client, method), *args, **kwargs))
+
+    def _started(self) -> tuple[LoopThread, Client]:
+        loop, client = self._loop, self._client
+        if loop is None or client is None:
             if self._closed:
                 raise ClosedError("the client is closed")
             raise RuntimeError("the client is not started: use 'with BlockingClient(...)' or client.start()")
-        _refuse_inside_trio(self._backend)
-        return _run(portal, functools.partial(getattr(client, method), *args, **kwargs))
+        return loop, client
 
     # ---------------------------------------------------------------- requests
 
@@ -271,8 +203,8 @@ class BlockingClient:
         Leaving the ``with`` block early cancels the request on the sidecar.
         """
         synthesis: Synthesis = self._call("stream", text, **kwargs)
-        assert self._portal is not None
-        return BlockingStream(self._portal, synthesis)
+        assert self._loop is not None
+        return BlockingStream(self._loop, synthesis)
 
     def ping(self, *, timeout: TimeoutArg = ...) -> Health:
         health: Health = self._call("ping", timeout=timeout)
@@ -299,7 +231,7 @@ class BlockingClient:
         self._call("restart")
 
     def is_alive(self) -> bool:
-        return self._portal is not None and self._client is not None and bool(self._call("is_alive"))
+        return self._loop is not None and self._client is not None and bool(self._call("is_alive"))
 
     # -------------------------------------------------------------- properties
 
@@ -333,7 +265,7 @@ class BlockingClient:
         return "" if self._client is None else self._client.stderr_tail
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "running" if self._portal is not None else "new"
+        state = "closed" if self._closed else "running" if self._loop is not None else "new"
         return f"<BlockingClient {state} pid={self.pid}>"
 
     def stream_text(
@@ -356,12 +288,8 @@ class BlockingClient:
         ``fragments`` is a plain iterable, read in a worker thread (it may block, e.g. on an
         LLM's stream).  Use ``with`` for the sentences to be cancelled the moment the loop is left.
         """
-        portal, client = self._portal, self._client
-        if portal is None or client is None:
-            if self._closed:
-                raise ClosedError("the client is closed")
-            raise RuntimeError("the client is not started: use 'with BlockingClient(...)' or client.start()")
-        stream = portal.call(
+        loop, client = self._started()
+        stream = loop.run(
             functools.partial(
                 client.stream_text,
                 thread_fragments(texts),
@@ -377,21 +305,30 @@ class BlockingClient:
                 **keywords,
             )
         )
-        return BlockingTextStream(portal, stream)
+        return BlockingTextStream(loop, stream)
 
 
 class BlockingStream:
     """A streamed request, iterated synchronously inside ``with``; leaving early cancels it."""
 
-    def __init__(self, portal: BlockingPortal, synthesis: Synthesis) -> None:
-        self._portal = portal
+    def __init__(self, loop: LoopThread, synthesis: Synthesis) -> None:
+        self._loop = loop
         self._synthesis = synthesis
         self._entered = False
 
     def __enter__(self) -> BlockingStream:
-        _run(self._portal, self._synthesis.__aenter__)
-        self._entered = True
-        return self
+        try:
+            self._loop.run(self._synthesis.__aenter__)
+            self._entered = True
+            return self
+        except BaseException:
+            # 'with' calls no __exit__ when __enter__ raises; a Ctrl-C that came once the
+            # request was sent would leave it running on the sidecar: close it here.
+            try:
+                self._loop.run(self._synthesis.aclose)
+            except Exception:  # the interrupt (or the error that ended the request) is what the caller sees
+                pass
+            raise
 
     def __exit__(
         self,
@@ -399,14 +336,14 @@ class BlockingStream:
         exc: Union[BaseException, None],
         tb: Union[TracebackType, None],
     ) -> None:
-        _run(self._portal, functools.partial(self._synthesis.__aexit__, exc_type, exc, tb))
+        self._loop.run(functools.partial(self._synthesis.__aexit__, exc_type, exc, tb))
 
     def __iter__(self) -> Iterator[AudioChunk]:
         if not self._entered:
             raise RuntimeError("iterate inside 'with client.stream(...) as chunks:', so that leaving early cancels it")
         while True:
             try:
-                chunk: AudioChunk = _run(self._portal, self._synthesis.__anext__)
+                chunk: AudioChunk = self._loop.run(self._synthesis.__anext__)
             except StopAsyncIteration:
                 return
             yield chunk
@@ -459,10 +396,11 @@ class BlockingTextStream:
     ``with client.stream_text(fragments) as chunks: for chunk in chunks: ...``.
     """
 
-    def __init__(self, portal: BlockingPortal, stream: TextStream) -> None:
-        self._portal = portal
+    def __init__(self, loop: LoopThread, stream: TextStream) -> None:
+        self._loop = loop
         self._stream = stream
-        self._context: Union[AbstractContextManager[TextStream], None] = None
+        #: Leaves the stream's context, which a task of the loop holds open.
+        self._leave: Union[Callable[[], None], None] = None
         self._iterating = False
 
     def __enter__(self) -> BlockingTextStream:
@@ -478,17 +416,15 @@ class BlockingTextStream:
         self.close()
 
     def _open(self) -> None:
-        if self._context is None:
+        if self._leave is None:
             # The stream's task group lives in one task of the loop for the stream's lifetime.
-            context = self._portal.wrap_async_context_manager(self._stream)
-            context.__enter__()
-            self._context = context
+            self._leave = self._loop.hold(self._stream)
 
     def close(self) -> None:
         """Cancel what is still queued or being synthesized (idempotent)."""
-        context, self._context = self._context, None
-        if context is not None:
-            context.__exit__(None, None, None)
+        leave, self._leave = self._leave, None
+        if leave is not None:
+            leave()
 
     def __iter__(self) -> Iterator[SentenceChunk]:
         return self._iterate(chunks_only=True)  # type: ignore[return-value]
@@ -501,11 +437,11 @@ class BlockingTextStream:
         if self._iterating:
             raise RuntimeError("a stream_text() is iterated once")
         self._iterating = True
-        owns = self._context is None
+        owns = self._leave is None
         self._open()
         try:
             while True:
-                item = self._portal.call(self._stream.next_event)
+                item = self._loop.run(self._stream.next_event)
                 if item is None:
                     return
                 if chunks_only and not isinstance(item, SentenceChunk):

@@ -132,7 +132,7 @@ TEXT = ("_sentences", "_ssml", "_ssml._parse", "_ssml._plan", "_ssml._numbers", 
 SUPERVISION = ("_supervision", "_supervision.*")
 #: Several sidecars: a facade over Clients (test_no_one_sidecar_module_imports_the_pool).
 POOL = ("_pool", "_pool.*")
-FACADES = ("_client", "_blocking", "_signature", "_stream_text", *POOL)
+FACADES = ("_client", "_blocking", "_loop_thread", "_signature", "_stream_text", *POOL)
 SERVING = ("http", "http.*", "ray", "ray.*", "wyoming", "wyoming.*")
 #: The speech-service core under the serving front ends (docs/architecture.md).
 SERVICE = ("_service", "_service.*")

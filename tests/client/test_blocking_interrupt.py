@@ -11,25 +11,35 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 from harness import REPO
 
 from indextts_client import BlockingClient
+from indextts_client._loop_thread import LoopCall, LoopThread
 
 pytestmark = pytest.mark.timeout(120)
 BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 #: Generous: the point is "promptly", not a tight timing (the fix brings it under 0.2 s).
 PROMPT = 5.0
+#: How long one script may run before the test fails with a dump of its threads (it takes
+#: 1-3 s; under the test's timeout, so that a hang reports where it hangs).
+SCRIPT_BOUND = 60.0
 
 #: A script that blocks in one of BlockingClient's calls; SIGINT arrives while it waits there.
 #: After the KeyboardInterrupt it makes a short call on the same client (the sidecar must be
 #: free), prints what it measured, and leaves the ``with`` (closing the sidecar).
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
     from indextts_client import BlockingClient
+
+    # Ctrl-C raises KeyboardInterrupt even where the parent ignores SIGINT (a shell's background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     mode, backend = sys.argv[1], sys.argv[2]
     say = lambda *words: print(*words, flush=True)
@@ -42,7 +52,7 @@ SCRIPT = textwrap.dedent(
                                 ready_timeout=60, **kwargs)
         if mode == "start-loop-thread":
             # SIGINT delivered to the client's loop thread, as the kernel may deliver a Ctrl-C.
-            import glob, signal, threading
+            import glob, threading
 
             def deliver():
                 while not any(open(f).read().split() for f in glob.glob("/proc/self/task/*/children")):
@@ -89,10 +99,14 @@ SCRIPT = textwrap.dedent(
 
 
 def run_and_interrupt(tmp_path: Path, mode: str, backend: str) -> tuple[list[str], int, float]:
-    """Run the script, SIGINT it once it waits; its lines, exit code and seconds from SIGINT to exit."""
+    """Run the script, SIGINT it once it waits; its lines, exit code and seconds from SIGINT to exit.
+
+    A script still running after :data:`SCRIPT_BOUND` seconds fails the test with what it
+    printed and a dump of its threads (faulthandler, on SIGABRT), instead of a bare timeout.
+    """
     script = tmp_path / "interrupted.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
     with subprocess.Popen(
         [sys.executable, str(script), mode, backend],
         stdout=subprocess.PIPE,
@@ -102,6 +116,20 @@ def run_and_interrupt(tmp_path: Path, mode: str, backend: str) -> tuple[list[str
     ) as process:
         lines: list[str] = []
         assert process.stdout is not None and process.stderr is not None
+        # stderr is read as it comes: a script that writes much there never blocks on the pipe.
+        errors: list[str] = []
+        stderr = process.stderr
+        drain = threading.Thread(target=lambda: errors.append(stderr.read()), daemon=True)
+        drain.start()
+        hung = threading.Event()
+
+        def abort() -> None:
+            if process.poll() is None:
+                hung.set()
+                process.send_signal(signal.SIGABRT)
+
+        watchdog = threading.Timer(SCRIPT_BOUND, abort)
+        watchdog.start()
         sent = math.inf
         try:
             # Each "waiting" line: the script blocks in a call; interrupt it there.
@@ -112,10 +140,16 @@ def run_and_interrupt(tmp_path: Path, mode: str, backend: str) -> tuple[list[str
                         wait_for_grandchild(process.pid)
                     process.send_signal(signal.SIGINT)
                     sent = time.monotonic()
-            process.wait(timeout=90)
+            process.wait(timeout=SCRIPT_BOUND)
             elapsed = time.monotonic() - sent
-            return [*lines, process.stderr.read()], process.returncode, elapsed
+            drain.join(SCRIPT_BOUND)
+            if hung.is_set():
+                pytest.fail(
+                    f"the script ran past {SCRIPT_BOUND:g} s; it printed {lines}; its stderr:\n{''.join(errors)}"
+                )
+            return [*lines, *errors], process.returncode, elapsed
         finally:
+            watchdog.cancel()
             if process.poll() is None:
                 process.kill()
 
@@ -214,3 +248,123 @@ def test_ctrl_c_delivered_to_the_loop_thread_still_interrupts_start(tmp_path: Pa
     assert returncode == 0, lines
     interrupted = next(line for line in lines if line.startswith("interrupted"))
     assert float(interrupted.split()[1]) < PROMPT, lines
+
+
+#: A request the fake engine never finishes (it hangs after its first chunk) unless it is
+#: cancelled: while it runs, the engine serves nothing else.
+HANGING: dict[str, Any] = {"hang_at": 1, "chunk_seconds": 0.05}
+#: The request after it is served in well under a second once the engine is free.
+FREE_WITHIN = 30.0
+
+
+def once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` by ``make(original)`` for one call; later calls get the original."""
+    original = getattr(owner, name)
+    replacement = make(original)
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(owner, name, original)
+        return replacement(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, first)
+
+
+def ctrl_c_after(original: Any) -> Any:
+    """``original``, then a KeyboardInterrupt as a Ctrl-C the moment it returned would raise."""
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        original(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    return interrupted
+
+
+@BACKENDS
+@pytest.mark.parametrize("where", ["scheduling", "returning"])
+def test_ctrl_c_as_a_stream_is_entered_leaves_no_request_running(
+    monkeypatch: pytest.MonkeyPatch, where: str, backend: str
+) -> None:
+    # A Ctrl-C lands in the waiting thread either as it hands the call to the loop (before it
+    # could wait on it) or once the request was sent (with's __exit__ never runs when
+    # __enter__ raises).  Either way the request must not run on unseen: a hanging one would
+    # hold the engine, and the next call would wait.
+    with BlockingClient("fake", backend=backend, sidecar_args=["--log-level", "ERROR"]) as client:
+        stream = client.stream("long", **HANGING)
+        if where == "scheduling":
+            once(monkeypatch, LoopThread, "submit", ctrl_c_after)
+        else:
+            once(monkeypatch, LoopCall, "wait", ctrl_c_after)
+        with pytest.raises(KeyboardInterrupt), stream:
+            pytest.fail("the stream was entered despite the Ctrl-C")
+        audio = client.synthesize("next", timeout=FREE_WITHIN)
+        assert audio.samples.size > 0 and audio.request_id != stream.request_id
+
+
+Point = tuple[str, int, str]
+
+
+def points_passed(call: Callable[[], object]) -> list[Point]:
+    """Each place (file, line, trace event) this thread passes through during ``call()``, once."""
+    seen: dict[Point, None] = {}
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        seen.setdefault((frame.f_code.co_filename, frame.f_lineno, event), None)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return list(seen)
+
+
+def interrupted_at(point: Point, call: Callable[[], object]) -> bool:
+    """Run ``call()`` with a KeyboardInterrupt raised at ``point``, as a Ctrl-C handled there would be."""
+    fired = False
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal fired
+        if not fired and (frame.f_code.co_filename, frame.f_lineno, event) == point:
+            fired = True
+            raise KeyboardInterrupt
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return fired
+
+
+def serves_within(client: BlockingClient, seconds: float) -> bool:
+    """Whether ``client`` answers a short request within ``seconds`` (asked from another thread:
+    on a stalled loop even the request's own timeout never fires)."""
+    answers: list[int] = []
+    thread = threading.Thread(target=lambda: answers.append(client.synthesize("next").samples.size), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return bool(answers) and answers[0] > 0
+
+
+@BACKENDS
+def test_a_ctrl_c_anywhere_in_a_waiting_call_leaves_the_client_serving(backend: str) -> None:
+    # Python raises KeyboardInterrupt wherever the waiting thread checks for signals; here it
+    # is raised at every place a call passes through in that thread, one run each.  A lock
+    # the loop needs, left held by the interrupted thread (a Future's Condition entered through
+    # its Python-level __enter__ with anyio's BlockingPortal), stalls the loop for good.
+    with BlockingClient("fake", backend=backend, sidecar_args=["--log-level", "ERROR"]) as client:
+
+        def call() -> None:
+            client.synthesize("x", chunk_seconds=0.05, seconds=0.5, delay=0.002)
+
+        points = points_passed(call)
+        fired = 0
+        for point in points:
+            # (A place passed only now and then, a poll that timed out, may be missed.)
+            fired += interrupted_at(point, call)
+            assert serves_within(client, FREE_WITHIN), f"after a KeyboardInterrupt at {point}"
+        assert fired > 20 and fired >= 0.9 * len(points), (fired, points)
