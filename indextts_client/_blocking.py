@@ -132,10 +132,9 @@ class BlockingClient:
         # A daemon thread: a script that forgets close() still exits (the finalizer below
         # stops the sidecar first).  The thread holds no reference to self: a dropped client
         # can be finalized.
-        loop = LoopThread(self._backend, self._backend_options, name="indextts_client BlockingClient")
-        loop.start()
-        self._loop = loop
+        loop = self._loop = LoopThread(self._backend, self._backend_options, name="indextts_client BlockingClient")
         try:
+            loop.start()  # (a Ctrl-C while it starts stops it below)
             client: Client = loop.run(self._make)  # built on the loop: its events belong to it
             self._client = client
             loop.run(client.start)

@@ -83,3 +83,12 @@ def test_a_failed_start_raises_and_leaves_no_thread(backend: str) -> None:
     client.close()
     with pytest.raises(ClosedError):
         client.start()
+
+
+def test_a_loop_that_cannot_start_raises_its_error_and_leaves_the_client_startable() -> None:
+    client = BlockingClient("fake", backend="no-such-backend")
+    for _ in range(2):  # not "already started": nothing of the first try is left
+        with pytest.raises(LookupError, match="no-such-backend"):
+            client.start()
+        assert loop_threads() == []
+    client.close()

@@ -368,3 +368,14 @@ def test_a_ctrl_c_anywhere_in_a_waiting_call_leaves_the_client_serving(backend: 
             fired += interrupted_at(point, call)
             assert serves_within(client, FREE_WITHIN), f"after a KeyboardInterrupt at {point}"
         assert fired > 20 and fired >= 0.9 * len(points), (fired, points)
+
+
+@BACKENDS
+def test_a_ctrl_c_as_the_loop_thread_starts_leaves_no_thread(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    client = BlockingClient("fake", backend=backend, sidecar_args=["--log-level", "ERROR"])
+    once(monkeypatch, LoopThread, "start", ctrl_c_after)
+    with pytest.raises(KeyboardInterrupt):
+        client.start()
+    assert loop_threads() == []
+    with client:  # and it starts afresh
+        assert client.synthesize("next").samples.size > 0
