@@ -265,8 +265,8 @@ class LoopThread:
                     call.fail(ClosedError("the client is closed"))
 
     async def _serve(self) -> None:
-        self._native_schedule = _native_scheduler(self._backend)
         self._wake = anyio.Event()
+        self._native_schedule = _native_scheduler(self._backend)
         async with anyio.create_task_group() as group:
             self._group = group
             self._signal_started()
@@ -274,16 +274,18 @@ class LoopThread:
             group.cancel_scope.cancel()
 
     async def _dispatch(self, group: TaskGroup) -> None:
+        # Drain before each wait: what came before the loop could be woken (a stop() from a
+        # Ctrl-C while start() waited for the loop) is queued with no wake-up of its own.  The
+        # event is renewed before the drain, so a wake-up for a call queued after it is kept.
         while True:
-            assert self._wake is not None
-            await self._wake.wait()
-            self._wake = anyio.Event()
+            wake = self._wake = anyio.Event()
             while self._pending:
                 call = self._pending.popleft()
                 if call is None:
                     return
                 call.dispatched()
                 group.start_soon(call.run)
+            await wake.wait()
 
     def take_back(self, call: LoopCall) -> None:
         """On the loop: cancel ``call`` if it runs; one not started yet ends without running.

@@ -379,3 +379,27 @@ def test_a_ctrl_c_as_the_loop_thread_starts_leaves_no_thread(monkeypatch: pytest
     assert loop_threads() == []
     with client:  # and it starts afresh
         assert client.synthesize("next").samples.size > 0
+
+
+@BACKENDS
+def test_a_ctrl_c_before_the_loop_runs_still_stops_it(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    # The stop is queued before the loop could be woken for it (seen on 3.10: start() then
+    # waited for good in join).
+    def starting_only(self: LoopThread) -> None:
+        self.thread.start()
+        raise KeyboardInterrupt  # as a Ctrl-C before the loop runs
+
+    monkeypatch.setattr(LoopThread, "start", starting_only)
+    client = BlockingClient("fake", backend=backend)
+    outcome: list[str] = []
+
+    def start() -> None:
+        try:
+            client.start()
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(FREE_WITHIN)
+    assert outcome == ["interrupted"] and loop_threads() == []
