@@ -100,11 +100,7 @@ class LoopCall:
         return self._value
 
     def _acquire(self, timeout: Union[float, None]) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done.acquire(timeout=POLL):
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-        return True
+        return _acquire(self._done, timeout)
 
     def take_back(self, *, queued: bool) -> bool:
         """On the loop: cancel the call if it runs, or keep it from running; whether it must be started to end."""
@@ -156,8 +152,7 @@ class LoopThread:
     def start(self) -> None:
         """Start the thread and wait until its loop runs (or raise why it could not start)."""
         self.thread.start()
-        while not self._started.acquire(timeout=POLL):
-            pass
+        _acquire(self._started, None)
         if self._failure is not None:
             self.thread.join()
             raise self._failure
@@ -265,7 +260,7 @@ class LoopThread:
                     call.fail(ClosedError("the client is closed"))
 
     async def _serve(self) -> None:
-        self._wake = anyio.Event()
+        self._wake = anyio.Event()  # for a wake-up before the dispatcher's first step (it drains then)
         self._native_schedule = _native_scheduler(self._backend)
         async with anyio.create_task_group() as group:
             self._group = group
@@ -304,6 +299,15 @@ class LoopThread:
     def _wake_up(self) -> None:
         assert self._wake is not None
         self._wake.set()
+
+
+def _acquire(lock: threading.Lock, timeout: Union[float, None]) -> bool:
+    """Acquire ``lock`` within ``timeout`` (None: however long), waking every :data:`POLL` s for signals."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not lock.acquire(timeout=POLL):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+    return True
 
 
 def _native_scheduler(backend: str) -> Callable[[Callable[[], object]], object]:
