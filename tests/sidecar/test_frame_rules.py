@@ -72,9 +72,11 @@ async def test_every_op_goes_through_the_same_id_rules() -> None:
                 error = await peer.expect(Error)
                 refusal = (error.id, error.code, error.detail)
                 assert refusal == (None, "duplicate_id", {"field": "$.id", "id": 7}), duplicate
-            # The shutdown was refused: the sidecar serves on, and request 7 is untouched.
+            # The shutdown was refused: the sidecar serves on, and request 7 is untouched: running, or
+            # still the one request waiting for the engine (a busy machine may not have started it yet).
             health = await peer.request(Ping(id=2))
-            assert isinstance(health[-1], Pong) and health[-1].active == 7
+            pong = health[-1]
+            assert isinstance(pong, Pong) and (pong.active, pong.queue_depth) in ((7, 0), (None, 1)), pong
             # A cancel naming itself is rejected with its own terminal frame.
             await peer.send(Cancel(id=8, target=8))
             error = await peer.expect(Error)
