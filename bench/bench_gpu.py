@@ -669,7 +669,7 @@ class Run:
         command = [self.setup.python, str(ROOT / "bench" / "_floor.py"), model, str(self.setup.ckpts[model])]
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench"), self.setup.src]),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), self.setup.src]),  # bench/ is the script's own
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }

@@ -17,8 +17,10 @@ fingerprint of the builder, the pins and the upstream code.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -41,6 +43,12 @@ class Flavour:
     python: str
     checkout: str | None  # the GitHub checkout on PYTHONPATH, or None (installed package)
     engine: str  # the sidecar engine that runs it
+    #: The venv's own interpreter, where ``python`` is the fork server's launcher (else ``python``).
+    real_python: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.real_python:
+            object.__setattr__(self, "real_python", self.python)
 
     @property
     def pypi(self) -> bool:
@@ -50,6 +58,8 @@ class Flavour:
         """The sidecar's environment: this checkout (and upstream's) importable, nothing online."""
         paths = [str(ROOT)] + ([self.checkout] if self.checkout else [])
         env = {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        # Read at start-up, and set by bench_gpu.py for its sidecars: one fork server serves both.
+        env["PYTHONUNBUFFERED"] = "1"
         env.update(extra)
         return env
 
@@ -84,9 +94,77 @@ def flavour_named(name: str) -> Flavour:
         src = upstream_src()
         if not os.path.isfile(os.path.join(src, "indextts", "infer_v2.py")):
             pytest.fail(f"no upstream checkout at {src} (set INDEXTTS_UPSTREAM_SRC)")
-        return Flavour(name, python, src, "indextts2" if name == "2" else "indextts2.5")
+        flavour = Flavour(name, python, src, "indextts2" if name == "2" else "indextts2.5")
+        return _forked(flavour, ("indextts.infer_v2", "indextts.infer_v2_5"))
     python = _python("INDEXTTS_PYPI_PYTHON", "pypi")
-    return Flavour(name, python, None, "indextts2" if name == "pypi2" else "indextts2.5")
+    flavour = Flavour(name, python, None, "indextts2" if name == "pypi2" else "indextts2.5")
+    return _forked(flavour, ("indextts.infer_v2", "indextts25.infer_v2_5"))
+
+
+#: One fork server a venv in this process (``forkserver.py``): its process, its directory.
+_FORKSERVERS: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+FORKSERVER_READY_TIMEOUT = 300.0
+
+
+def _forked(flavour: Flavour, modules: tuple[str, ...]) -> Flavour:
+    """The flavour with its interpreter behind a fork server (``INDEXTTS_UPSTREAM_FORKSERVER=0``: as it is).
+
+    Flavours of one venv share an environment (``Flavour.env`` differs only in the checkout, the
+    same for both GitHub flavours), so they share one server, started at the first use.
+    """
+    if os.environ.get("INDEXTTS_UPSTREAM_FORKSERVER") == "0":
+        return flavour
+    if flavour.python not in _FORKSERVERS:
+        _FORKSERVERS[flavour.python] = _start_forkserver(flavour, modules)
+    directory = _FORKSERVERS[flavour.python][1]
+    return dataclasses.replace(flavour, python=str(directory / "python"), real_python=flavour.python)
+
+
+def forkserver_log(flavour: Flavour) -> Path:
+    """The log of the fork server behind ``flavour``: a line for each start, forked or cold and why."""
+    return _FORKSERVERS[flavour.real_python][1] / "log"
+
+
+def _start_forkserver(flavour: Flavour, modules: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], Path]:
+    from forkserver import write_launcher
+
+    directory = Path(tempfile.mkdtemp(prefix="indextts-fs-"))
+    socket_path = str(directory / "socket")
+    log = directory / "log"
+    with open(log, "wb") as stderr:
+        server = subprocess.Popen(
+            [flavour.python, str(HERE / "forkserver.py"), "serve", socket_path, *modules],
+            env={**os.environ, **flavour.env()},
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    assert server.stdout is not None
+    ready, _, _ = select.select([server.stdout], [], [], FORKSERVER_READY_TIMEOUT)
+    line = server.stdout.readline() if ready else b""
+    if line != b"ready\n":
+        server.kill()
+        server.wait()
+        pytest.fail(f"the fork server for {flavour.python} did not start: {log.read_text()[-3000:]}")
+    write_launcher(directory, socket_path, flavour.python)
+    return server, directory
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop this process's fork servers: a SIGTERM ends each once its children are killed."""
+    while _FORKSERVERS:
+        _, (server, directory) = _FORKSERVERS.popitem()
+        if server.stdout is not None:
+            server.stdout.close()
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _fingerprint(flavour: Flavour) -> str:

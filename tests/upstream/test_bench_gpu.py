@@ -29,7 +29,8 @@ def run_bench(tmp_path: Path, models: list[str], ckpt_root: Path, *extra: str) -
     command = [sys.executable, str(BENCH), "--small", "--device", "cpu", "--models", ",".join(models)]
     command += ["--ckpt-root", str(ckpt_root), "--out", str(out), *extra]
     env = {**os.environ, "INDEXTTS_UPSTREAM_PYTHON": flavour.python, "INDEXTTS_UPSTREAM_SRC": str(flavour.checkout)}
-    env["PYTHONPATH"] = str(ROOT)
+    # The environment of the suite's fork server (Flavour.env) for the bench's sidecars and probes.
+    env["PYTHONUNBUFFERED"] = "1"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=2300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "throughput: audio seconds per second" in done.stdout  # the printed table
