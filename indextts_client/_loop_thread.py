@@ -92,15 +92,12 @@ class LoopCall:
 
     def wait(self, timeout: Union[float, None] = None) -> Any:
         """Its result, or its exception raised here; blocks until the call has ended."""
-        if not self._acquire(timeout):
+        if not _acquire(self._done, timeout):
             raise TimeoutError("the call did not end in time")
         error = self._error
         if error is not None:
             raise error
         return self._value
-
-    def _acquire(self, timeout: Union[float, None]) -> bool:
-        return _acquire(self._done, timeout)
 
     def take_back(self, *, queued: bool) -> bool:
         """On the loop: cancel the call if it runs, or keep it from running; whether it must be started to end."""
@@ -125,7 +122,7 @@ class LoopCall:
             loop.schedule(functools.partial(loop.take_back, self))
         except RuntimeError:  # the loop has ended: the call ends with it
             return
-        self._acquire(CANCEL_GRACE)
+        _acquire(self._done, CANCEL_GRACE)
 
 
 class LoopThread:
