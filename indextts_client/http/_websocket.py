@@ -75,6 +75,7 @@ from ._ws_events import (
     SessionConfig,
     WebSocketLimits,
     decode_event,
+    log_reset,
 )
 
 __all__ = ["SpeechSocket", "WebSocketLimits"]
@@ -441,7 +442,7 @@ async def receive_event(
 
 async def close(ws: WebSocket, limits: WebSocketLimits, fatal: Union[Fatal, None], *, broken: bool, gone: bool) -> None:
     if broken:
-        log.warning("websocket closed: a frame waited over %g s for the client", limits.write_timeout)
+        log_reset(ws.scope, f"the client read nothing for {limits.write_timeout:g} s")
         return  # a close frame would wait behind what the client does not read: the protocol resets it
     if gone:
         return

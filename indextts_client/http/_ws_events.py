@@ -9,9 +9,11 @@ malformed event: an ``error`` event, and the connection stays open.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 
@@ -32,8 +34,11 @@ __all__ = [
     "SessionConfig",
     "WebSocketLimits",
     "decode_event",
+    "log_reset",
     "stall_aborting_protocol",
 ]
+
+log = logging.getLogger("indextts_client.http")
 
 #: Close codes (RFC 6455 section 7.4.1).
 NORMAL, POLICY, TOO_BIG, TRY_LATER = 1000, 1008, 1009, 1013
@@ -153,6 +158,14 @@ def decode_event(text: str) -> ClientEvent:
         raise EventError("invalid_event", f"an event is one JSON object: {exc}") from None
 
 
+def log_reset(scope: MutableMapping[str, Any], reason: str) -> None:
+    """Log why a connection that stopped reading is dropped, once: the app's write deadline
+    and the protocol's stall timer (a pong, a close frame) race for the same connection."""
+    if not scope.get("indextts.reset_logged"):
+        scope["indextts.reset_logged"] = True
+        log.warning("websocket reset: %s", reason)
+
+
 def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type[asyncio.Protocol]:
     """uvicorn's WebSocket protocol (on the ``websockets`` package) that resets a connection whose
     client has stopped reading:
@@ -175,11 +188,17 @@ def stall_aborting_protocol(limits: Union[WebSocketLimits, None] = None) -> type
 
         def _abort_if_stalled(self) -> None:
             if not self.writable.is_set() and not self.disconnected:
-                reset(self.transport)
+                self._reset(f"the client read nothing for {bounds.write_timeout:g} s")
 
         def _check_unsent(self) -> None:
             if not self.disconnected and self.transport.get_write_buffer_size() > bounds.max_unsent:
-                reset(self.transport)
+                self._reset(f"over {bounds.max_unsent} bytes wait for the client")
+
+        def _reset(self, reason: str) -> None:
+            scope: Union[MutableMapping[str, Any], None] = getattr(self, "scope", None)
+            if scope is not None:  # none before the handshake: that is uvicorn's, unlogged
+                log_reset(scope, reason)
+            reset(self.transport)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)

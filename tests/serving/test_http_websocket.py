@@ -352,7 +352,7 @@ async def test_a_client_that_does_not_read_is_cut_off_and_its_contexts_cancelled
             await other.send("input.done")
             [(_, meanwhile, _)] = sentences_of(await other.until_done("default"), "default")
         assert meanwhile == render_bytes("Meanwhile.")
-        short.wait_for("a frame waited over 1 s for the client")
+        short.wait_for("websocket reset: the client read nothing for 1 s")
         async with httpx.AsyncClient(base_url=short.base, headers=AUTH, timeout=WAIT) as http:
             for _ in range(200):
                 if (await http.get("/health")).json()["members"][0]["outstanding"] == 0:
