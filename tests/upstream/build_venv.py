@@ -59,6 +59,7 @@ EXTRAS = {
     "extras-server": ["server"],
     "extras-server-cli": ["server", "cli"],
     "extras-wyoming-cli": ["wyoming", "cli"],
+    "extras-test": ["test"],  # .ci/pythons: the suites on other Pythons
 }
 FLAVOURS = (*PINS, *EXTRAS)
 #: Upstream requires Python >= 3.10, < 3.12 (its pyproject.toml); so does this project's
