@@ -14,6 +14,9 @@ pytest.importorskip("livekit.agents")
 pytest.importorskip("uvicorn")
 
 REPO = Path(__file__).resolve().parents[3]
+#: An engine that cannot load ends the example at once, not after its 60 s wait for the server's
+#: ready: it took 2-5 s here on two idle cores, and this bound is 10 times that, under the 60 s.
+ENDS_WITHIN = 40
 TIMEOUT = 60
 
 
@@ -51,8 +54,8 @@ def test_livekit_example(tmp_path: Path) -> None:
     assert lines[-1] == "interrupted after 1 frame"
 
 
-def test_an_engine_that_cannot_load_ends_it_within_10_s(tmp_path: Path) -> None:
-    result = _run(tmp_path, "espeak", without="espeakng_loader", timeout=10)  # a venv without the espeak extra
+def test_an_engine_that_cannot_load_ends_it_before_its_ready_wait(tmp_path: Path) -> None:
+    result = _run(tmp_path, "espeak", without="espeakng_loader", timeout=ENDS_WITHIN)  # a venv without the espeak extra
     assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
     assert result.stdout == ""
     assert result.stderr.startswith("livekit_agent: the engine could not start: "), result.stderr

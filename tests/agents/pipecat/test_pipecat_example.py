@@ -14,6 +14,9 @@ import pytest
 pytest.importorskip("pipecat.frames.frames", reason="pipecat-ai is not installed: `bash .ci/agents` runs it")
 
 REPO = Path(__file__).resolve().parents[3]
+#: An engine that cannot load ends the example at once, not after its 60 s wait for the server's
+#: ready: it took 2-5 s here on two idle cores, and this bound is 10 times that, under the 60 s.
+ENDS_WITHIN = 40
 TEXT = "Hello from a sidecar, through Pipecat."
 
 
@@ -55,8 +58,10 @@ def test_the_example_speaks_a_turn_with_its_words_then_is_interrupted(tmp_path: 
         ("nope", "", "unknown engine 'nope'"),
     ],
 )
-def test_an_engine_that_cannot_load_ends_it_within_10_s(tmp_path: Path, engine: str, without: str, reason: str) -> None:
-    result = _run(tmp_path, engine, without=without, timeout=10)
+def test_an_engine_that_cannot_load_ends_it_before_its_ready_wait(
+    tmp_path: Path, engine: str, without: str, reason: str
+) -> None:
+    result = _run(tmp_path, engine, without=without, timeout=ENDS_WITHIN)
     assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
     assert result.stdout == ""
     [line] = [line for line in result.stderr.splitlines() if line.startswith("pipecat_agent:")]
